@@ -1,0 +1,517 @@
+//! Kafka RecordBatch v2 (magic 2) headers: parsing, validation and offset stamping.
+//!
+//! The same batch bytes travel from the producer's socket to the segment file, to followers,
+//! to the object store and back to consumers. This module reads the 61-byte header and checks
+//! the CRC; it never decodes or re-encodes the records themselves. The broker stamps the base
+//! offset and partition leader epoch, which sit before the CRC-covered region, so stamping
+//! never invalidates the CRC.
+//!
+//! Layout (big endian):
+//! ```text
+//! 0  base_offset i64        27 base_timestamp i64
+//! 8  batch_length i32       35 max_timestamp i64
+//! 12 leader_epoch i32       43 producer_id i64
+//! 16 magic i8               51 producer_epoch i16
+//! 17 crc u32 (CRC32C of 21..) 53 base_sequence i32
+//! 21 attributes i16         57 record_count i32
+//! 23 last_offset_delta i32  61 records...
+//! ```
+
+/// Bytes before the batch-length field counts: base offset (8) + batch length (4).
+pub const LOG_OVERHEAD: usize = 12;
+/// Size of a v2 batch header, records excluded.
+pub const HEADER_LEN: usize = 61;
+/// The bytes the broker rewrites when it stamps a batch: base offset, length, leader epoch.
+pub const STAMP_LEN: usize = 16;
+/// Offset of the first CRC-covered byte (attributes).
+const CRC_START: usize = 21;
+
+const ATTR_COMPRESSION_MASK: i16 = 0x07;
+const ATTR_TIMESTAMP_TYPE: i16 = 0x08;
+const ATTR_TRANSACTIONAL: i16 = 0x10;
+const ATTR_CONTROL: i16 = 0x20;
+
+/// Why a byte range is not a valid batch. Every variant is a property of the bytes, so none
+/// is retriable with the same input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("batch truncated: need {needed} bytes, have {available}")]
+    Truncated { needed: usize, available: usize },
+    #[error("unsupported record batch magic {0} (only magic 2 is accepted)")]
+    BadMagic(i8),
+    #[error("invalid batch length {0}")]
+    BadLength(i32),
+    #[error("crc mismatch: header says {expected:#010x}, bytes give {actual:#010x}")]
+    CrcMismatch { expected: u32, actual: u32 },
+    #[error("invalid record count {count} for last offset delta {last_offset_delta}")]
+    BadRecordCount { count: i32, last_offset_delta: i32 },
+    #[error("expected exactly one record batch, found trailing {0} bytes")]
+    TrailingBytes(usize),
+}
+
+/// Compression codec named by the batch attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+    /// A codec id Kafka does not define (5..=7).
+    Unknown(u8),
+}
+
+/// The fixed header of one RecordBatch v2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchHeader {
+    pub base_offset: i64,
+    pub batch_length: i32,
+    pub leader_epoch: i32,
+    pub magic: i8,
+    pub crc: u32,
+    pub attributes: i16,
+    pub last_offset_delta: i32,
+    pub base_timestamp: i64,
+    pub max_timestamp: i64,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub base_sequence: i32,
+    pub record_count: i32,
+}
+
+fn be_i16(b: &[u8], at: usize) -> i16 {
+    i16::from_be_bytes([b[at], b[at + 1]])
+}
+fn be_i32(b: &[u8], at: usize) -> i32 {
+    i32::from_be_bytes(b[at..at + 4].try_into().expect("4-byte slice"))
+}
+fn be_i64(b: &[u8], at: usize) -> i64 {
+    i64::from_be_bytes(b[at..at + 8].try_into().expect("8-byte slice"))
+}
+
+impl BatchHeader {
+    /// Parses the header at the start of `buf` (which may hold more than one batch).
+    /// Checks magic and that the length field is sane; does not check the CRC.
+    pub fn parse(buf: &[u8]) -> Result<Self, BatchError> {
+        if buf.len() < HEADER_LEN {
+            // Report the magic early when we can: a v0/v1 message set is shorter.
+            if buf.len() > 16 && buf[16] != 2 {
+                return Err(BatchError::BadMagic(buf[16] as i8));
+            }
+            return Err(BatchError::Truncated {
+                needed: HEADER_LEN,
+                available: buf.len(),
+            });
+        }
+        let magic = buf[16] as i8;
+        if magic != 2 {
+            return Err(BatchError::BadMagic(magic));
+        }
+        let batch_length = be_i32(buf, 8);
+        if batch_length < (HEADER_LEN - LOG_OVERHEAD) as i32 {
+            return Err(BatchError::BadLength(batch_length));
+        }
+        Ok(BatchHeader {
+            base_offset: be_i64(buf, 0),
+            batch_length,
+            leader_epoch: be_i32(buf, 12),
+            magic,
+            crc: u32::from_be_bytes(buf[17..21].try_into().expect("4-byte slice")),
+            attributes: be_i16(buf, 21),
+            last_offset_delta: be_i32(buf, 23),
+            base_timestamp: be_i64(buf, 27),
+            max_timestamp: be_i64(buf, 35),
+            producer_id: be_i64(buf, 43),
+            producer_epoch: be_i16(buf, 51),
+            base_sequence: be_i32(buf, 53),
+            record_count: be_i32(buf, 57),
+        })
+    }
+
+    /// Size of the whole batch on the wire and on disk.
+    pub fn total_len(&self) -> usize {
+        LOG_OVERHEAD + self.batch_length as usize
+    }
+
+    /// Offset of the last record (base offset + last offset delta).
+    pub fn last_offset(&self) -> i64 {
+        self.base_offset + i64::from(self.last_offset_delta)
+    }
+
+    pub fn compression(&self) -> Compression {
+        match (self.attributes & ATTR_COMPRESSION_MASK) as u8 {
+            0 => Compression::None,
+            1 => Compression::Gzip,
+            2 => Compression::Snappy,
+            3 => Compression::Lz4,
+            4 => Compression::Zstd,
+            other => Compression::Unknown(other),
+        }
+    }
+
+    /// True when timestamps were set by the broker (LogAppendTime).
+    pub fn log_append_time(&self) -> bool {
+        self.attributes & ATTR_TIMESTAMP_TYPE != 0
+    }
+
+    pub fn is_transactional(&self) -> bool {
+        self.attributes & ATTR_TRANSACTIONAL != 0
+    }
+
+    pub fn is_control(&self) -> bool {
+        self.attributes & ATTR_CONTROL != 0
+    }
+
+    /// True when the producer set a producer id (idempotent or transactional producer).
+    pub fn has_producer_id(&self) -> bool {
+        self.producer_id >= 0
+    }
+
+    /// Sequence number of the last record, wrapping as Kafka does at `i32::MAX`.
+    pub fn last_sequence(&self) -> i32 {
+        wrapping_seq_add(self.base_sequence, self.last_offset_delta)
+    }
+}
+
+/// Adds to a producer sequence number, wrapping from `i32::MAX` to 0 as Kafka does.
+pub fn wrapping_seq_add(seq: i32, delta: i32) -> i32 {
+    let sum = i64::from(seq) + i64::from(delta);
+    (sum % (i64::from(i32::MAX) + 1)) as i32
+}
+
+/// CRC32C over the CRC-covered region of a complete batch.
+pub fn compute_crc(batch: &[u8]) -> u32 {
+    crc32c::crc32c(&batch[CRC_START..])
+}
+
+/// Parses the header of the complete batch at the start of `buf` and checks its CRC.
+/// Returns the header; `buf` may continue past the batch.
+pub fn verify(buf: &[u8]) -> Result<BatchHeader, BatchError> {
+    let header = BatchHeader::parse(buf)?;
+    let total = header.total_len();
+    if buf.len() < total {
+        return Err(BatchError::Truncated {
+            needed: total,
+            available: buf.len(),
+        });
+    }
+    let actual = compute_crc(&buf[..total]);
+    if actual != header.crc {
+        return Err(BatchError::CrcMismatch {
+            expected: header.crc,
+            actual,
+        });
+    }
+    Ok(header)
+}
+
+/// Validates the records of one partition in a produce request: exactly one complete v2
+/// batch, correct CRC, a record count consistent with the last offset delta.
+pub fn validate_produced(buf: &[u8]) -> Result<BatchHeader, BatchError> {
+    let header = verify(buf)?;
+    if header.total_len() != buf.len() {
+        return Err(BatchError::TrailingBytes(buf.len() - header.total_len()));
+    }
+    if header.record_count < 1 || header.last_offset_delta != header.record_count - 1 {
+        return Err(BatchError::BadRecordCount {
+            count: header.record_count,
+            last_offset_delta: header.last_offset_delta,
+        });
+    }
+    Ok(header)
+}
+
+/// The first [`STAMP_LEN`] bytes of `batch` with the base offset and leader epoch replaced.
+/// Write these followed by `batch[STAMP_LEN..]` to store the stamped batch without copying it.
+pub fn stamped_prefix(batch: &[u8], base_offset: i64, leader_epoch: i32) -> [u8; STAMP_LEN] {
+    let mut prefix = [0u8; STAMP_LEN];
+    prefix.copy_from_slice(&batch[..STAMP_LEN]);
+    prefix[0..8].copy_from_slice(&base_offset.to_be_bytes());
+    prefix[12..16].copy_from_slice(&leader_epoch.to_be_bytes());
+    prefix
+}
+
+/// Reads a zigzag varint at `*pos`, advancing it. `None` on truncated or overlong input.
+fn read_varint(buf: &[u8], pos: &mut usize) -> Option<i64> {
+    let mut value: u64 = 0;
+    for shift in (0..64).step_by(7) {
+        let byte = *buf.get(*pos)?;
+        *pos += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(((value >> 1) as i64) ^ -((value & 1) as i64));
+        }
+    }
+    None
+}
+
+/// In a complete, uncompressed batch, the offset delta of the first record whose timestamp
+/// is at or after `ts`. `None` for compressed batches (the caller falls back to the base
+/// offset), malformed records, or when no record qualifies.
+pub fn first_record_at_or_after(batch: &[u8], ts: i64) -> Option<u32> {
+    let header = BatchHeader::parse(batch).ok()?;
+    if header.compression() != Compression::None || batch.len() < header.total_len() {
+        return None;
+    }
+    let mut pos = HEADER_LEN;
+    for _ in 0..header.record_count {
+        let len = read_varint(batch, &mut pos)?;
+        let start = pos;
+        pos += 1; // attributes
+        let ts_delta = read_varint(batch, &mut pos)?;
+        let offset_delta = read_varint(batch, &mut pos)?;
+        if header.base_timestamp.checked_add(ts_delta)? >= ts {
+            return u32::try_from(offset_delta).ok();
+        }
+        pos = start.checked_add(usize::try_from(len).ok()?)?;
+    }
+    None
+}
+
+/// Iterates over the complete batches at the start of a buffer of concatenated batches, as a
+/// fetch response or a segment read returns them. Stops (returns `None`) at the first
+/// incomplete batch; a malformed header is yielded as an error once, then iteration ends.
+pub struct BatchIter<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    done: bool,
+}
+
+impl<'a> BatchIter<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        BatchIter {
+            buf,
+            pos: 0,
+            done: false,
+        }
+    }
+
+    /// Byte position just past the last batch yielded.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+}
+
+impl Iterator for BatchIter<'_> {
+    /// The header and the byte range of the whole batch within the buffer.
+    type Item = Result<(BatchHeader, std::ops::Range<usize>), BatchError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let rest = &self.buf[self.pos..];
+        match BatchHeader::parse(rest) {
+            Ok(h) if h.total_len() <= rest.len() => {
+                let range = self.pos..self.pos + h.total_len();
+                self.pos = range.end;
+                Some(Ok((h, range)))
+            }
+            Ok(_) | Err(BatchError::Truncated { .. }) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// Builds an uncompressed v2 batch of records with the given keys and values. Used by tests
+/// and tools; the broker never builds batches.
+pub mod build {
+    use super::*;
+
+    /// One record to encode.
+    pub struct Rec<'a> {
+        pub key: Option<&'a [u8]>,
+        pub value: Option<&'a [u8]>,
+        pub timestamp_delta: i64,
+    }
+
+    /// Producer identity for an idempotent batch.
+    #[derive(Clone, Copy)]
+    pub struct ProducerIds {
+        pub producer_id: i64,
+        pub producer_epoch: i16,
+        pub base_sequence: i32,
+    }
+
+    impl ProducerIds {
+        pub const NONE: ProducerIds = ProducerIds {
+            producer_id: -1,
+            producer_epoch: -1,
+            base_sequence: -1,
+        };
+    }
+
+    fn put_varint(out: &mut Vec<u8>, v: i64) {
+        let mut z = ((v << 1) ^ (v >> 63)) as u64;
+        loop {
+            if z < 0x80 {
+                out.push(z as u8);
+                return;
+            }
+            out.push((z as u8 & 0x7f) | 0x80);
+            z >>= 7;
+        }
+    }
+
+    fn put_bytes(out: &mut Vec<u8>, b: Option<&[u8]>) {
+        match b {
+            None => put_varint(out, -1),
+            Some(b) => {
+                put_varint(out, b.len() as i64);
+                out.extend_from_slice(b);
+            }
+        }
+    }
+
+    /// Encodes `records` as one uncompressed batch with base offset 0.
+    pub fn batch(base_timestamp: i64, ids: ProducerIds, records: &[Rec<'_>]) -> Vec<u8> {
+        assert!(!records.is_empty(), "a batch holds at least one record");
+        let mut body = Vec::new();
+        let mut max_ts = base_timestamp;
+        for (i, r) in records.iter().enumerate() {
+            let mut rec = Vec::new();
+            rec.push(0u8); // attributes
+            put_varint(&mut rec, r.timestamp_delta);
+            put_varint(&mut rec, i as i64);
+            put_bytes(&mut rec, r.key);
+            put_bytes(&mut rec, r.value);
+            put_varint(&mut rec, 0); // headers
+            put_varint(&mut body, rec.len() as i64);
+            body.extend_from_slice(&rec);
+            max_ts = max_ts.max(base_timestamp + r.timestamp_delta);
+        }
+        let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+        out.extend_from_slice(&0i64.to_be_bytes());
+        out.extend_from_slice(&((HEADER_LEN - LOG_OVERHEAD + body.len()) as i32).to_be_bytes());
+        out.extend_from_slice(&0i32.to_be_bytes()); // leader epoch
+        out.push(2); // magic
+        out.extend_from_slice(&[0; 4]); // crc, filled below
+        out.extend_from_slice(&0i16.to_be_bytes()); // attributes
+        out.extend_from_slice(&((records.len() - 1) as i32).to_be_bytes());
+        out.extend_from_slice(&base_timestamp.to_be_bytes());
+        out.extend_from_slice(&max_ts.to_be_bytes());
+        out.extend_from_slice(&ids.producer_id.to_be_bytes());
+        out.extend_from_slice(&ids.producer_epoch.to_be_bytes());
+        out.extend_from_slice(&ids.base_sequence.to_be_bytes());
+        out.extend_from_slice(&(records.len() as i32).to_be_bytes());
+        out.extend_from_slice(&body);
+        let crc = compute_crc(&out);
+        out[17..21].copy_from_slice(&crc.to_be_bytes());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::build::*;
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample(n: usize) -> Vec<u8> {
+        let vals: Vec<Vec<u8>> = (0..n).map(|i| format!("value-{i}").into_bytes()).collect();
+        let recs: Vec<Rec<'_>> = vals
+            .iter()
+            .enumerate()
+            .map(|(i, v)| Rec {
+                key: Some(b"k"),
+                value: Some(v),
+                timestamp_delta: i as i64,
+            })
+            .collect();
+        batch(1_000, ProducerIds::NONE, &recs)
+    }
+
+    #[test]
+    fn built_batch_validates() {
+        let b = sample(3);
+        let h = validate_produced(&b).unwrap();
+        assert_eq!(h.record_count, 3);
+        assert_eq!(h.last_offset_delta, 2);
+        assert_eq!(h.max_timestamp, 1_002);
+        assert_eq!(h.total_len(), b.len());
+        assert_eq!(h.compression(), Compression::None);
+    }
+
+    #[test]
+    fn stamping_keeps_crc_valid() {
+        let b = sample(2);
+        let prefix = stamped_prefix(&b, 42, 7);
+        let mut stamped = prefix.to_vec();
+        stamped.extend_from_slice(&b[STAMP_LEN..]);
+        let h = verify(&stamped).unwrap();
+        assert_eq!(h.base_offset, 42);
+        assert_eq!(h.leader_epoch, 7);
+        assert_eq!(h.last_offset(), 43);
+    }
+
+    #[test]
+    fn corrupt_and_truncated_batches_are_refused() {
+        let mut b = sample(2);
+        let last = b.len() - 1;
+        b[last] ^= 0xff;
+        assert!(matches!(verify(&b), Err(BatchError::CrcMismatch { .. })));
+        let b = sample(2);
+        assert!(matches!(
+            verify(&b[..b.len() - 1]),
+            Err(BatchError::Truncated { .. })
+        ));
+        let mut b = sample(1);
+        b[16] = 1;
+        assert_eq!(verify(&b), Err(BatchError::BadMagic(1)));
+        let mut two = sample(1);
+        two.extend_from_slice(&sample(1));
+        assert!(matches!(
+            validate_produced(&two),
+            Err(BatchError::TrailingBytes(_))
+        ));
+    }
+
+    #[test]
+    fn finds_first_record_by_timestamp() {
+        let b = sample(4); // timestamps 1000..=1003
+        assert_eq!(first_record_at_or_after(&b, 0), Some(0));
+        assert_eq!(first_record_at_or_after(&b, 1_002), Some(2));
+        assert_eq!(first_record_at_or_after(&b, 1_004), None);
+        assert_eq!(first_record_at_or_after(&b[..b.len() - 3], 1_000), None);
+    }
+
+    #[test]
+    fn sequence_wraps_like_kafka() {
+        assert_eq!(wrapping_seq_add(i32::MAX, 1), 0);
+        assert_eq!(wrapping_seq_add(i32::MAX - 1, 3), 1);
+        assert_eq!(wrapping_seq_add(5, 4), 9);
+    }
+
+    #[test]
+    fn iter_stops_at_partial_batch() {
+        let mut buf = sample(1);
+        buf.extend_from_slice(&sample(2));
+        let full = buf.len();
+        buf.extend_from_slice(&sample(3)[..20]);
+        let items: Vec<_> = BatchIter::new(&buf).collect::<Result<_, _>>().unwrap();
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[1].1.end, full);
+    }
+
+    proptest! {
+        #[test]
+        fn any_single_byte_flip_in_crc_region_is_detected(n in 1usize..5, at in 0usize..1000, bit in 0u8..8) {
+            let mut b = sample(n);
+            let at = CRC_START + at % (b.len() - CRC_START);
+            b[at] ^= 1 << bit;
+            prop_assert!(verify(&b).is_err());
+        }
+
+        #[test]
+        fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = verify(&bytes);
+            let _ = BatchIter::new(&bytes).count();
+        }
+    }
+}

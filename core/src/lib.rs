@@ -1,0 +1,6 @@
+//! What every Strata component speaks: the record batch format (Kafka RecordBatch v2) and the
+//! on-disk segment, index and checkpoint formats shared by the hot tier, the cold tier and
+//! the replay tools. This crate does no I/O beyond encoding and decoding bytes.
+
+pub mod batch;
+pub mod segment;

@@ -1,0 +1,189 @@
+//! Per-topic log configuration under Kafka's names, parsed and validated once.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A topic config key or value that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("unknown topic config '{0}'")]
+    UnknownKey(String),
+    #[error("invalid value '{value}' for topic config '{key}': {reason}")]
+    InvalidValue {
+        key: String,
+        value: String,
+        reason: String,
+    },
+}
+
+/// How appends reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushPolicy {
+    /// fsync covers every append before it is acknowledged with acks=all (group commit: many
+    /// producers share one fsync). Kafka's `flush.messages=1`.
+    EveryAppend,
+    /// fsync after this many messages; acknowledgements do not wait for it.
+    EveryMessages(u64),
+    /// Leave flushing to the OS (Kafka's default `flush.messages` of `i64::MAX`).
+    Os,
+}
+
+/// The validated configuration of one topic's partitions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    pub segment_bytes: u64,
+    pub segment_ms: Duration,
+    /// `None` = keep forever (`retention.ms=-1`).
+    pub retention_ms: Option<Duration>,
+    /// `None` = no size limit (`retention.bytes=-1`).
+    pub retention_bytes: Option<u64>,
+    pub flush: FlushPolicy,
+    pub max_message_bytes: u32,
+    pub index_interval_bytes: u32,
+    pub cleanup_policy: String,
+}
+
+/// Topic configs this broker knows, with Kafka's defaults except `flush.messages`, which
+/// defaults to 1 here: an acknowledged settlement record must survive a power cut.
+pub const TOPIC_CONFIG_KEYS: &[(&str, &str)] = &[
+    ("cleanup.policy", "delete"),
+    ("flush.messages", "1"),
+    ("index.interval.bytes", "4096"),
+    ("max.message.bytes", "1048588"),
+    ("retention.bytes", "-1"),
+    ("retention.ms", "604800000"),
+    ("segment.bytes", "1073741824"),
+    ("segment.ms", "604800000"),
+];
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig::from_map(&BTreeMap::new()).expect("built-in defaults are valid")
+    }
+}
+
+fn int(key: &str, value: &str, min: i64, max: i64) -> Result<i64, ConfigError> {
+    let invalid = |reason: String| ConfigError::InvalidValue {
+        key: key.to_string(),
+        value: value.to_string(),
+        reason,
+    };
+    let v: i64 = value
+        .trim()
+        .parse()
+        .map_err(|_| invalid("not an integer".into()))?;
+    if v < min || v > max {
+        return Err(invalid(format!("must be between {min} and {max}")));
+    }
+    Ok(v)
+}
+
+impl LogConfig {
+    /// Builds a config from Kafka-named overrides; keys not given take the defaults of
+    /// [`TOPIC_CONFIG_KEYS`].
+    pub fn from_map(overrides: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        for key in overrides.keys() {
+            if !TOPIC_CONFIG_KEYS.iter().any(|(k, _)| k == key) {
+                return Err(ConfigError::UnknownKey(key.clone()));
+            }
+        }
+        let get = |key: &str| -> &str {
+            overrides.get(key).map(String::as_str).unwrap_or_else(|| {
+                TOPIC_CONFIG_KEYS
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, v)| *v)
+                    .expect("key listed in TOPIC_CONFIG_KEYS")
+            })
+        };
+        let retention_ms = int("retention.ms", get("retention.ms"), -1, i64::MAX)?;
+        let retention_bytes = int("retention.bytes", get("retention.bytes"), -1, i64::MAX)?;
+        let flush_messages = int("flush.messages", get("flush.messages"), 1, i64::MAX)?;
+        let cleanup_policy = get("cleanup.policy").trim().to_string();
+        if cleanup_policy != "delete" {
+            return Err(ConfigError::InvalidValue {
+                key: "cleanup.policy".into(),
+                value: cleanup_policy,
+                reason:
+                    "only 'delete' is supported so far (compaction runs in the cold tier, later)"
+                        .into(),
+            });
+        }
+        Ok(LogConfig {
+            segment_bytes: int("segment.bytes", get("segment.bytes"), 14, i32::MAX as i64)? as u64,
+            segment_ms: Duration::from_millis(
+                int("segment.ms", get("segment.ms"), 1, i64::MAX)? as u64
+            ),
+            retention_ms: (retention_ms >= 0).then(|| Duration::from_millis(retention_ms as u64)),
+            retention_bytes: (retention_bytes >= 0).then_some(retention_bytes as u64),
+            flush: match flush_messages {
+                1 => FlushPolicy::EveryAppend,
+                i64::MAX => FlushPolicy::Os,
+                n => FlushPolicy::EveryMessages(n as u64),
+            },
+            max_message_bytes: int(
+                "max.message.bytes",
+                get("max.message.bytes"),
+                0,
+                i32::MAX as i64,
+            )? as u32,
+            index_interval_bytes: int(
+                "index.interval.bytes",
+                get("index.interval.bytes"),
+                0,
+                i32::MAX as i64,
+            )? as u32,
+            cleanup_policy,
+        })
+    }
+
+    /// Whether a record is visible to consumers and `acks=all` only once it is fsynced.
+    pub fn acks_wait_for_fsync(&self) -> bool {
+        self.flush == FlushPolicy::EveryAppend
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_kafkas_but_fsync() {
+        let c = LogConfig::default();
+        assert_eq!(c.segment_bytes, 1 << 30);
+        assert_eq!(c.retention_ms, Some(Duration::from_secs(7 * 24 * 3600)));
+        assert_eq!(c.retention_bytes, None);
+        assert_eq!(c.flush, FlushPolicy::EveryAppend);
+    }
+
+    #[test]
+    fn overrides_parse_and_bad_values_are_refused() {
+        let c = LogConfig::from_map(&map(&[
+            ("retention.ms", "-1"),
+            ("flush.messages", "9223372036854775807"),
+        ]))
+        .unwrap();
+        assert_eq!(c.retention_ms, None);
+        assert_eq!(c.flush, FlushPolicy::Os);
+        assert_eq!(
+            LogConfig::from_map(&map(&[("segment.bytes", "ten")])),
+            Err(ConfigError::InvalidValue {
+                key: "segment.bytes".into(),
+                value: "ten".into(),
+                reason: "not an integer".into()
+            })
+        );
+        assert_eq!(
+            LogConfig::from_map(&map(&[("no.such", "1")])),
+            Err(ConfigError::UnknownKey("no.such".into()))
+        );
+        assert!(LogConfig::from_map(&map(&[("flush.messages", "0")])).is_err());
+    }
+}

@@ -1,0 +1,630 @@
+//! The local log of one partition: a directory of segments, appended by a single writer.
+//!
+//! `PartitionLog` owns the segment files, their indexes, the idempotent-producer state and the
+//! recovery checkpoints. It does synchronous file I/O and knows nothing of networks or
+//! replication: the caller serialises appends (one writer per partition), runs
+//! [`SyncWork`] on a blocking thread, and reads through [`ReadPlan`]s outside its lock.
+//!
+//! Files in a partition directory:
+//! - `<base>.log`, `<base>.index`, `<base>.timeindex`: segments (see `strata_core::segment`);
+//! - `<offset>.snapshot`: producer state as of `offset`, written at each roll and at close;
+//! - `recovery-point`: every segment wholly below this offset is synced and trusted;
+//! - `clean-shutdown`: present only while the log is closed cleanly; its log end offset lets
+//!   the next open skip the CRC scan.
+
+pub mod config;
+pub mod producer_state;
+mod segment;
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use strata_core::batch::{self, BatchError, BatchHeader, BatchIter, HEADER_LEN};
+use strata_core::segment::{self as fmt, LOG_SUFFIX, SNAPSHOT_SUFFIX};
+
+pub use config::{ConfigError, FlushPolicy, LogConfig};
+use producer_state::{ProducerStateTable, SequenceCheck};
+pub use segment::Corruption;
+use segment::{remove_if_exists, write_file, Segment};
+
+const RECOVERY_POINT_FILE: &str = "recovery-point";
+const CLEAN_SHUTDOWN_FILE: &str = "clean-shutdown";
+/// Producer snapshots kept besides the newest.
+const SNAPSHOTS_KEPT: usize = 2;
+
+/// A batch whose header, CRC and record count were checked (outside any lock).
+#[derive(Debug, Clone)]
+pub struct ValidBatch {
+    bytes: Bytes,
+    header: BatchHeader,
+}
+
+impl ValidBatch {
+    /// Checks one produced batch: exactly one v2 batch with a good CRC and record count.
+    pub fn new(bytes: Bytes) -> Result<Self, BatchError> {
+        let header = batch::validate_produced(&bytes)?;
+        Ok(ValidBatch { bytes, header })
+    }
+
+    pub fn header(&self) -> &BatchHeader {
+        &self.header
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
+/// Why an append was refused. Each maps to one Kafka error code at the listener.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    #[error("batch of {size} bytes exceeds max.message.bytes {max}")]
+    TooLarge { size: usize, max: u32 },
+    #[error("out of order sequence: expected {expected}, got {got}")]
+    OutOfOrderSequence { expected: i32, got: i32 },
+    #[error("producer epoch is older than the current epoch {current}")]
+    InvalidProducerEpoch { current: i16 },
+    #[error("{0}")]
+    Unsupported(&'static str),
+    #[error("log i/o failed: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Where an appended (or deduplicated) batch is in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub base_offset: u64,
+    pub last_offset: u64,
+    /// True when this was a retry of a batch already in the log.
+    pub duplicate: bool,
+    /// True when the caller should start a flush now.
+    pub flush_now: bool,
+}
+
+/// Why a read could not be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("offset {offset} is outside the log [{start}, {end}]")]
+    OffsetOutOfRange { offset: u64, start: u64, end: u64 },
+    #[error("log i/o failed: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// What opening a log found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct OpenReport {
+    /// True when the previous close was clean and no CRC scan was needed.
+    pub clean: bool,
+    /// Segments whose every batch was CRC-checked.
+    pub scanned_segments: usize,
+    /// Where a corrupt or torn tail was cut, with the reason.
+    pub truncated: Option<(u64, Corruption)>,
+    /// Later segments removed because they followed a corrupt one.
+    pub removed_segments: Vec<u64>,
+}
+
+/// Files to fsync so that the log is durable up to `end`. Runs on a blocking thread.
+pub struct SyncWork {
+    files: Vec<Arc<File>>,
+    dir: Option<PathBuf>,
+    pub end: u64,
+    recovery_point: Option<u64>,
+}
+
+impl SyncWork {
+    /// fsyncs the files (and the directory when segments were created), then records the new
+    /// recovery point.
+    pub fn run(&self, log_dir: &Path) -> io::Result<()> {
+        for f in &self.files {
+            f.sync_data()?;
+        }
+        if let Some(dir) = &self.dir {
+            File::open(dir)?.sync_all()?;
+        }
+        if let Some(rp) = self.recovery_point {
+            write_atomically(log_dir, RECOVERY_POINT_FILE, rp.to_string().as_bytes())?;
+        }
+        Ok(())
+    }
+}
+
+/// A planned read of whole batches from one segment, done without the log's lock.
+pub struct ReadPlan {
+    file: Arc<File>,
+    position: u64,
+    /// Bytes of whole batches available from `position` when the plan was made.
+    available: u64,
+    /// Exclusive offset bound: batches ending at or past it are not returned.
+    upper: u64,
+}
+
+impl ReadPlan {
+    /// Reads up to `max_bytes` of whole batches below the plan's bound; the first batch is
+    /// returned whole even when larger than `max_bytes`, so a consumer always progresses.
+    pub fn read(&self, max_bytes: usize) -> io::Result<Bytes> {
+        if self.available < HEADER_LEN as u64 {
+            return Ok(Bytes::new());
+        }
+        let mut header = [0u8; HEADER_LEN];
+        self.file.read_exact_at(&mut header, self.position)?;
+        let first = BatchHeader::parse(&header).map_err(bad_batch)?;
+        if first.last_offset() as u64 >= self.upper {
+            return Ok(Bytes::new());
+        }
+        let len = (max_bytes as u64)
+            .max(first.total_len() as u64)
+            .min(self.available);
+        let mut buf = vec![0u8; len as usize];
+        self.file.read_exact_at(&mut buf, self.position)?;
+        let mut end = 0;
+        for item in BatchIter::new(&buf) {
+            let (h, range) = item.map_err(bad_batch)?;
+            if h.last_offset() as u64 >= self.upper {
+                break;
+            }
+            end = range.end;
+        }
+        buf.truncate(end);
+        Ok(Bytes::from(buf))
+    }
+}
+
+fn bad_batch(e: BatchError) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("bad batch in segment: {e}"),
+    )
+}
+
+/// The log of one partition.
+pub struct PartitionLog {
+    dir: PathBuf,
+    config: LogConfig,
+    segments: BTreeMap<u64, Segment>,
+    producers: ProducerStateTable,
+    leader_epoch: i32,
+    /// Sealed segments' files not yet fsynced.
+    unsynced_sealed: Vec<Arc<File>>,
+    dir_dirty: bool,
+    /// Offset up to which a sync has been handed out.
+    sync_handed_out: u64,
+    pending_recovery_point: Option<u64>,
+    messages_since_flush: u64,
+}
+
+impl PartitionLog {
+    /// Opens (creating if needed) the log in `dir`, recovering from an unclean stop.
+    pub fn open(dir: &Path, config: LogConfig, now_ms: i64) -> io::Result<(Self, OpenReport)> {
+        fs::create_dir_all(dir)?;
+        let mut report = OpenReport::default();
+        let mut bases = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let name = entry?.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.ends_with(".tmp") {
+                remove_if_exists(&dir.join(name))?;
+            } else if let Some((base, LOG_SUFFIX)) = fmt::parse_file_name(name) {
+                bases.push(base);
+            }
+        }
+        bases.sort_unstable();
+        let clean_end = read_number(&dir.join(CLEAN_SHUTDOWN_FILE));
+        let recovery_point = read_number(&dir.join(RECOVERY_POINT_FILE)).unwrap_or(0);
+        report.clean = clean_end.is_some();
+        let interval = config.index_interval_bytes;
+        let mut segments = BTreeMap::new();
+        for (i, &base) in bases.iter().enumerate() {
+            let next_base = bases.get(i + 1).copied();
+            let trusted = clean_end.is_some() || next_base.is_some_and(|n| n <= recovery_point);
+            if trusted {
+                segments.insert(base, Segment::open_trusted(dir, base, now_ms, interval)?);
+                continue;
+            }
+            let (seg, corruption) = Segment::recover(dir, base, now_ms, interval)?;
+            report.scanned_segments += 1;
+            segments.insert(base, seg);
+            if let Some(c) = corruption {
+                tracing::warn!(dir = %dir.display(), segment = base, position = c.position, reason = %c.reason, "cut corrupt log tail");
+                report.truncated = Some((base, c));
+                for &later in &bases[i + 1..] {
+                    let doomed = Segment::open_trusted(dir, later, now_ms, interval);
+                    match doomed {
+                        Ok(s) => s.delete_files()?,
+                        Err(_) => remove_if_exists(&dir.join(fmt::file_name(later, LOG_SUFFIX)))?,
+                    }
+                    report.removed_segments.push(later);
+                }
+                break;
+            }
+        }
+        if let Some(end) = clean_end {
+            let actual = segments.values().next_back().map_or(0, |s| s.next_offset);
+            if end != actual {
+                tracing::warn!(dir = %dir.display(), marker = end, actual, "clean-shutdown marker disagrees with the log end");
+            }
+        }
+        if segments.is_empty() {
+            segments.insert(0, Segment::create(dir, 0, now_ms, interval)?);
+        }
+        let mut log = PartitionLog {
+            dir: dir.to_path_buf(),
+            config,
+            segments,
+            producers: ProducerStateTable::default(),
+            leader_epoch: 0,
+            unsynced_sealed: Vec::new(),
+            dir_dirty: true,
+            sync_handed_out: 0,
+            pending_recovery_point: None,
+            messages_since_flush: 0,
+        };
+        log.sync_handed_out = log.end_offset();
+        log.rebuild_producer_state()?;
+        if report.clean {
+            remove_if_exists(&dir.join(CLEAN_SHUTDOWN_FILE))?;
+            File::open(dir)?.sync_all()?;
+        }
+        Ok((log, report))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> &LogConfig {
+        &self.config
+    }
+
+    pub fn set_config(&mut self, config: LogConfig) {
+        self.config = config;
+    }
+
+    pub fn set_leader_epoch(&mut self, epoch: i32) {
+        self.leader_epoch = epoch;
+    }
+
+    /// First offset still in the log.
+    pub fn start_offset(&self) -> u64 {
+        self.segments.values().next().map_or(0, |s| s.base)
+    }
+
+    /// Offset the next appended record gets (log end offset).
+    pub fn end_offset(&self) -> u64 {
+        self.active().next_offset
+    }
+
+    /// Total bytes of all segments.
+    pub fn size_bytes(&self) -> u64 {
+        self.segments.values().map(|s| s.size).sum()
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    fn active(&self) -> &Segment {
+        self.segments
+            .values()
+            .next_back()
+            .expect("a log always has an active segment")
+    }
+
+    fn active_mut(&mut self) -> &mut Segment {
+        self.segments
+            .values_mut()
+            .next_back()
+            .expect("a log always has an active segment")
+    }
+
+    /// Appends a validated batch: checks size and producer sequence, stamps the base offset
+    /// and leader epoch, writes it. Returns where it landed; a retry of a recent batch returns
+    /// the original offsets without writing.
+    pub fn append(&mut self, batch: &ValidBatch, now_ms: i64) -> Result<Appended, AppendError> {
+        let h = batch.header;
+        if batch.len() > self.config.max_message_bytes as usize {
+            return Err(AppendError::TooLarge {
+                size: batch.len(),
+                max: self.config.max_message_bytes,
+            });
+        }
+        if h.is_control() {
+            return Err(AppendError::Unsupported(
+                "producers may not write control batches",
+            ));
+        }
+        if h.is_transactional() {
+            return Err(AppendError::Unsupported(
+                "transactions are not supported yet",
+            ));
+        }
+        match self.producers.check(&h) {
+            SequenceCheck::Append => {}
+            SequenceCheck::Duplicate(w) => {
+                return Ok(Appended {
+                    base_offset: w.base_offset,
+                    last_offset: w.last_offset,
+                    duplicate: true,
+                    flush_now: false,
+                })
+            }
+            SequenceCheck::FencedEpoch { current } => {
+                return Err(AppendError::InvalidProducerEpoch { current })
+            }
+            SequenceCheck::OutOfOrder { expected, got } => {
+                return Err(AppendError::OutOfOrderSequence { expected, got })
+            }
+        }
+        self.maybe_roll(batch.len() as u64, now_ms)?;
+        let base = self.end_offset();
+        let epoch = self.leader_epoch;
+        let prefix = batch::stamped_prefix(&batch.bytes, base as i64, epoch);
+        let mut stamped = h;
+        stamped.base_offset = base as i64;
+        stamped.leader_epoch = epoch;
+        self.active_mut().append(&prefix, &batch.bytes, &stamped)?;
+        self.producers.record(&stamped);
+        self.messages_since_flush += h.record_count as u64;
+        let flush_now = match self.config.flush {
+            FlushPolicy::EveryAppend => true,
+            FlushPolicy::EveryMessages(n) => self.messages_since_flush >= n,
+            FlushPolicy::Os => !self.unsynced_sealed.is_empty(),
+        };
+        Ok(Appended {
+            base_offset: base,
+            last_offset: stamped.last_offset() as u64,
+            duplicate: false,
+            flush_now,
+        })
+    }
+
+    fn maybe_roll(&mut self, incoming: u64, now_ms: i64) -> io::Result<()> {
+        let active = self.active();
+        let too_big = active.size + incoming > self.config.segment_bytes;
+        let too_old =
+            now_ms.saturating_sub(active.created_ms) as u128 >= self.config.segment_ms.as_millis();
+        // Relative offsets and positions are u32 in the indexes.
+        let too_far = active.size + incoming > u64::from(u32::MAX)
+            || active.next_offset - active.base > u64::from(u32::MAX) / 2;
+        if !active.is_empty() && (too_big || too_old || too_far) {
+            self.roll(now_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Seals the active segment and starts a new one at the log end offset.
+    pub fn roll(&mut self, now_ms: i64) -> io::Result<()> {
+        let base = self.end_offset();
+        let interval = self.config.index_interval_bytes;
+        let sealed = self.active_mut();
+        sealed.write_indexes()?;
+        let sealed_file = sealed.file.clone();
+        let snapshot = self.producers.encode_snapshot(base);
+        write_file(
+            &self.dir.join(fmt::file_name(base, SNAPSHOT_SUFFIX)),
+            &snapshot,
+        )?;
+        let seg = Segment::create(&self.dir, base, now_ms, interval)?;
+        self.segments.insert(base, seg);
+        self.unsynced_sealed.push(sealed_file);
+        self.dir_dirty = true;
+        self.pending_recovery_point = Some(base);
+        self.prune_snapshots()?;
+        tracing::debug!(dir = %self.dir.display(), base, "rolled segment");
+        Ok(())
+    }
+
+    /// What to fsync for the log to be durable up to its current end; `None` if nothing new.
+    pub fn take_sync_work(&mut self) -> Option<SyncWork> {
+        let end = self.end_offset();
+        if end == self.sync_handed_out && self.unsynced_sealed.is_empty() && !self.dir_dirty {
+            return None;
+        }
+        let mut files = std::mem::take(&mut self.unsynced_sealed);
+        files.push(self.active().file.clone());
+        self.sync_handed_out = end;
+        self.messages_since_flush = 0;
+        Some(SyncWork {
+            files,
+            dir: std::mem::take(&mut self.dir_dirty).then(|| self.dir.clone()),
+            end,
+            recovery_point: self.pending_recovery_point.take(),
+        })
+    }
+
+    /// Plans a read of the batch holding `offset` and those after it in the same segment,
+    /// bounded by `upper` (exclusive; the high watermark for consumers). `Ok(None)` when
+    /// there is nothing below `upper` at `offset` yet.
+    pub fn plan_read(&self, offset: u64, upper: u64) -> Result<Option<ReadPlan>, ReadError> {
+        let (start, end) = (self.start_offset(), self.end_offset());
+        if offset < start || offset > end {
+            return Err(ReadError::OffsetOutOfRange { offset, start, end });
+        }
+        if offset >= upper.min(end) {
+            return Ok(None);
+        }
+        for seg in self
+            .segments
+            .range(..=offset)
+            .next_back()
+            .into_iter()
+            .map(|(_, s)| s)
+            .chain(self.segments.range(offset + 1..).map(|(_, s)| s))
+        {
+            if let Some(position) = seg.position_of(offset.max(seg.base))? {
+                return Ok(Some(ReadPlan {
+                    file: seg.file.clone(),
+                    position,
+                    available: seg.size - position,
+                    upper,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// First offset with a record timestamp at or after `ts`; `None` if every record is older.
+    pub fn offset_for_timestamp(&self, ts: i64) -> io::Result<Option<u64>> {
+        for seg in self.segments.values() {
+            if let Some(o) = seg.offset_for_timestamp(ts)? {
+                return Ok(Some(o));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Largest record timestamp in the log and the offset of its batch (ListOffsets -3).
+    pub fn max_timestamp(&self) -> Option<(i64, u64)> {
+        let seg = self
+            .segments
+            .values()
+            .filter(|s| s.max_timestamp.is_some())
+            .max_by_key(|s| s.max_timestamp)?;
+        let ts = seg.max_timestamp?;
+        let offset = seg.offset_for_timestamp(ts).ok().flatten()?;
+        Some((ts, offset))
+    }
+
+    /// Deletes sealed segments past `retention.ms` or beyond `retention.bytes`, oldest first.
+    /// Returns the base offsets deleted. The active segment is never deleted.
+    pub fn apply_retention(&mut self, now_ms: i64) -> io::Result<Vec<u64>> {
+        let mut deleted = Vec::new();
+        let mut total = self.size_bytes();
+        loop {
+            if self.segments.len() <= 1 {
+                break;
+            }
+            let (&base, oldest) = self.segments.iter().next().expect("non-empty");
+            let expired_by_time = self.config.retention_ms.is_some_and(|r| {
+                let newest = oldest.max_timestamp.unwrap_or(oldest.created_ms);
+                now_ms.saturating_sub(newest) as u128 > r.as_millis()
+            });
+            let expired_by_size = self
+                .config
+                .retention_bytes
+                .is_some_and(|limit| total - oldest.size >= limit);
+            if !(expired_by_time || expired_by_size) {
+                break;
+            }
+            let seg = self.segments.remove(&base).expect("present");
+            seg.delete_files()?;
+            total -= seg.size;
+            deleted.push(base);
+        }
+        if !deleted.is_empty() {
+            self.prune_snapshots()?;
+            tracing::info!(dir = %self.dir.display(), segments = deleted.len(), log_start = self.start_offset(), "retention deleted segments");
+        }
+        Ok(deleted)
+    }
+
+    /// Writes indexes, a producer snapshot and the clean-shutdown marker after syncing all.
+    pub fn close(mut self) -> io::Result<()> {
+        let end = self.end_offset();
+        let active = self.active_mut();
+        active.write_indexes()?;
+        active.file.sync_all()?;
+        for f in &self.unsynced_sealed {
+            f.sync_all()?;
+        }
+        write_file(
+            &self.dir.join(fmt::file_name(end, SNAPSHOT_SUFFIX)),
+            &self.producers.encode_snapshot(end),
+        )?;
+        self.prune_snapshots()?;
+        write_atomically(&self.dir, CLEAN_SHUTDOWN_FILE, end.to_string().as_bytes())
+    }
+
+    /// Loads the newest usable producer snapshot and replays batch headers after it.
+    fn rebuild_producer_state(&mut self) -> io::Result<()> {
+        let end = self.end_offset();
+        let start = self.start_offset();
+        let mut from = start;
+        let mut snapshots = self.snapshot_offsets()?;
+        snapshots.reverse();
+        for offset in snapshots {
+            if offset > end || offset < start {
+                continue;
+            }
+            let bytes = fs::read(self.dir.join(fmt::file_name(offset, SNAPSHOT_SUFFIX)))?;
+            if let Some((at, table)) = ProducerStateTable::decode_snapshot(&bytes) {
+                if at == offset {
+                    self.producers = table;
+                    from = offset;
+                    break;
+                }
+            }
+            tracing::warn!(dir = %self.dir.display(), offset, "ignoring damaged producer snapshot");
+        }
+        let mut replayed = 0usize;
+        for seg in self.segments.values() {
+            if seg.next_offset <= from {
+                continue;
+            }
+            let Some(mut pos) = seg.position_of(from.max(seg.base))? else {
+                continue;
+            };
+            let mut header = [0u8; HEADER_LEN];
+            while pos < seg.size {
+                seg.file.read_exact_at(&mut header, pos)?;
+                let h = BatchHeader::parse(&header)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                if h.base_offset as u64 >= from {
+                    self.producers.record(&h);
+                    replayed += 1;
+                }
+                pos += h.total_len() as u64;
+            }
+        }
+        tracing::debug!(dir = %self.dir.display(), from, replayed, producers = self.producers.len(), "rebuilt producer state");
+        Ok(())
+    }
+
+    fn snapshot_offsets(&self) -> io::Result<Vec<u64>> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.dir)? {
+            let name = entry?.file_name();
+            if let Some((o, SNAPSHOT_SUFFIX)) = name.to_str().and_then(fmt::parse_file_name) {
+                out.push(o);
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Keeps the newest snapshots and removes those below the log start.
+    fn prune_snapshots(&self) -> io::Result<()> {
+        let offsets = self.snapshot_offsets()?;
+        let keep_from = offsets.len().saturating_sub(SNAPSHOTS_KEPT + 1);
+        let start = self.start_offset();
+        for (i, o) in offsets.iter().enumerate() {
+            if i < keep_from || *o < start {
+                remove_if_exists(&self.dir.join(fmt::file_name(*o, SNAPSHOT_SUFFIX)))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_number(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Writes `name` in `dir` through a temporary file, rename and directory fsync.
+pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    write_file(&tmp, bytes)?;
+    fs::rename(&tmp, dir.join(name))?;
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,370 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use strata_core::batch::build::{batch, ProducerIds, Rec};
+
+use super::*;
+
+fn small_config(segment_bytes: u64) -> LogConfig {
+    let mut m = BTreeMap::new();
+    m.insert("segment.bytes".to_string(), segment_bytes.to_string());
+    m.insert("index.interval.bytes".to_string(), "256".to_string());
+    LogConfig::from_map(&m).unwrap()
+}
+
+/// A batch of `n` records whose values name `tag`, at `ts`, `ts+1`, ...
+fn make(tag: u64, n: usize, ts: i64, ids: ProducerIds) -> ValidBatch {
+    let values: Vec<Vec<u8>> = (0..n)
+        .map(|i| format!("v{tag}-{i}-{}", "x".repeat(40)).into_bytes())
+        .collect();
+    let recs: Vec<Rec<'_>> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Rec {
+            key: None,
+            value: Some(v),
+            timestamp_delta: i as i64,
+        })
+        .collect();
+    ValidBatch::new(Bytes::from(batch(ts, ids, &recs))).unwrap()
+}
+
+/// Reads every batch from `from` to the end, returning (base offset, record count) pairs.
+fn read_all(log: &PartitionLog, from: u64) -> Vec<(u64, i32)> {
+    let mut out = Vec::new();
+    let mut next = from;
+    while let Some(plan) = log.plan_read(next, u64::MAX).unwrap() {
+        let bytes = plan.read(1000).unwrap();
+        assert!(!bytes.is_empty(), "read at {next} returned nothing");
+        for item in BatchIter::new(&bytes) {
+            let (h, range) = item.unwrap();
+            batch::verify(&bytes[range]).unwrap();
+            if (h.last_offset() as u64) >= next {
+                out.push((h.base_offset as u64, h.record_count));
+                next = h.last_offset() as u64 + 1;
+            }
+        }
+    }
+    out
+}
+
+fn append_many(log: &mut PartitionLog, batches: usize) -> Vec<(u64, i32)> {
+    (0..batches)
+        .map(|i| {
+            let n = 1 + i % 4;
+            let a = log
+                .append(
+                    &make(i as u64, n, 1_000 + i as i64 * 10, ProducerIds::NONE),
+                    0,
+                )
+                .unwrap();
+            assert_eq!(a.last_offset - a.base_offset + 1, n as u64);
+            (a.base_offset, n as i32)
+        })
+        .collect()
+}
+
+#[test]
+fn append_and_read_across_rolls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let written = append_many(&mut log, 100);
+    assert!(
+        log.segment_count() > 3,
+        "expected rolls, got {}",
+        log.segment_count()
+    );
+    assert_eq!(read_all(&log, 0), written);
+    // Reading from the middle of a batch returns that whole batch first.
+    let (base, n) = written[37];
+    assert!(n > 1 || written[38].1 > 1);
+    let mid = if n > 1 { base + 1 } else { written[38].0 + 1 };
+    let got = read_all(&log, mid);
+    assert!(got[0].0 < mid && got[0].0 + got[0].1 as u64 > mid);
+    assert_eq!(got.last(), written.last());
+}
+
+#[test]
+fn reads_stop_at_the_upper_bound_and_out_of_range_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    let written = append_many(&mut log, 10);
+    let upper = written[5].0; // batches 0..5 are below
+    let bytes = log
+        .plan_read(0, upper)
+        .unwrap()
+        .unwrap()
+        .read(1 << 20)
+        .unwrap();
+    assert_eq!(BatchIter::new(&bytes).count(), 5);
+    assert!(log.plan_read(upper, upper).unwrap().is_none());
+    let end = log.end_offset();
+    assert!(log.plan_read(end, u64::MAX).unwrap().is_none());
+    assert!(matches!(
+        log.plan_read(end + 1, u64::MAX),
+        Err(ReadError::OffsetOutOfRange { .. })
+    ));
+}
+
+#[test]
+fn first_batch_is_returned_whole_even_when_larger_than_max_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    append_many(&mut log, 3);
+    let bytes = log
+        .plan_read(0, u64::MAX)
+        .unwrap()
+        .unwrap()
+        .read(1)
+        .unwrap();
+    assert_eq!(BatchIter::new(&bytes).count(), 1);
+}
+
+#[test]
+fn timestamp_lookup_finds_first_record_at_or_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let written = append_many(&mut log, 50);
+    // batch i has records at 1000 + 10 i + j
+    let (base, _) = written[20];
+    assert_eq!(log.offset_for_timestamp(1_200).unwrap(), Some(base));
+    let (base21, n21) = written[21];
+    if n21 > 1 {
+        assert_eq!(log.offset_for_timestamp(1_211).unwrap(), Some(base21 + 1));
+    }
+    assert_eq!(log.offset_for_timestamp(0).unwrap(), Some(0));
+    assert_eq!(log.offset_for_timestamp(1_000_000).unwrap(), None);
+    let (ts, _) = log.max_timestamp().unwrap();
+    assert_eq!(ts, 1_000 + 49 * 10 + (written[49].1 as i64 - 1));
+}
+
+#[test]
+fn retention_by_bytes_and_time_deletes_oldest_sealed_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    append_many(&mut log, 100);
+    let segments = log.segment_count();
+    let mut config = small_config(2048);
+    config.retention_bytes = Some(4096);
+    config.retention_ms = None;
+    log.set_config(config.clone());
+    let deleted = log.apply_retention(0).unwrap();
+    assert!(!deleted.is_empty());
+    assert!(log.size_bytes() >= 4096 - 2048 && log.size_bytes() < 4096 + 2048);
+    assert_eq!(
+        log.start_offset(),
+        log.segments.keys().next().copied().unwrap()
+    );
+    assert!(matches!(
+        log.plan_read(0, u64::MAX),
+        Err(ReadError::OffsetOutOfRange { .. })
+    ));
+    // Time: everything older than 100 ms before `now` goes, except the active segment.
+    config.retention_bytes = None;
+    config.retention_ms = Some(Duration::from_millis(100));
+    log.set_config(config);
+    let deleted_by_time = log.apply_retention(1_000_000).unwrap();
+    assert_eq!(log.segment_count(), 1);
+    assert_eq!(deleted.len() + deleted_by_time.len(), segments - 1);
+    assert!(!dir.path().join(fmt::file_name(0, LOG_SUFFIX)).exists());
+}
+
+#[test]
+fn clean_reopen_skips_the_scan_and_keeps_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, report) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    assert!(!report.clean);
+    let written = append_many(&mut log, 60);
+    log.close().unwrap();
+    let (log, report) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    assert!(report.clean);
+    assert_eq!(report.scanned_segments, 0);
+    assert_eq!(read_all(&log, 0), written);
+    // The marker is consumed: a crash now must not be mistaken for a clean stop.
+    assert!(!dir.path().join(CLEAN_SHUTDOWN_FILE).exists());
+}
+
+fn last_segment_path(dir: &Path) -> PathBuf {
+    let mut logs: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.ends_with(".log").then(|| dir.join(name))
+        })
+        .collect();
+    logs.sort();
+    logs.pop().unwrap()
+}
+
+#[test]
+fn torn_tail_is_cut_to_the_intact_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    let written = append_many(&mut log, 20);
+    drop(log); // unclean: no close
+    let path = last_segment_path(dir.path());
+    let len = fs::metadata(&path).unwrap().len();
+    let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(len - 7).unwrap(); // cut the last batch mid-way
+    let (mut log, report) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    assert!(report.truncated.is_some());
+    assert_eq!(read_all(&log, 0), written[..19].to_vec());
+    // The log takes appends again right after the intact prefix.
+    let a = log
+        .append(&make(99, 1, 5_000, ProducerIds::NONE), 0)
+        .unwrap();
+    assert_eq!(a.base_offset, written[19].0);
+}
+
+#[test]
+fn flipped_byte_cuts_at_that_batch_and_drops_later_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let written = append_many(&mut log, 100);
+    // Everything is unsynced: recovery must scan from the first segment.
+    let bases: Vec<u64> = log.segments.keys().copied().collect();
+    drop(log);
+    let victim = bases[2];
+    let path = dir.path().join(fmt::file_name(victim, LOG_SUFFIX));
+    let mut bytes = fs::read(&path).unwrap();
+    // Flip a byte inside the third batch of that segment.
+    let mut it = BatchIter::new(&bytes);
+    it.next();
+    it.next();
+    let (h, range) = it.next().unwrap().unwrap();
+    bytes[range.start + 70] ^= 0x40;
+    fs::write(&path, &bytes).unwrap();
+    let (log, report) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let (seg, c) = report.truncated.clone().unwrap();
+    assert_eq!((seg, c.position), (victim, range.start as u64));
+    assert!(matches!(c.reason, BatchError::CrcMismatch { .. }));
+    assert_eq!(report.removed_segments, bases[3..].to_vec());
+    let expected: Vec<_> = written
+        .iter()
+        .copied()
+        .filter(|(b, _)| *b < h.base_offset as u64)
+        .collect();
+    assert_eq!(read_all(&log, 0), expected);
+    assert_eq!(log.end_offset(), h.base_offset as u64);
+}
+
+#[test]
+fn synced_segments_below_the_recovery_point_are_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let written = append_many(&mut log, 100);
+    let work = log.take_sync_work().unwrap();
+    work.run(dir.path()).unwrap();
+    let segments = log.segment_count();
+    drop(log);
+    let (log, report) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    assert!(!report.clean);
+    assert_eq!(
+        report.scanned_segments, 1,
+        "only the active segment is scanned"
+    );
+    assert_eq!(log.segment_count(), segments);
+    assert_eq!(read_all(&log, 0), written);
+}
+
+#[test]
+fn damaged_index_is_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let written = append_many(&mut log, 60);
+    log.close().unwrap();
+    fs::write(
+        dir.path().join(fmt::file_name(0, fmt::INDEX_SUFFIX)),
+        [1, 2, 3],
+    )
+    .unwrap();
+    let (log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    assert_eq!(read_all(&log, 0), written);
+}
+
+#[test]
+fn idempotent_retries_get_original_offsets_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = |seq| ProducerIds {
+        producer_id: 5,
+        producer_epoch: 0,
+        base_sequence: seq,
+    };
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let mut seq = 0;
+    let mut offsets = Vec::new();
+    for i in 0..40 {
+        let a = log.append(&make(i, 3, 0, ids(seq)), 0).unwrap();
+        offsets.push(a.base_offset);
+        seq += 3;
+    }
+    let retry = log.append(&make(39, 3, 0, ids(seq - 3)), 0).unwrap();
+    assert!(retry.duplicate);
+    assert_eq!(retry.base_offset, offsets[39]);
+    assert!(matches!(
+        log.append(&make(0, 1, 0, ids(seq + 1)), 0),
+        Err(AppendError::OutOfOrderSequence { .. })
+    ));
+    // Unclean restart: state comes from the newest roll snapshot plus replay.
+    drop(log);
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let retry = log.append(&make(39, 3, 0, ids(seq - 3)), 0).unwrap();
+    assert_eq!((retry.duplicate, retry.base_offset), (true, offsets[39]));
+    // Clean restart: state comes from the close snapshot.
+    log.close().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let retry = log.append(&make(38, 3, 0, ids(seq - 6)), 0).unwrap();
+    assert_eq!((retry.duplicate, retry.base_offset), (true, offsets[38]));
+    let next = log.append(&make(40, 1, 0, ids(seq)), 0).unwrap();
+    assert!(!next.duplicate);
+}
+
+#[test]
+fn oversized_and_transactional_batches_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = small_config(1 << 20);
+    config.max_message_bytes = 100;
+    let (mut log, _) = PartitionLog::open(dir.path(), config, 0).unwrap();
+    assert!(matches!(
+        log.append(&make(0, 5, 0, ProducerIds::NONE), 0),
+        Err(AppendError::TooLarge { .. })
+    ));
+    assert_eq!(log.end_offset(), 0);
+}
+
+#[test]
+fn segment_ms_rolls_by_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = small_config(1 << 20);
+    config.segment_ms = Duration::from_millis(1_000);
+    let (mut log, _) = PartitionLog::open(dir.path(), config, 0).unwrap();
+    log.append(&make(0, 1, 0, ProducerIds::NONE), 10).unwrap();
+    log.append(&make(1, 1, 0, ProducerIds::NONE), 500).unwrap();
+    assert_eq!(log.segment_count(), 1);
+    log.append(&make(2, 1, 0, ProducerIds::NONE), 1_500)
+        .unwrap();
+    assert_eq!(log.segment_count(), 2);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn any_sequence_of_appends_reads_back_and_survives_reopen(
+        sizes in proptest::collection::vec(1usize..6, 1..80),
+        segment_bytes in 300u64..5000,
+        crash in any::<bool>(),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = PartitionLog::open(dir.path(), small_config(segment_bytes), 0).unwrap();
+        let written: Vec<_> = sizes.iter().enumerate().map(|(i, &n)| {
+            let a = log.append(&make(i as u64, n, i as i64, ProducerIds::NONE), 0).unwrap();
+            (a.base_offset, n as i32)
+        }).collect();
+        prop_assert_eq!(read_all(&log, 0), written.clone());
+        if crash { drop(log) } else { log.close().unwrap() }
+        let (log, _) = PartitionLog::open(dir.path(), small_config(segment_bytes), 0).unwrap();
+        prop_assert_eq!(read_all(&log, 0), written);
+    }
+}
