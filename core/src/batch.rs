@@ -245,10 +245,10 @@ fn read_varint(buf: &[u8], pos: &mut usize) -> Option<i64> {
     None
 }
 
-/// In a complete, uncompressed batch, the offset delta of the first record whose timestamp
-/// is at or after `ts`. `None` for compressed batches (the caller falls back to the base
-/// offset), malformed records, or when no record qualifies.
-pub fn first_record_at_or_after(batch: &[u8], ts: i64) -> Option<u32> {
+/// In a complete, uncompressed batch, the offset delta and timestamp of the first record whose
+/// timestamp is at or after `ts`. `None` for compressed batches (the caller falls back to the
+/// base offset), malformed records, or when no record qualifies.
+pub fn first_record_at_or_after(batch: &[u8], ts: i64) -> Option<(u32, i64)> {
     let header = BatchHeader::parse(batch).ok()?;
     if header.compression() != Compression::None || batch.len() < header.total_len() {
         return None;
@@ -260,8 +260,9 @@ pub fn first_record_at_or_after(batch: &[u8], ts: i64) -> Option<u32> {
         pos += 1; // attributes
         let ts_delta = read_varint(batch, &mut pos)?;
         let offset_delta = read_varint(batch, &mut pos)?;
-        if header.base_timestamp.checked_add(ts_delta)? >= ts {
-            return u32::try_from(offset_delta).ok();
+        let record_ts = header.base_timestamp.checked_add(ts_delta)?;
+        if record_ts >= ts {
+            return Some((u32::try_from(offset_delta).ok()?, record_ts));
         }
         pos = start.checked_add(usize::try_from(len).ok()?)?;
     }
@@ -475,8 +476,8 @@ mod tests {
     #[test]
     fn finds_first_record_by_timestamp() {
         let b = sample(4); // timestamps 1000..=1003
-        assert_eq!(first_record_at_or_after(&b, 0), Some(0));
-        assert_eq!(first_record_at_or_after(&b, 1_002), Some(2));
+        assert_eq!(first_record_at_or_after(&b, 0), Some((0, 1_000)));
+        assert_eq!(first_record_at_or_after(&b, 1_002), Some((2, 1_002)));
         assert_eq!(first_record_at_or_after(&b, 1_004), None);
         assert_eq!(first_record_at_or_after(&b[..b.len() - 3], 1_000), None);
     }

@@ -1,4 +1,9 @@
-//! The Strata broker: the local log engine and, around it, the append and fetch paths and the
-//! Kafka listener.
+//! The Strata broker: the local log engine and, around it, the append and fetch paths, the
+//! Kafka listener and the `strata` binary's commands.
 
+pub mod broker;
+pub mod cli;
+pub mod config;
+pub mod kafka;
 pub mod log;
+pub mod server;

@@ -1,1 +1,86 @@
-fn main() {}
+//! `strata`: run a broker (`dev`, `server`) or administer topics (`topic`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use strata_hot::cli;
+use strata_hot::config::ServerConfig;
+
+#[derive(Parser)]
+#[command(
+    name = "strata",
+    version,
+    about = "Strata: a replicated log with tiered storage, Kafka-compatible"
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run an embedded single-node cluster for development (data in ./strata-data).
+    Dev {
+        /// Data directory.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Kafka listener address.
+        #[arg(long)]
+        listen: Option<String>,
+        /// Optional config file (see strata.example.toml); flags override it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Run a broker from a config file.
+    Server {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Create, list, describe and delete topics.
+    Topic {
+        /// A broker's Kafka listener.
+        #[arg(long, default_value = "127.0.0.1:9092", global = true)]
+        bootstrap: String,
+        #[command(subcommand)]
+        command: cli::TopicCommand,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let env = std::env::vars();
+    match args.command {
+        Command::Dev {
+            data_dir,
+            listen,
+            config,
+        } => {
+            let mut overrides: BTreeMap<String, String> = env.collect();
+            if let Some(d) = data_dir {
+                overrides.insert("STRATA__DATA_DIR".into(), d.display().to_string());
+            }
+            if let Some(l) = listen {
+                overrides.insert("STRATA__KAFKA__LISTEN".into(), l);
+            }
+            let config = ServerConfig::load(config.as_deref(), overrides.into_iter())?;
+            runtime.block_on(strata_hot::server::run(config))
+        }
+        Command::Server { config } => {
+            let config = ServerConfig::load(Some(&config), env)?;
+            runtime.block_on(strata_hot::server::run(config))
+        }
+        Command::Topic { bootstrap, command } => runtime.block_on(cli::topic(&bootstrap, command)),
+    }
+}

@@ -199,6 +199,8 @@ pub struct PartitionLog {
     sync_handed_out: u64,
     pending_recovery_point: Option<u64>,
     messages_since_flush: u64,
+    /// Set by [`PartitionLog::close`]; a closed log refuses appends.
+    closed: bool,
 }
 
 impl PartitionLog {
@@ -266,6 +268,7 @@ impl PartitionLog {
             sync_handed_out: 0,
             pending_recovery_point: None,
             messages_since_flush: 0,
+            closed: false,
         };
         log.sync_handed_out = log.end_offset();
         log.rebuild_producer_state()?;
@@ -330,6 +333,11 @@ impl PartitionLog {
     /// the original offsets without writing.
     pub fn append(&mut self, batch: &ValidBatch, now_ms: i64) -> Result<Appended, AppendError> {
         let h = batch.header;
+        if self.closed {
+            return Err(AppendError::Io(io::Error::other(
+                "the log is closed (broker shutting down)",
+            )));
+        }
         if batch.len() > self.config.max_message_bytes as usize {
             return Err(AppendError::TooLarge {
                 size: batch.len(),
@@ -425,6 +433,9 @@ impl PartitionLog {
     /// What to fsync for the log to be durable up to its current end; `None` if nothing new.
     pub fn take_sync_work(&mut self) -> Option<SyncWork> {
         let end = self.end_offset();
+        if self.closed {
+            return None;
+        }
         if end == self.sync_handed_out && self.unsynced_sealed.is_empty() && !self.dir_dirty {
             return None;
         }
@@ -471,8 +482,9 @@ impl PartitionLog {
         Ok(None)
     }
 
-    /// First offset with a record timestamp at or after `ts`; `None` if every record is older.
-    pub fn offset_for_timestamp(&self, ts: i64) -> io::Result<Option<u64>> {
+    /// First offset with a record timestamp at or after `ts`, and that record's timestamp;
+    /// `None` if every record is older.
+    pub fn offset_for_timestamp(&self, ts: i64) -> io::Result<Option<(u64, i64)>> {
         for seg in self.segments.values() {
             if let Some(o) = seg.offset_for_timestamp(ts)? {
                 return Ok(Some(o));
@@ -489,7 +501,7 @@ impl PartitionLog {
             .filter(|s| s.max_timestamp.is_some())
             .max_by_key(|s| s.max_timestamp)?;
         let ts = seg.max_timestamp?;
-        let offset = seg.offset_for_timestamp(ts).ok().flatten()?;
+        let (offset, _) = seg.offset_for_timestamp(ts).ok().flatten()?;
         Some((ts, offset))
     }
 
@@ -527,7 +539,10 @@ impl PartitionLog {
     }
 
     /// Writes indexes, a producer snapshot and the clean-shutdown marker after syncing all.
-    pub fn close(mut self) -> io::Result<()> {
+    pub fn close(&mut self) -> io::Result<()> {
+        if std::mem::replace(&mut self.closed, true) {
+            return Ok(());
+        }
         let end = self.end_offset();
         let active = self.active_mut();
         active.write_indexes()?;

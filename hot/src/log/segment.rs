@@ -346,8 +346,9 @@ impl Segment {
         Ok(None)
     }
 
-    /// First offset whose record timestamp is at or after `ts`, if this segment has one.
-    pub fn offset_for_timestamp(&self, ts: i64) -> io::Result<Option<u64>> {
+    /// First offset whose record timestamp is at or after `ts`, with that timestamp, if this
+    /// segment has one.
+    pub fn offset_for_timestamp(&self, ts: i64) -> io::Result<Option<(u64, i64)>> {
         if self.max_timestamp.is_none_or(|m| m < ts) {
             return Ok(None);
         }
@@ -369,8 +370,9 @@ impl Segment {
                 self.file.read_exact_at(&mut whole, pos)?;
                 // Compressed batches answer with their base offset: a consumer starting there
                 // sees every record at or after `ts`, plus a few earlier ones.
-                let delta = batch::first_record_at_or_after(&whole, ts).unwrap_or(0);
-                return Ok(Some(h.base_offset as u64 + u64::from(delta)));
+                let (delta, found) =
+                    batch::first_record_at_or_after(&whole, ts).unwrap_or((0, h.max_timestamp));
+                return Ok(Some((h.base_offset as u64 + u64::from(delta), found)));
             }
             pos += h.total_len() as u64;
         }

@@ -128,12 +128,18 @@ fn timestamp_lookup_finds_first_record_at_or_after() {
     let written = append_many(&mut log, 50);
     // batch i has records at 1000 + 10 i + j
     let (base, _) = written[20];
-    assert_eq!(log.offset_for_timestamp(1_200).unwrap(), Some(base));
+    assert_eq!(
+        log.offset_for_timestamp(1_200).unwrap(),
+        Some((base, 1_200))
+    );
     let (base21, n21) = written[21];
     if n21 > 1 {
-        assert_eq!(log.offset_for_timestamp(1_211).unwrap(), Some(base21 + 1));
+        assert_eq!(
+            log.offset_for_timestamp(1_211).unwrap(),
+            Some((base21 + 1, 1_211))
+        );
     }
-    assert_eq!(log.offset_for_timestamp(0).unwrap(), Some(0));
+    assert_eq!(log.offset_for_timestamp(0).unwrap(), Some((0, 1_000)));
     assert_eq!(log.offset_for_timestamp(1_000_000).unwrap(), None);
     let (ts, _) = log.max_timestamp().unwrap();
     assert_eq!(ts, 1_000 + 49 * 10 + (written[49].1 as i64 - 1));
@@ -177,6 +183,7 @@ fn clean_reopen_skips_the_scan_and_keeps_everything() {
     assert!(!report.clean);
     let written = append_many(&mut log, 60);
     log.close().unwrap();
+    drop(log);
     let (log, report) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
     assert!(report.clean);
     assert_eq!(report.scanned_segments, 0);

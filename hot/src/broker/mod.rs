@@ -1,0 +1,414 @@
+//! The broker's partitions and topics on this node, independent of any wire protocol.
+//!
+//! `Broker` owns the topic store, opens every partition log at start, serialises topic
+//! administration, hands out producer ids and runs retention. The Kafka listener (and later
+//! the gRPC one) translate requests into calls here.
+
+pub mod partition;
+pub mod topics;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use uuid::Uuid;
+
+use crate::log::{ConfigError, LogConfig, PartitionLog};
+pub use partition::{Partition, Progress, WaitError};
+pub use topics::{validate_topic_name, TopicSpec, TopicStore};
+
+/// Wall-clock milliseconds, injected so tests can move time.
+pub trait Clock: Send + Sync + 'static {
+    fn now_ms(&self) -> i64;
+}
+
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    }
+}
+
+/// What the broker needs to know at start.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub data_dir: PathBuf,
+    pub node_id: i32,
+    /// Broker-wide defaults for topic configs (Kafka names); topics override them.
+    pub topic_defaults: BTreeMap<String, String>,
+    pub default_partitions: u32,
+    pub retention_check_interval: Duration,
+    pub auto_create_topics: bool,
+}
+
+/// Why a topic administration request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("{0}")]
+    InvalidTopic(String),
+    #[error("{0}")]
+    InvalidPartitions(String),
+    #[error("{0}")]
+    InvalidReplicationFactor(String),
+    #[error(transparent)]
+    InvalidConfig(#[from] ConfigError),
+    #[error("{0}")]
+    TopicExists(String),
+    #[error("topic '{0}' does not exist")]
+    UnknownTopic(String),
+    #[error("storage error: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// A topic served by this broker.
+pub struct Topic {
+    pub spec: TopicSpec,
+    pub partitions: Vec<Arc<Partition>>,
+}
+
+/// A request to create a topic, as the admin APIs give it.
+#[derive(Debug, Clone, Default)]
+pub struct NewTopic {
+    pub name: String,
+    /// `None` = the broker default.
+    pub partitions: Option<u32>,
+    /// `None` = the broker default (1 on a single node).
+    pub replication_factor: Option<u16>,
+    pub configs: BTreeMap<String, String>,
+}
+
+/// How many producer ids are reserved durably at a time.
+const PRODUCER_ID_BLOCK: i64 = 1000;
+/// Partition limit per topic (Kafka has none; this guards against typos like 1000000).
+pub const MAX_PARTITIONS: u32 = 10_000;
+
+pub struct Broker {
+    config: BrokerConfig,
+    clock: Arc<dyn Clock>,
+    store: tokio::sync::Mutex<TopicStore>,
+    cluster_id: String,
+    topics: RwLock<HashMap<String, Arc<Topic>>>,
+    /// Next producer id to hand out and the end of the reserved block.
+    producer_ids: Mutex<(i64, i64)>,
+}
+
+impl Broker {
+    /// Opens the data directory: the topic store and every partition log (recovering them).
+    pub async fn open(config: BrokerConfig, clock: Arc<dyn Clock>) -> io::Result<Arc<Broker>> {
+        let meta = config.data_dir.join("meta");
+        let logs = config.data_dir.join("logs");
+        fs::create_dir_all(&logs)?;
+        let store = TopicStore::open(&meta)?;
+        let cluster_id = store.cluster_id().to_string();
+        let specs = store.topics().to_vec();
+        let broker = Arc::new(Broker {
+            config,
+            clock,
+            store: tokio::sync::Mutex::new(store),
+            cluster_id,
+            topics: RwLock::new(HashMap::new()),
+            producer_ids: Mutex::new((0, 0)),
+        });
+        remove_deleted_dirs(&logs)?;
+        for spec in specs {
+            let topic = broker.open_topic(spec).await?;
+            broker.topics_write().insert(topic.spec.name.clone(), topic);
+        }
+        broker.warn_orphans(&logs)?;
+        Ok(broker)
+    }
+
+    pub fn config(&self) -> &BrokerConfig {
+        &self.config
+    }
+
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    fn topics_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<Topic>>> {
+        self.topics.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn topic(&self, name: &str) -> Option<Arc<Topic>> {
+        self.topics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    pub fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>> {
+        let t = self.topic(topic)?;
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| t.partitions.get(i).cloned())
+    }
+
+    /// All topics, sorted by name.
+    pub fn topics(&self) -> Vec<Arc<Topic>> {
+        let mut all: Vec<_> = self
+            .topics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
+        all
+    }
+
+    fn partition_dir(&self, topic: &str, index: u32) -> PathBuf {
+        self.config
+            .data_dir
+            .join("logs")
+            .join(format!("{topic}-{index}"))
+    }
+
+    /// The effective log config of a topic: its overrides over the broker defaults.
+    pub fn log_config(
+        &self,
+        overrides: &BTreeMap<String, String>,
+    ) -> Result<LogConfig, ConfigError> {
+        let mut merged = self.config.topic_defaults.clone();
+        merged.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
+        LogConfig::from_map(&merged)
+    }
+
+    /// Every topic config with its effective value and whether it is the topic's own.
+    pub fn describe_configs(&self, spec: &TopicSpec) -> Vec<(String, String, ConfigSource)> {
+        crate::log::config::TOPIC_CONFIG_KEYS
+            .iter()
+            .map(|(key, default)| {
+                let (value, source) = if let Some(v) = spec.configs.get(*key) {
+                    (v.clone(), ConfigSource::Topic)
+                } else if let Some(v) = self.config.topic_defaults.get(*key) {
+                    (v.clone(), ConfigSource::Broker)
+                } else {
+                    (default.to_string(), ConfigSource::Default)
+                };
+                (key.to_string(), value, source)
+            })
+            .collect()
+    }
+
+    async fn open_topic(&self, spec: TopicSpec) -> io::Result<Arc<Topic>> {
+        let config = self.log_config(&spec.configs).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("topic '{}': {e}", spec.name),
+            )
+        })?;
+        let now = self.clock.now_ms();
+        let dirs: Vec<PathBuf> = (0..spec.partitions)
+            .map(|p| self.partition_dir(&spec.name, p))
+            .collect();
+        let name = spec.name.clone();
+        let logs = tokio::task::spawn_blocking(move || {
+            dirs.iter()
+                .map(|dir| {
+                    let (log, report) = PartitionLog::open(dir, config.clone(), now)?;
+                    if report.truncated.is_some() || report.scanned_segments > 0 {
+                        tracing::info!(dir = %dir.display(), clean = report.clean, scanned = report.scanned_segments, truncated = report.truncated.is_some(), "recovered partition log");
+                    }
+                    Ok(log)
+                })
+                .collect::<io::Result<Vec<_>>>()
+        })
+        .await
+        .map_err(io::Error::other)??;
+        let topic_name: Arc<str> = Arc::from(name.as_str());
+        let partitions = logs
+            .into_iter()
+            .enumerate()
+            .map(|(i, log)| Partition::start(topic_name.clone(), i as i32, log))
+            .collect();
+        Ok(Arc::new(Topic { spec, partitions }))
+    }
+
+    /// Creates a topic. Creating one that exists with the same partition count and
+    /// replication factor succeeds without change; a different spec is refused.
+    pub async fn create_topic(
+        &self,
+        req: NewTopic,
+        validate_only: bool,
+    ) -> Result<TopicSpec, AdminError> {
+        validate_topic_name(&req.name).map_err(AdminError::InvalidTopic)?;
+        let partitions = req.partitions.unwrap_or(self.config.default_partitions);
+        if partitions == 0 || partitions > MAX_PARTITIONS {
+            return Err(AdminError::InvalidPartitions(format!(
+                "partition count {partitions} is invalid; it must be between 1 and {MAX_PARTITIONS}"
+            )));
+        }
+        let rf = req.replication_factor.unwrap_or(1);
+        if rf != 1 {
+            return Err(AdminError::InvalidReplicationFactor(format!(
+                "replication factor {rf} is larger than the 1 broker available"
+            )));
+        }
+        self.log_config(&req.configs)?;
+        let mut store = self.store.lock().await;
+        if let Some(existing) = self.topic(&req.name) {
+            let s = &existing.spec;
+            if s.partitions == partitions && s.replication_factor == rf {
+                return Ok(s.clone());
+            }
+            return Err(AdminError::TopicExists(format!(
+                "topic '{}' already exists with {} partitions and replication factor {}; \
+                 refusing to change it to {partitions} and {rf}",
+                s.name, s.partitions, s.replication_factor
+            )));
+        }
+        let spec = TopicSpec {
+            name: req.name,
+            id: Uuid::new_v4(),
+            partitions,
+            replication_factor: rf,
+            configs: req.configs,
+        };
+        if validate_only {
+            return Ok(spec);
+        }
+        store.insert(spec.clone())?;
+        let topic = self.open_topic(spec.clone()).await?;
+        self.topics_write().insert(spec.name.clone(), topic);
+        tracing::info!(topic = %spec.name, partitions, "created topic");
+        Ok(spec)
+    }
+
+    /// Deletes a topic and its data.
+    pub async fn delete_topic(&self, name: &str) -> Result<(), AdminError> {
+        let mut store = self.store.lock().await;
+        let Some(topic) = self.topics_write().remove(name) else {
+            return Err(AdminError::UnknownTopic(name.to_string()));
+        };
+        for p in &topic.partitions {
+            p.stop();
+        }
+        store.remove(name)?;
+        let dirs: Vec<PathBuf> = (0..topic.spec.partitions)
+            .map(|p| self.partition_dir(name, p))
+            .collect();
+        let id = topic.spec.id.simple().to_string();
+        tokio::task::spawn_blocking(move || {
+            for dir in dirs {
+                let doomed = PathBuf::from(format!("{}.{id}.deleted", dir.display()));
+                let result = fs::rename(&dir, &doomed).and_then(|()| fs::remove_dir_all(&doomed));
+                if let Err(e) = result {
+                    tracing::warn!(dir = %dir.display(), error = %e, "could not remove deleted partition data");
+                }
+            }
+        })
+        .await
+        .map_err(io::Error::other)?;
+        tracing::info!(topic = name, "deleted topic");
+        Ok(())
+    }
+
+    /// Hands out a new producer id, reserving blocks durably so ids never repeat.
+    pub async fn allocate_producer_id(&self) -> io::Result<i64> {
+        {
+            let mut ids = self.producer_ids.lock().unwrap_or_else(|e| e.into_inner());
+            if ids.0 < ids.1 {
+                ids.0 += 1;
+                return Ok(ids.0 - 1);
+            }
+        }
+        let mut store = self.store.lock().await;
+        let mut ids = self.producer_ids.lock().unwrap_or_else(|e| e.into_inner());
+        if ids.0 >= ids.1 {
+            let first = store.reserve_producer_ids(PRODUCER_ID_BLOCK)?;
+            *ids = (first, first + PRODUCER_ID_BLOCK);
+        }
+        ids.0 += 1;
+        Ok(ids.0 - 1)
+    }
+
+    /// Runs retention over every partition every `retention_check_interval`, until the
+    /// broker is dropped.
+    pub fn spawn_retention(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let every = self.config.retention_check_interval;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(broker) = weak.upgrade() else { return };
+                let now = broker.clock.now_ms();
+                let partitions: Vec<_> = broker
+                    .topics()
+                    .iter()
+                    .flat_map(|t| t.partitions.clone())
+                    .collect();
+                let result = tokio::task::spawn_blocking(move || {
+                    for p in partitions {
+                        if let Err(e) = p.apply_retention(now) {
+                            tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "retention failed; will retry");
+                        }
+                    }
+                })
+                .await;
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "retention task panicked");
+                }
+            }
+        });
+    }
+
+    /// Closes every partition cleanly so the next start skips recovery.
+    pub fn shutdown(&self) {
+        for topic in self.topics() {
+            for p in &topic.partitions {
+                if let Err(e) = p.close() {
+                    tracing::error!(topic = %p.topic, partition = p.index, error = %e, "clean close failed; the next start will recover this partition");
+                }
+            }
+        }
+    }
+
+    fn warn_orphans(&self, logs: &Path) -> io::Result<()> {
+        let topics = self.topics();
+        for entry in fs::read_dir(logs)? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            let known = topics.iter().any(|t| {
+                name.strip_prefix(&t.spec.name)
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .and_then(|p| p.parse::<u32>().ok())
+                    .is_some_and(|p| p < t.spec.partitions)
+            });
+            if !known {
+                tracing::warn!(dir = %logs.join(&name).display(), "partition directory belongs to no topic; left in place");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a described config value comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigSource {
+    Topic,
+    Broker,
+    Default,
+}
+
+fn remove_deleted_dirs(logs: &Path) -> io::Result<()> {
+    for entry in fs::read_dir(logs)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "deleted") {
+            fs::remove_dir_all(&path)?;
+        }
+    }
+    Ok(())
+}

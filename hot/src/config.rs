@@ -1,0 +1,242 @@
+//! The server configuration file (TOML), environment overrides, and validation into the
+//! runtime structs. `strata.example.toml` at the repository root documents every field.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Deserializer};
+
+use crate::broker::BrokerConfig;
+use crate::kafka::ListenerConfig;
+use crate::log::LogConfig;
+
+/// Environment variables with this prefix override the file: `STRATA__KAFKA__LISTEN=...`
+/// sets `[kafka] listen`; path segments are separated by `__` and lower-cased.
+pub const ENV_PREFIX: &str = "STRATA__";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub node_id: i32,
+    pub data_dir: PathBuf,
+    pub kafka: KafkaSection,
+    pub topics: TopicsSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaSection {
+    pub listen: SocketAddr,
+    /// Host clients are told to connect to; defaults to the listen address's IP.
+    pub advertised_host: Option<String>,
+    pub advertised_port: Option<u16>,
+    pub max_request_bytes: usize,
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub frame_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopicsSection {
+    pub default_partitions: u32,
+    pub auto_create: bool,
+    #[serde(deserialize_with = "duration")]
+    pub retention_check_interval: Duration,
+    /// Broker-wide defaults for topic configs, under Kafka's names.
+    pub defaults: BTreeMap<String, String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            node_id: 0,
+            data_dir: PathBuf::from("./strata-data"),
+            kafka: KafkaSection::default(),
+            topics: TopicsSection::default(),
+        }
+    }
+}
+
+impl Default for KafkaSection {
+    fn default() -> Self {
+        KafkaSection {
+            listen: "127.0.0.1:9092".parse().expect("valid literal"),
+            advertised_host: None,
+            advertised_port: None,
+            max_request_bytes: 100 << 20,
+            idle_timeout: Duration::from_secs(600),
+            frame_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Default for TopicsSection {
+    fn default() -> Self {
+        TopicsSection {
+            default_partitions: 1,
+            auto_create: false,
+            retention_check_interval: Duration::from_secs(30),
+            defaults: BTreeMap::new(),
+        }
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "'{text}' is not a duration like \"30s\" or \"10m\": {e}"
+        ))
+    })
+}
+
+impl ServerConfig {
+    /// Reads `path` (if given), applies `STRATA__*` environment overrides, and validates.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl Iterator<Item = (String, String)>,
+    ) -> anyhow::Result<Self> {
+        let mut value = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading config file {}", p.display()))?;
+                text.parse::<toml::Table>()
+                    .with_context(|| format!("parsing config file {}", p.display()))?
+            }
+            None => toml::Table::new(),
+        };
+        for (key, raw) in env {
+            let Some(path) = key.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let segments: Vec<String> = path.split("__").map(|s| s.to_ascii_lowercase()).collect();
+            set_path(&mut value, &segments, parse_scalar(&raw))
+                .with_context(|| format!("applying {key}"))?;
+        }
+        let config: ServerConfig = toml::Value::Table(value)
+            .try_into()
+            .context("invalid configuration (see strata.example.toml)")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.node_id < 0 {
+            bail!("node_id must be 0 or more, not {}", self.node_id);
+        }
+        if self.kafka.max_request_bytes < 1024 {
+            bail!("kafka.max_request_bytes must be at least 1024");
+        }
+        if self.topics.default_partitions == 0 {
+            bail!("topics.default_partitions must be at least 1");
+        }
+        LogConfig::from_map(&self.topics.defaults).context("invalid [topics.defaults]")?;
+        Ok(())
+    }
+
+    pub fn broker(&self) -> BrokerConfig {
+        BrokerConfig {
+            data_dir: self.data_dir.clone(),
+            node_id: self.node_id,
+            topic_defaults: self.topics.defaults.clone(),
+            default_partitions: self.topics.default_partitions,
+            retention_check_interval: self.topics.retention_check_interval,
+            auto_create_topics: self.topics.auto_create,
+        }
+    }
+
+    /// The listener settings; `bound` is the address actually bound (port 0 resolved).
+    pub fn listener(&self, bound: SocketAddr) -> ListenerConfig {
+        ListenerConfig {
+            advertised_host: self
+                .kafka
+                .advertised_host
+                .clone()
+                .unwrap_or_else(|| bound.ip().to_string()),
+            advertised_port: self.kafka.advertised_port.unwrap_or(bound.port()),
+            max_request_bytes: self.kafka.max_request_bytes,
+            idle_timeout: self.kafka.idle_timeout,
+            frame_timeout: self.kafka.frame_timeout,
+        }
+    }
+}
+
+fn parse_scalar(raw: &str) -> toml::Value {
+    if let Ok(i) = raw.parse::<i64>() {
+        toml::Value::Integer(i)
+    } else if let Ok(b) = raw.parse::<bool>() {
+        toml::Value::Boolean(b)
+    } else {
+        toml::Value::String(raw.to_string())
+    }
+}
+
+fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> anyhow::Result<()> {
+    match path {
+        [] => bail!("empty key"),
+        [last] => {
+            table.insert(last.clone(), value);
+            Ok(())
+        }
+        [first, rest @ ..] => {
+            let entry = table
+                .entry(first.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            match entry {
+                toml::Value::Table(t) => set_path(t, rest, value),
+                _ => bail!("'{first}' is not a section"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../strata.example.toml");
+        let c = ServerConfig::load(Some(&path), std::iter::empty()).unwrap();
+        assert_eq!(c.kafka.listen.port(), 9092);
+    }
+
+    #[test]
+    fn env_overrides_and_errors_are_clear() {
+        let env = vec![
+            (
+                "STRATA__KAFKA__LISTEN".to_string(),
+                "127.0.0.1:19092".to_string(),
+            ),
+            (
+                "STRATA__TOPICS__AUTO_CREATE".to_string(),
+                "true".to_string(),
+            ),
+            ("STRATA__KAFKA__IDLE_TIMEOUT".to_string(), "2m".to_string()),
+            ("UNRELATED".to_string(), "x".to_string()),
+        ];
+        let c = ServerConfig::load(None, env.into_iter()).unwrap();
+        assert_eq!(c.kafka.listen.port(), 19092);
+        assert!(c.topics.auto_create);
+        assert_eq!(c.kafka.idle_timeout, Duration::from_secs(120));
+        let bad = ServerConfig::load(
+            None,
+            [(
+                "STRATA__KAFKA__IDLE_TIMEOUT".to_string(),
+                "soon".to_string(),
+            )]
+            .into_iter(),
+        );
+        assert!(format!("{:#}", bad.unwrap_err()).contains("not a duration"));
+        let unknown = ServerConfig::load(
+            None,
+            [("STRATA__NO_SUCH".to_string(), "1".to_string())].into_iter(),
+        );
+        assert!(format!("{:#}", unknown.unwrap_err()).contains("no_such"));
+    }
+}

@@ -1,0 +1,366 @@
+//! Metadata, CreateTopics, DeleteTopics and DescribeConfigs.
+
+use std::collections::{BTreeMap, HashSet};
+
+use kafka_protocol::messages::create_topics_response::{
+    CreatableTopicConfigs, CreatableTopicResult,
+};
+use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::describe_configs_response::{
+    DescribeConfigsResourceResult, DescribeConfigsResult,
+};
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::{
+    BrokerId, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
+    DescribeConfigsRequest, DescribeConfigsResponse, MetadataRequest, MetadataResponse, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+use uuid::Uuid;
+
+use super::{codes, Request};
+use crate::broker::{validate_topic_name, AdminError, ConfigSource, NewTopic, Topic};
+
+const RESOURCE_TOPIC: i8 = 2;
+const RESOURCE_BROKER: i8 = 4;
+/// DescribeConfigs config sources (Kafka's numbers).
+const SOURCE_TOPIC: i8 = 1;
+const SOURCE_STATIC_BROKER: i8 = 4;
+const SOURCE_DEFAULT: i8 = 5;
+/// DescribeConfigs config types.
+const TYPE_STRING: i8 = 2;
+const TYPE_INT: i8 = 3;
+const TYPE_LONG: i8 = 5;
+const TYPE_LIST: i8 = 7;
+
+fn s(v: impl Into<String>) -> StrBytes {
+    StrBytes::from_string(v.into())
+}
+
+fn topic_metadata(node: i32, topic: &Topic) -> MetadataResponseTopic {
+    MetadataResponseTopic::default()
+        .with_name(Some(TopicName(s(topic.spec.name.clone()))))
+        .with_topic_id(topic.spec.id)
+        .with_partitions(
+            topic
+                .partitions
+                .iter()
+                .map(|p| {
+                    MetadataResponsePartition::default()
+                        .with_partition_index(p.index)
+                        .with_leader_id(BrokerId(node))
+                        .with_leader_epoch(0)
+                        .with_replica_nodes(vec![BrokerId(node)])
+                        .with_isr_nodes(vec![BrokerId(node)])
+                })
+                .collect(),
+        )
+}
+
+pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResponse {
+    let broker = ctx.broker();
+    let node = broker.config().node_id;
+    let listener = ctx.listener();
+    let mut resp = MetadataResponse::default()
+        .with_brokers(vec![MetadataResponseBroker::default()
+            .with_node_id(BrokerId(node))
+            .with_host(s(listener.advertised_host.clone()))
+            .with_port(i32::from(listener.advertised_port))])
+        .with_cluster_id(Some(s(broker.cluster_id())))
+        .with_controller_id(BrokerId(node));
+    // v0: an empty list means all topics; v1+: null means all, empty means none.
+    let requested = match req.topics {
+        None => None,
+        Some(t) if t.is_empty() && ctx.version == 0 => None,
+        Some(t) => Some(t),
+    };
+    let Some(requested) = requested else {
+        resp.topics = broker
+            .topics()
+            .iter()
+            .map(|t| topic_metadata(node, t))
+            .collect();
+        return resp;
+    };
+    let auto_create = req.allow_auto_topic_creation && broker.config().auto_create_topics;
+    for t in requested {
+        let by_id = (t.topic_id != Uuid::nil()).then(|| {
+            broker
+                .topics()
+                .into_iter()
+                .find(|x| x.spec.id == t.topic_id)
+        });
+        let name = t.name.map(|n| n.0.to_string());
+        let found = match (&by_id, &name) {
+            (Some(found), _) => found.clone(),
+            (None, Some(n)) => broker.topic(n),
+            (None, None) => None,
+        };
+        if let Some(topic) = found {
+            resp.topics.push(topic_metadata(node, &topic));
+            continue;
+        }
+        let unknown = MetadataResponseTopic::default()
+            .with_name(name.clone().map(|n| TopicName(s(n))))
+            .with_topic_id(t.topic_id)
+            .with_error_code(codes::UNKNOWN_TOPIC_OR_PARTITION);
+        let Some(n) = name else {
+            resp.topics.push(unknown);
+            continue;
+        };
+        if validate_topic_name(&n).is_err() {
+            resp.topics
+                .push(unknown.with_error_code(codes::INVALID_TOPIC));
+            continue;
+        }
+        if !auto_create {
+            resp.topics.push(unknown);
+            continue;
+        }
+        let created = broker
+            .create_topic(
+                NewTopic {
+                    name: n.clone(),
+                    ..NewTopic::default()
+                },
+                false,
+            )
+            .await;
+        match created.ok().and_then(|_| broker.topic(&n)) {
+            Some(topic) => resp.topics.push(topic_metadata(node, &topic)),
+            None => resp.topics.push(unknown),
+        }
+    }
+    resp
+}
+
+pub(super) async fn create_topics(ctx: Request, req: CreateTopicsRequest) -> CreateTopicsResponse {
+    let broker = ctx.broker().clone();
+    let node = broker.config().node_id;
+    let with_configs = ctx.version >= 5;
+    let mut seen = HashSet::new();
+    let duplicates: HashSet<String> = req
+        .topics
+        .iter()
+        .filter(|t| !seen.insert(t.name.0.to_string()))
+        .map(|t| t.name.0.to_string())
+        .collect();
+    let mut results = Vec::with_capacity(req.topics.len());
+    for t in req.topics {
+        let name = t.name.0.to_string();
+        let result = CreatableTopicResult::default().with_name(t.name.clone());
+        let fail = |code: i16, msg: String| {
+            CreatableTopicResult::default()
+                .with_name(t.name.clone())
+                .with_error_code(code)
+                .with_error_message(Some(s(msg)))
+        };
+        if duplicates.contains(&name) {
+            results.push(fail(
+                codes::INVALID_REQUEST,
+                format!("topic '{name}' appears more than once in the request"),
+            ));
+            continue;
+        }
+        if t.assignments
+            .iter()
+            .any(|a| a.broker_ids != [BrokerId(node)])
+        {
+            results.push(fail(
+                codes::INVALID_REPLICA_ASSIGNMENT,
+                format!("replica assignments may only name broker {node}"),
+            ));
+            continue;
+        }
+        let partitions = if !t.assignments.is_empty() {
+            Some(t.assignments.len() as u32)
+        } else if t.num_partitions == -1 {
+            None
+        } else if t.num_partitions <= 0 {
+            results.push(fail(
+                codes::admin(&AdminError::InvalidPartitions(String::new())).0,
+                format!(
+                    "partition count {} is invalid; it must be at least 1",
+                    t.num_partitions
+                ),
+            ));
+            continue;
+        } else {
+            Some(t.num_partitions as u32)
+        };
+        let replication_factor = match t.replication_factor {
+            -1 => None,
+            rf if rf <= 0 => {
+                results.push(fail(
+                    codes::admin(&AdminError::InvalidReplicationFactor(String::new())).0,
+                    format!("replication factor {rf} is invalid; it must be at least 1"),
+                ));
+                continue;
+            }
+            rf => Some(rf as u16),
+        };
+        let configs: BTreeMap<String, String> = t
+            .configs
+            .iter()
+            .filter_map(|c| {
+                c.value
+                    .as_ref()
+                    .map(|v| (c.name.to_string(), v.to_string()))
+            })
+            .collect();
+        let new = NewTopic {
+            name: name.clone(),
+            partitions,
+            replication_factor,
+            configs,
+        };
+        match broker.create_topic(new, req.validate_only).await {
+            Ok(spec) => {
+                let configs = broker
+                    .describe_configs(&spec)
+                    .into_iter()
+                    .map(|(k, v, source)| {
+                        CreatableTopicConfigs::default()
+                            .with_name(s(k))
+                            .with_value(Some(s(v)))
+                            .with_config_source(source_code(source))
+                    })
+                    .collect();
+                results.push(
+                    result
+                        .with_topic_id(spec.id)
+                        .with_num_partitions(spec.partitions as i32)
+                        .with_replication_factor(spec.replication_factor as i16)
+                        .with_configs(with_configs.then_some(configs)),
+                );
+            }
+            Err(e) => {
+                if matches!(e, AdminError::Io(_)) {
+                    tracing::error!(topic = %name, error = %e, "topic creation failed");
+                }
+                let (code, msg) = codes::admin(&e);
+                results.push(fail(code, msg));
+            }
+        }
+    }
+    CreateTopicsResponse::default().with_topics(results)
+}
+
+pub(super) async fn delete_topics(ctx: Request, req: DeleteTopicsRequest) -> DeleteTopicsResponse {
+    let broker = ctx.broker().clone();
+    // v6 names topics in `topics` (by name or id); earlier versions in `topic_names`.
+    let mut wanted: Vec<(Option<String>, Uuid)> = req
+        .topic_names
+        .iter()
+        .map(|n| (Some(n.0.to_string()), Uuid::nil()))
+        .collect();
+    wanted.extend(
+        req.topics
+            .iter()
+            .map(|t| (t.name.as_ref().map(|n| n.0.to_string()), t.topic_id)),
+    );
+    let mut responses = Vec::with_capacity(wanted.len());
+    for (name, id) in wanted {
+        let name = name.or_else(|| {
+            broker
+                .topics()
+                .iter()
+                .find(|t| t.spec.id == id)
+                .map(|t| t.spec.name.clone())
+        });
+        let result = DeletableTopicResult::default()
+            .with_name(name.clone().map(|n| TopicName(s(n))))
+            .with_topic_id(id);
+        let Some(name) = name else {
+            responses.push(
+                result
+                    .with_error_code(kafka_protocol::ResponseError::UnknownTopicId.code())
+                    .with_error_message(Some(s(format!("no topic has id {id}")))),
+            );
+            continue;
+        };
+        match broker.delete_topic(&name).await {
+            Ok(()) => responses.push(result),
+            Err(e) => {
+                let (code, msg) = codes::admin(&e);
+                responses.push(
+                    result
+                        .with_error_code(code)
+                        .with_error_message(Some(s(msg))),
+                );
+            }
+        }
+    }
+    DeleteTopicsResponse::default().with_responses(responses)
+}
+
+fn source_code(source: ConfigSource) -> i8 {
+    match source {
+        ConfigSource::Topic => SOURCE_TOPIC,
+        ConfigSource::Broker => SOURCE_STATIC_BROKER,
+        ConfigSource::Default => SOURCE_DEFAULT,
+    }
+}
+
+fn config_type(key: &str) -> i8 {
+    match key {
+        "cleanup.policy" => TYPE_LIST,
+        "index.interval.bytes" | "max.message.bytes" | "segment.bytes" => TYPE_INT,
+        "flush.messages" | "retention.bytes" | "retention.ms" | "segment.ms" => TYPE_LONG,
+        _ => TYPE_STRING,
+    }
+}
+
+pub(super) fn describe_configs(
+    ctx: &Request,
+    req: DescribeConfigsRequest,
+) -> DescribeConfigsResponse {
+    let broker = ctx.broker();
+    let results = req
+        .resources
+        .into_iter()
+        .map(|r| {
+            let result = DescribeConfigsResult::default()
+                .with_resource_type(r.resource_type)
+                .with_resource_name(r.resource_name.clone());
+            let wanted = |k: &str| {
+                r.configuration_keys
+                    .as_ref()
+                    .is_none_or(|keys| keys.iter().any(|x| x.as_str() == k))
+            };
+            match r.resource_type {
+                RESOURCE_TOPIC => {
+                    let Some(topic) = broker.topic(r.resource_name.as_str()) else {
+                        return result
+                            .with_error_code(codes::UNKNOWN_TOPIC_OR_PARTITION)
+                            .with_error_message(Some(s(format!(
+                                "topic '{}' does not exist",
+                                r.resource_name.as_str()
+                            ))));
+                    };
+                    let configs = broker
+                        .describe_configs(&topic.spec)
+                        .into_iter()
+                        .filter(|(k, _, _)| wanted(k))
+                        .map(|(k, v, source)| {
+                            DescribeConfigsResourceResult::default()
+                                .with_config_type(config_type(&k))
+                                .with_name(s(k))
+                                .with_value(Some(s(v)))
+                                .with_config_source(source_code(source))
+                        })
+                        .collect();
+                    result.with_configs(configs)
+                }
+                // Broker configs are not described yet; answer with none rather than an error
+                // so that admin tools listing everything keep working.
+                RESOURCE_BROKER => result,
+                other => result
+                    .with_error_code(codes::INVALID_REQUEST)
+                    .with_error_message(Some(s(format!("resource type {other} is not supported")))),
+            }
+        })
+        .collect();
+    DescribeConfigsResponse::default().with_results(results)
+}

@@ -1,0 +1,72 @@
+//! Kafka error codes (Kafka's numbers, never reused) and the mapping from broker errors.
+
+use kafka_protocol::ResponseError as E;
+use strata_core::batch::BatchError;
+
+use crate::broker::{AdminError, WaitError};
+use crate::log::{AppendError, ReadError};
+
+pub const NONE: i16 = 0;
+pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();
+pub const UNSUPPORTED_VERSION: i16 = E::UnsupportedVersion.code();
+pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = E::UnknownTopicOrPartition.code();
+pub const INVALID_TOPIC: i16 = E::InvalidTopicException.code();
+pub const INVALID_REQUIRED_ACKS: i16 = E::InvalidRequiredAcks.code();
+pub const INVALID_REQUEST: i16 = E::InvalidRequest.code();
+pub const CORRUPT_MESSAGE: i16 = E::CorruptMessage.code();
+pub const KAFKA_STORAGE_ERROR: i16 = E::KafkaStorageError.code();
+pub const INVALID_REPLICA_ASSIGNMENT: i16 = E::InvalidReplicaAssignment.code();
+pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = E::TransactionalIdAuthorizationFailed.code();
+
+/// A Kafka error code with the message to send where the API has a field for one.
+pub type Coded = (i16, String);
+
+pub fn batch(e: &BatchError) -> Coded {
+    let code = match e {
+        BatchError::Truncated { .. }
+        | BatchError::CrcMismatch { .. }
+        | BatchError::BadLength(_) => E::CorruptMessage.code(),
+        BatchError::BadMagic(_) => E::UnsupportedForMessageFormat.code(),
+        BatchError::BadRecordCount { .. } | BatchError::TrailingBytes(_) => E::InvalidRecord.code(),
+    };
+    (code, e.to_string())
+}
+
+pub fn append(e: &AppendError) -> Coded {
+    let code = match e {
+        AppendError::TooLarge { .. } => E::MessageTooLarge.code(),
+        AppendError::OutOfOrderSequence { .. } => E::OutOfOrderSequenceNumber.code(),
+        AppendError::InvalidProducerEpoch { .. } => E::InvalidProducerEpoch.code(),
+        AppendError::Unsupported(_) => E::InvalidRecord.code(),
+        AppendError::Io(_) => E::KafkaStorageError.code(),
+    };
+    (code, e.to_string())
+}
+
+pub fn wait(e: &WaitError) -> Coded {
+    let code = match e {
+        WaitError::Timeout => E::RequestTimedOut.code(),
+        WaitError::StorageFailed => E::KafkaStorageError.code(),
+    };
+    (code, e.to_string())
+}
+
+pub fn read(e: &ReadError) -> i16 {
+    match e {
+        ReadError::OffsetOutOfRange { .. } => OFFSET_OUT_OF_RANGE,
+        ReadError::Io(_) => E::KafkaStorageError.code(),
+    }
+}
+
+pub fn admin(e: &AdminError) -> Coded {
+    let code = match e {
+        AdminError::InvalidTopic(_) => E::InvalidTopicException.code(),
+        AdminError::InvalidPartitions(_) => E::InvalidPartitions.code(),
+        AdminError::InvalidReplicationFactor(_) => E::InvalidReplicationFactor.code(),
+        AdminError::InvalidConfig(_) => E::InvalidConfig.code(),
+        AdminError::TopicExists(_) => E::TopicAlreadyExists.code(),
+        AdminError::UnknownTopic(_) => E::UnknownTopicOrPartition.code(),
+        AdminError::Io(_) => E::KafkaStorageError.code(),
+    };
+    (code, e.to_string())
+}

@@ -1,0 +1,234 @@
+//! Fetch (long-poll, many partitions) and ListOffsets.
+//!
+//! A fetch plans each partition's read under its lock, reads the batches outside it on the
+//! blocking pool, and, while it has fewer than `min_bytes`, waits for any of its partitions'
+//! high watermarks to move or for `max_wait_ms` to pass. Consumers only ever see offsets
+//! below the high watermark.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::{
+    FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse, TopicName,
+};
+use tokio::sync::watch;
+
+use super::{codes, Request};
+use crate::broker::{Partition, Progress};
+
+/// Kafka's special ListOffsets timestamps.
+const LATEST: i64 = -1;
+const EARLIEST: i64 = -2;
+const MAX_TIMESTAMP: i64 = -3;
+
+struct Target {
+    index: i32,
+    offset: i64,
+    max_bytes: usize,
+    partition: Option<Arc<Partition>>,
+}
+
+pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
+    let broker = ctx.broker();
+    let topics: Arc<Vec<(TopicName, Vec<Target>)>> = Arc::new(
+        req.topics
+            .into_iter()
+            .map(|t| {
+                let name = t.topic.0.to_string();
+                let targets = t
+                    .partitions
+                    .into_iter()
+                    .map(|p| Target {
+                        index: p.partition,
+                        offset: p.fetch_offset,
+                        max_bytes: p.partition_max_bytes.max(0) as usize,
+                        partition: broker.partition(&name, p.partition),
+                    })
+                    .collect();
+                (t.topic, targets)
+            })
+            .collect(),
+    );
+    let mut watchers: Vec<watch::Receiver<Progress>> = topics
+        .iter()
+        .flat_map(|(_, ts)| {
+            ts.iter()
+                .filter_map(|t| t.partition.as_ref().map(|p| p.subscribe()))
+        })
+        .collect();
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(req.max_wait_ms.max(0) as u64);
+    let max_bytes = if req.max_bytes <= 0 {
+        usize::MAX
+    } else {
+        req.max_bytes as usize
+    };
+    let min_bytes = req.min_bytes.max(0) as usize;
+    loop {
+        for w in &mut watchers {
+            w.borrow_and_update();
+        }
+        let snapshot = topics.clone();
+        let read = tokio::task::spawn_blocking(move || read_all(&snapshot, max_bytes)).await;
+        let (responses, total, any_error) = match read {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "fetch read task failed");
+                return FetchResponse::default().with_error_code(-1);
+            }
+        };
+        if total >= min_bytes
+            || any_error
+            || tokio::time::Instant::now() >= deadline
+            || watchers.is_empty()
+        {
+            return FetchResponse::default().with_responses(responses);
+        }
+        let changed = any_changed(&mut watchers);
+        if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            // Deadline: answer with what there is (usually nothing) without another wait.
+            let snapshot = topics.clone();
+            return match tokio::task::spawn_blocking(move || read_all(&snapshot, max_bytes)).await {
+                Ok((responses, _, _)) => FetchResponse::default().with_responses(responses),
+                Err(_) => FetchResponse::default().with_error_code(-1),
+            };
+        }
+    }
+}
+
+/// Resolves when any watched partition publishes new progress. `watchers` is not empty.
+async fn any_changed(watchers: &mut [watch::Receiver<Progress>]) {
+    let changes = watchers.iter_mut().map(|w| Box::pin(w.changed()));
+    let _ = futures_util::future::select_all(changes).await;
+}
+
+/// Reads every target once. Returns the response topics, the bytes read, and whether any
+/// partition answered with an error (which ends a long poll at once, as in Kafka).
+fn read_all(
+    topics: &[(TopicName, Vec<Target>)],
+    max_bytes: usize,
+) -> (Vec<FetchableTopicResponse>, usize, bool) {
+    let mut total = 0usize;
+    let mut any_error = false;
+    let responses = topics
+        .iter()
+        .map(|(name, targets)| {
+            let partitions = targets
+                .iter()
+                .map(|t| {
+                    let data = PartitionData::default().with_partition_index(t.index);
+                    let Some(p) = &t.partition else {
+                        any_error = true;
+                        return data.with_error_code(codes::UNKNOWN_TOPIC_OR_PARTITION);
+                    };
+                    let budget = t.max_bytes.min(max_bytes.saturating_sub(total));
+                    let (records, progress, error) = read_one(p, t.offset, budget, total == 0);
+                    total += records.len();
+                    any_error |= error != codes::NONE;
+                    data.with_error_code(error)
+                        .with_high_watermark(progress.high_watermark as i64)
+                        .with_last_stable_offset(progress.high_watermark as i64)
+                        .with_log_start_offset(progress.log_start as i64)
+                        .with_records(Some(records))
+                })
+                .collect();
+            FetchableTopicResponse::default()
+                .with_topic(name.clone())
+                .with_partitions(partitions)
+        })
+        .collect();
+    (responses, total, any_error)
+}
+
+/// Reads one partition. `first` lets the first non-empty partition exceed the request's byte
+/// budget by one batch, so a large batch never blocks a consumer (KIP-74).
+fn read_one(p: &Partition, offset: i64, budget: usize, first: bool) -> (Bytes, Progress, i16) {
+    if offset < 0 {
+        return (Bytes::new(), p.progress(), codes::OFFSET_OUT_OF_RANGE);
+    }
+    match p.plan_read(offset as u64) {
+        Ok((None, progress)) => (Bytes::new(), progress, codes::NONE),
+        Ok((Some(plan), progress)) => {
+            if budget == 0 && !first {
+                return (Bytes::new(), progress, codes::NONE);
+            }
+            match plan.read(budget) {
+                Ok(bytes) => (bytes, progress, codes::NONE),
+                Err(e) => {
+                    tracing::error!(topic = %p.topic, partition = p.index, error = %e, "segment read failed");
+                    (Bytes::new(), progress, codes::KAFKA_STORAGE_ERROR)
+                }
+            }
+        }
+        Err(e) => {
+            if matches!(e, crate::log::ReadError::Io(_)) {
+                tracing::error!(topic = %p.topic, partition = p.index, error = %e, "planning a read failed");
+            }
+            (Bytes::new(), p.progress(), codes::read(&e))
+        }
+    }
+}
+
+pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListOffsetsResponse {
+    let broker = ctx.broker().clone();
+    // The leader epoch field exists from v4 on; older versions must leave it unset.
+    let epoch = if ctx.version >= 4 { 0 } else { -1 };
+    let work = move || {
+        req.topics
+            .into_iter()
+            .map(|t| {
+                let name = t.name.0.to_string();
+                let partitions = t
+                    .partitions
+                    .into_iter()
+                    .map(|p| {
+                        let resp = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
+                        let Some(part) = broker.partition(&name, p.partition_index) else {
+                            return resp.with_error_code(codes::UNKNOWN_TOPIC_OR_PARTITION);
+                        };
+                        match lookup(&part, p.timestamp) {
+                            Ok((ts, offset)) => resp.with_timestamp(ts).with_offset(offset).with_leader_epoch(epoch),
+                            Err(e) => {
+                                tracing::error!(topic = %name, partition = p.partition_index, error = %e, "offset lookup failed");
+                                resp.with_error_code(codes::KAFKA_STORAGE_ERROR)
+                            }
+                        }
+                    })
+                    .collect();
+                ListOffsetsTopicResponse::default().with_name(t.name).with_partitions(partitions)
+            })
+            .collect()
+    };
+    match tokio::task::spawn_blocking(work).await {
+        Ok(topics) => ListOffsetsResponse::default().with_topics(topics),
+        Err(e) => {
+            tracing::error!(error = %e, "list offsets task failed");
+            ListOffsetsResponse::default()
+        }
+    }
+}
+
+/// (timestamp, offset) for one ListOffsets query; (-1, -1) when no record qualifies.
+fn lookup(p: &Partition, timestamp: i64) -> std::io::Result<(i64, i64)> {
+    let progress = p.progress();
+    let hw = progress.high_watermark;
+    match timestamp {
+        LATEST => Ok((-1, hw as i64)),
+        EARLIEST => Ok((-1, progress.log_start as i64)),
+        MAX_TIMESTAMP => Ok(p
+            .lock()
+            .max_timestamp()
+            .filter(|(_, o)| *o < hw)
+            .map_or((-1, -1), |(ts, o)| (ts, o as i64))),
+        ts => Ok(p
+            .lock()
+            .offset_for_timestamp(ts)?
+            .filter(|(o, _)| *o < hw)
+            .map_or((-1, -1), |(o, found)| (found, o as i64))),
+    }
+}

@@ -1,0 +1,342 @@
+//! The Kafka-protocol listener: framing, request headers, version negotiation and the
+//! in-order response pipeline of each connection.
+//!
+//! A connection reads frames in order and dispatches each one before reading the next, so
+//! appends from one connection happen in request order. Waiting (acks=all, long-poll fetches,
+//! topic creation) runs in spawned tasks; responses are written in request order, as Kafka
+//! clients require. Malformed input closes the connection with a log line, as Kafka brokers
+//! do; it never panics the broker or leaves the connection hanging.
+
+mod admin;
+mod codes;
+mod fetch;
+mod produce;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{
+    api_versions_response::ApiVersion, ApiKey, ApiVersionsRequest, ApiVersionsResponse,
+    RequestHeader, ResponseHeader,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::broker::Broker;
+
+/// The APIs served and their version ranges. `docs/kafka-compatibility.md` mirrors this table.
+pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 9),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 7),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::ApiVersions, 0, 3),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::DescribeConfigs, 1, 4),
+];
+
+/// Requests read ahead of the response being written, per connection.
+const MAX_IN_FLIGHT: usize = 64;
+
+/// Listener settings.
+#[derive(Debug, Clone)]
+pub struct ListenerConfig {
+    pub advertised_host: String,
+    pub advertised_port: u16,
+    /// Largest request frame accepted (Kafka's `socket.request.max.bytes`).
+    pub max_request_bytes: usize,
+    /// A connection with no request for this long is closed (`connections.max.idle.ms`).
+    pub idle_timeout: Duration,
+    /// Time allowed for the rest of a frame once its length arrived.
+    pub frame_timeout: Duration,
+}
+
+pub struct KafkaServer {
+    broker: Arc<Broker>,
+    config: ListenerConfig,
+}
+
+/// What a dispatched request produces.
+pub(crate) enum Reply {
+    /// A response frame, ready or coming.
+    Later(JoinHandle<anyhow::Result<BytesMut>>),
+    Now(BytesMut),
+    /// acks=0 produce: Kafka sends nothing back.
+    Nothing,
+}
+
+/// Why a connection is closed instead of answered.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refusal {
+    #[error("unknown api key {0}")]
+    UnknownApi(i16),
+    #[error("unsupported version {version} of {key:?}")]
+    UnsupportedVersion { key: ApiKey, version: i16 },
+    #[error("malformed {what}: {error}")]
+    Malformed {
+        what: &'static str,
+        error: anyhow::Error,
+    },
+}
+
+impl KafkaServer {
+    pub fn new(broker: Arc<Broker>, config: ListenerConfig) -> Arc<Self> {
+        Arc::new(KafkaServer { broker, config })
+    }
+
+    /// Accepts connections until `shutdown` turns true.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            tokio::select! {
+                _ = async { let _ = shutdown.wait_for(|s| *s).await.is_ok(); } => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let server = self.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = server.connection(stream).await {
+                                tracing::debug!(%peer, error = %e, "connection ended with an error");
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn connection(self: Arc<Self>, stream: TcpStream) -> anyhow::Result<()> {
+        stream.set_nodelay(true)?;
+        let peer = stream.peer_addr()?;
+        let (mut rd, mut wr) = stream.into_split();
+        let (tx, mut rx) = mpsc::channel::<Reply>(MAX_IN_FLIGHT);
+        let writer = tokio::spawn(async move {
+            while let Some(reply) = rx.recv().await {
+                let frame = match reply {
+                    Reply::Now(f) => f,
+                    Reply::Later(handle) => handle.await??,
+                    Reply::Nothing => continue,
+                };
+                wr.write_all(&frame).await?;
+            }
+            anyhow::Ok(())
+        });
+        loop {
+            let mut len = [0u8; 4];
+            match tokio::time::timeout(self.config.idle_timeout, rd.read_exact(&mut len)).await {
+                Err(_) => {
+                    tracing::debug!(%peer, "closing idle connection");
+                    break;
+                }
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                Ok(Err(e)) => return Err(e.into()),
+                Ok(Ok(_)) => {}
+            }
+            let size = i32::from_be_bytes(len);
+            if size < 8 || size as usize > self.config.max_request_bytes {
+                tracing::warn!(%peer, size, max = self.config.max_request_bytes, "refusing request frame of invalid size; closing connection");
+                break;
+            }
+            let mut frame = BytesMut::zeroed(size as usize);
+            match tokio::time::timeout(self.config.frame_timeout, rd.read_exact(&mut frame)).await {
+                Err(_) => {
+                    tracing::warn!(%peer, size, "request frame incomplete after the frame timeout; closing connection");
+                    break;
+                }
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    tracing::warn!(%peer, size, "connection closed mid-frame");
+                    break;
+                }
+                Ok(Err(e)) => return Err(e.into()),
+                Ok(Ok(_)) => {}
+            }
+            match self.dispatch(frame.freeze()) {
+                Ok(reply) => {
+                    if tx.send(reply).await.is_err() {
+                        break; // the writer failed; its error is reported below
+                    }
+                }
+                Err(refusal) => {
+                    tracing::warn!(%peer, reason = %refusal, "refusing request; closing connection");
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        writer.await??;
+        Ok(())
+    }
+
+    /// Decodes the header and routes one request. Appends happen here, in request order.
+    fn dispatch(self: &Arc<Self>, mut frame: Bytes) -> Result<Reply, Refusal> {
+        let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
+        let version = i16::from_be_bytes([frame[2], frame[3]]);
+        let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+        let key = ApiKey::try_from(raw_key).map_err(|_| Refusal::UnknownApi(raw_key))?;
+        let supported = SUPPORTED_APIS
+            .iter()
+            .find(|(k, _, _)| *k == key)
+            .is_some_and(|(_, min, max)| (*min..=*max).contains(&version));
+        if !supported {
+            if key == ApiKey::ApiVersions {
+                // Kafka answers an ApiVersions it cannot parse with a v0 response carrying
+                // UNSUPPORTED_VERSION and its ranges, so the client can retry lower.
+                let resp = api_versions_response(codes::UNSUPPORTED_VERSION);
+                return Ok(Reply::Now(encode(key, 0, correlation_id, &resp)?));
+            }
+            return Err(Refusal::UnsupportedVersion { key, version });
+        }
+        let header = RequestHeader::decode(&mut frame, key.request_header_version(version))
+            .map_err(|error| Refusal::Malformed {
+                what: "request header",
+                error,
+            })?;
+        let ctx = Request {
+            server: self.clone(),
+            key,
+            version,
+            correlation_id: header.correlation_id,
+        };
+        match key {
+            ApiKey::ApiVersions => {
+                let _req: ApiVersionsRequest = decode_body(&mut frame, version)?;
+                ctx.respond_now(&api_versions_response(codes::NONE))
+            }
+            ApiKey::Metadata => ctx.later(admin::metadata(
+                ctx.clone(),
+                decode_body(&mut frame, version)?,
+            )),
+            ApiKey::Produce => produce::handle(ctx, decode_body(&mut frame, version)?),
+            ApiKey::Fetch => ctx.later(fetch::handle(
+                ctx.clone(),
+                decode_body(&mut frame, version)?,
+            )),
+            ApiKey::ListOffsets => ctx.later(fetch::list_offsets(
+                ctx.clone(),
+                decode_body(&mut frame, version)?,
+            )),
+            ApiKey::CreateTopics => ctx.later(admin::create_topics(
+                ctx.clone(),
+                decode_body(&mut frame, version)?,
+            )),
+            ApiKey::DeleteTopics => ctx.later(admin::delete_topics(
+                ctx.clone(),
+                decode_body(&mut frame, version)?,
+            )),
+            ApiKey::DescribeConfigs => ctx.respond_now(&admin::describe_configs(
+                &ctx,
+                decode_body(&mut frame, version)?,
+            )),
+            ApiKey::InitProducerId => ctx.later(produce::init_producer_id(
+                ctx.clone(),
+                decode_body(&mut frame, version)?,
+            )),
+            other => Err(Refusal::UnsupportedVersion {
+                key: other,
+                version,
+            }),
+        }
+    }
+}
+
+/// One decoded request's context, shared with its handler.
+#[derive(Clone)]
+pub(crate) struct Request {
+    server: Arc<KafkaServer>,
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+}
+
+impl Request {
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.server.broker
+    }
+
+    pub fn listener(&self) -> &ListenerConfig {
+        &self.server.config
+    }
+
+    fn respond_now<R: Encodable + HeaderVersion>(&self, resp: &R) -> Result<Reply, Refusal> {
+        Ok(Reply::Now(encode(
+            self.key,
+            self.version,
+            self.correlation_id,
+            resp,
+        )?))
+    }
+
+    /// Runs `handler` in its own task; its response is written when its turn comes.
+    fn later<R, F>(&self, handler: F) -> Result<Reply, Refusal>
+    where
+        R: Encodable + HeaderVersion + Send + 'static,
+        F: std::future::Future<Output = R> + Send + 'static,
+    {
+        let (key, version, correlation_id) = (self.key, self.version, self.correlation_id);
+        Ok(Reply::Later(tokio::spawn(async move {
+            let resp = handler.await;
+            encode(key, version, correlation_id, &resp).map_err(|e| {
+                tracing::error!(api = ?key, version, error = %e, "cannot encode response; closing connection");
+                anyhow::Error::from(e)
+            })
+        })))
+    }
+}
+
+fn decode_body<T: Decodable>(frame: &mut Bytes, version: i16) -> Result<T, Refusal> {
+    T::decode(frame, version).map_err(|error| Refusal::Malformed {
+        what: "request body",
+        error,
+    })
+}
+
+/// Encodes a response frame: length, response header, body.
+fn encode<R: Encodable + HeaderVersion>(
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    resp: &R,
+) -> Result<BytesMut, Refusal> {
+    let fail = |error| Refusal::Malformed {
+        what: "response",
+        error,
+    };
+    let header = ResponseHeader::default().with_correlation_id(correlation_id);
+    let mut buf = BytesMut::with_capacity(64);
+    buf.put_i32(0);
+    header
+        .encode(&mut buf, key.response_header_version(version))
+        .map_err(fail)?;
+    resp.encode(&mut buf, version).map_err(fail)?;
+    let len = (buf.len() - 4) as i32;
+    (&mut buf[..4]).put_i32(len);
+    Ok(buf)
+}
+
+fn api_versions_response(error_code: i16) -> ApiVersionsResponse {
+    ApiVersionsResponse::default()
+        .with_error_code(error_code)
+        .with_api_keys(
+            SUPPORTED_APIS
+                .iter()
+                .map(|(k, min, max)| {
+                    ApiVersion::default()
+                        .with_api_key(*k as i16)
+                        .with_min_version(*min)
+                        .with_max_version(*max)
+                })
+                .collect(),
+        )
+}

@@ -1,0 +1,187 @@
+//! Produce and InitProducerId.
+//!
+//! Batches are validated (CRC, size, one v2 batch per partition) and appended while the
+//! request is dispatched, in connection order; only the wait for durability (acks=all) runs
+//! later. acks=0 gets no response at all, as in Kafka.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{
+    InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse, ProducerId,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use super::{codes, Refusal, Reply, Request};
+use crate::broker::Partition;
+use crate::log::ValidBatch;
+
+/// One partition's outcome so far: a final answer, or an append waiting to become durable.
+struct PartitionOutcome {
+    index: i32,
+    base_offset: i64,
+    log_start: i64,
+    error: Option<codes::Coded>,
+    wait: Option<(Arc<Partition>, u64)>,
+}
+
+impl PartitionOutcome {
+    fn failed(index: i32, error: codes::Coded) -> Self {
+        PartitionOutcome {
+            index,
+            base_offset: -1,
+            log_start: -1,
+            error: Some(error),
+            wait: None,
+        }
+    }
+}
+
+pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal> {
+    let broker = ctx.broker().clone();
+    let now = broker.now_ms();
+    let acks = req.acks;
+    let refuse_all: Option<codes::Coded> = if !matches!(acks, -1..=1) {
+        Some((
+            codes::INVALID_REQUIRED_ACKS,
+            format!("acks={acks} is not one of -1, 0, 1"),
+        ))
+    } else if req.transactional_id.is_some() {
+        Some((
+            codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            "transactions are not supported yet".to_string(),
+        ))
+    } else {
+        None
+    };
+    let mut topics = Vec::with_capacity(req.topic_data.len());
+    for topic in req.topic_data {
+        let name = topic.name.0.to_string();
+        let mut outcomes = Vec::with_capacity(topic.partition_data.len());
+        for pd in topic.partition_data {
+            if let Some(e) = &refuse_all {
+                outcomes.push(PartitionOutcome::failed(pd.index, e.clone()));
+                continue;
+            }
+            let Some(partition) = broker.partition(&name, pd.index) else {
+                outcomes.push(PartitionOutcome::failed(
+                    pd.index,
+                    (
+                        codes::UNKNOWN_TOPIC_OR_PARTITION,
+                        format!("{name}-{} does not exist", pd.index),
+                    ),
+                ));
+                continue;
+            };
+            let batch = match pd.records.map(ValidBatch::new) {
+                Some(Ok(b)) => b,
+                Some(Err(e)) => {
+                    tracing::debug!(topic = %name, partition = pd.index, error = %e, "refused produced batch");
+                    outcomes.push(PartitionOutcome::failed(pd.index, codes::batch(&e)));
+                    continue;
+                }
+                None => {
+                    outcomes.push(PartitionOutcome::failed(
+                        pd.index,
+                        (
+                            codes::CORRUPT_MESSAGE,
+                            "produce request carries no records".into(),
+                        ),
+                    ));
+                    continue;
+                }
+            };
+            match partition.append(&batch, now) {
+                Ok(a) => {
+                    let progress = partition.progress();
+                    let durable = progress.high_watermark > a.last_offset;
+                    outcomes.push(PartitionOutcome {
+                        index: pd.index,
+                        base_offset: a.base_offset as i64,
+                        log_start: progress.log_start as i64,
+                        error: None,
+                        wait: (acks == -1 && !durable)
+                            .then(|| (partition.clone(), a.last_offset + 1)),
+                    });
+                }
+                Err(e) => {
+                    if matches!(e, crate::log::AppendError::Io(_)) {
+                        tracing::error!(topic = %name, partition = pd.index, error = %e, "append failed");
+                    }
+                    outcomes.push(PartitionOutcome::failed(pd.index, codes::append(&e)));
+                }
+            }
+        }
+        topics.push((topic.name, outcomes));
+    }
+    if acks == 0 {
+        return Ok(Reply::Nothing);
+    }
+    let timeout = Duration::from_millis(req.timeout_ms.max(0) as u64);
+    ctx.later(async move {
+        let mut responses = Vec::with_capacity(topics.len());
+        for (name, outcomes) in topics {
+            let mut partition_responses = Vec::with_capacity(outcomes.len());
+            for mut o in outcomes {
+                if let Some((partition, end)) = o.wait.take() {
+                    if let Err(e) = partition.wait_durable(end, timeout).await {
+                        o.error = Some(codes::wait(&e));
+                    }
+                }
+                let (code, message) = o.error.unwrap_or((codes::NONE, String::new()));
+                partition_responses.push(
+                    PartitionProduceResponse::default()
+                        .with_index(o.index)
+                        .with_error_code(code)
+                        .with_error_message(
+                            (code != codes::NONE).then(|| StrBytes::from_string(message)),
+                        )
+                        .with_base_offset(if code == codes::NONE {
+                            o.base_offset
+                        } else {
+                            -1
+                        })
+                        .with_log_append_time_ms(-1)
+                        .with_log_start_offset(o.log_start),
+                );
+            }
+            responses.push(
+                TopicProduceResponse::default()
+                    .with_name(name)
+                    .with_partition_responses(partition_responses),
+            );
+        }
+        ProduceResponse::default().with_responses(responses)
+    })
+}
+
+pub(super) async fn init_producer_id(
+    ctx: Request,
+    req: InitProducerIdRequest,
+) -> InitProducerIdResponse {
+    if req.transactional_id.is_some() {
+        return InitProducerIdResponse::default()
+            .with_error_code(codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1);
+    }
+    // KIP-360: an idempotent producer may ask to bump its epoch to reset its sequences.
+    if req.producer_id.0 >= 0 && req.producer_epoch >= 0 && req.producer_epoch < i16::MAX - 1 {
+        return InitProducerIdResponse::default()
+            .with_producer_id(req.producer_id)
+            .with_producer_epoch(req.producer_epoch + 1);
+    }
+    match ctx.broker().allocate_producer_id().await {
+        Ok(id) => InitProducerIdResponse::default()
+            .with_producer_id(ProducerId(id))
+            .with_producer_epoch(0),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot reserve producer ids");
+            InitProducerIdResponse::default()
+                .with_error_code(codes::KAFKA_STORAGE_ERROR)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1)
+        }
+    }
+}
