@@ -18,7 +18,9 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
     api_versions_response::ApiVersion, ApiKey, ApiVersionsRequest, ApiVersionsResponse,
-    RequestHeader, ResponseHeader,
+    CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest, FetchRequest,
+    InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest, RequestHeader,
+    ResponseHeader,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -73,7 +75,7 @@ pub(crate) enum Reply {
 
 /// Why a connection is closed instead of answered.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum Refusal {
+pub enum Refusal {
     #[error("unknown api key {0}")]
     UnknownApi(i16),
     #[error("unsupported version {version} of {key:?}")]
@@ -179,76 +181,123 @@ impl KafkaServer {
         Ok(())
     }
 
-    /// Decodes the header and routes one request. Appends happen here, in request order.
-    fn dispatch(self: &Arc<Self>, mut frame: Bytes) -> Result<Reply, Refusal> {
-        let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
-        let version = i16::from_be_bytes([frame[2], frame[3]]);
-        let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
-        let key = ApiKey::try_from(raw_key).map_err(|_| Refusal::UnknownApi(raw_key))?;
-        let supported = SUPPORTED_APIS
-            .iter()
-            .find(|(k, _, _)| *k == key)
-            .is_some_and(|(_, min, max)| (*min..=*max).contains(&version));
-        if !supported {
-            if key == ApiKey::ApiVersions {
-                // Kafka answers an ApiVersions it cannot parse with a v0 response carrying
-                // UNSUPPORTED_VERSION and its ranges, so the client can retry lower.
-                let resp = api_versions_response(codes::UNSUPPORTED_VERSION);
-                return Ok(Reply::Now(encode(key, 0, correlation_id, &resp)?));
-            }
-            return Err(Refusal::UnsupportedVersion { key, version });
-        }
-        let header = RequestHeader::decode(&mut frame, key.request_header_version(version))
-            .map_err(|error| Refusal::Malformed {
-                what: "request header",
-                error,
-            })?;
+    /// Decodes and routes one request. Appends happen here, in request order.
+    fn dispatch(self: &Arc<Self>, frame: Bytes) -> Result<Reply, Refusal> {
+        let Decoded {
+            key,
+            version,
+            correlation_id,
+            body,
+        } = decode_request(frame)?;
         let ctx = Request {
             server: self.clone(),
             key,
             version,
-            correlation_id: header.correlation_id,
+            correlation_id,
         };
-        match key {
-            ApiKey::ApiVersions => {
-                let _req: ApiVersionsRequest = decode_body(&mut frame, version)?;
-                ctx.respond_now(&api_versions_response(codes::NONE))
+        match body {
+            Body::UnsupportedApiVersions => {
+                // Kafka answers an ApiVersions it cannot parse with a v0 response carrying
+                // UNSUPPORTED_VERSION and its ranges, so the client can retry lower.
+                let resp = api_versions_response(codes::UNSUPPORTED_VERSION);
+                Ok(Reply::Now(encode(key, 0, correlation_id, &resp)?))
             }
-            ApiKey::Metadata => ctx.later(admin::metadata(
-                ctx.clone(),
-                decode_body(&mut frame, version)?,
-            )),
-            ApiKey::Produce => produce::handle(ctx, decode_body(&mut frame, version)?),
-            ApiKey::Fetch => ctx.later(fetch::handle(
-                ctx.clone(),
-                decode_body(&mut frame, version)?,
-            )),
-            ApiKey::ListOffsets => ctx.later(fetch::list_offsets(
-                ctx.clone(),
-                decode_body(&mut frame, version)?,
-            )),
-            ApiKey::CreateTopics => ctx.later(admin::create_topics(
-                ctx.clone(),
-                decode_body(&mut frame, version)?,
-            )),
-            ApiKey::DeleteTopics => ctx.later(admin::delete_topics(
-                ctx.clone(),
-                decode_body(&mut frame, version)?,
-            )),
-            ApiKey::DescribeConfigs => ctx.respond_now(&admin::describe_configs(
-                &ctx,
-                decode_body(&mut frame, version)?,
-            )),
-            ApiKey::InitProducerId => ctx.later(produce::init_producer_id(
-                ctx.clone(),
-                decode_body(&mut frame, version)?,
-            )),
-            other => Err(Refusal::UnsupportedVersion {
-                key: other,
-                version,
-            }),
+            Body::ApiVersions(_) => ctx.respond_now(&api_versions_response(codes::NONE)),
+            Body::Metadata(req) => ctx.later(admin::metadata(ctx.clone(), req)),
+            Body::Produce(req) => produce::handle(ctx, req),
+            Body::Fetch(req) => ctx.later(fetch::handle(ctx.clone(), req)),
+            Body::ListOffsets(req) => ctx.later(fetch::list_offsets(ctx.clone(), req)),
+            Body::CreateTopics(req) => ctx.later(admin::create_topics(ctx.clone(), req)),
+            Body::DeleteTopics(req) => ctx.later(admin::delete_topics(ctx.clone(), req)),
+            Body::DescribeConfigs(req) => ctx.respond_now(&admin::describe_configs(&ctx, req)),
+            Body::InitProducerId(req) => ctx.later(produce::init_producer_id(ctx.clone(), req)),
         }
     }
+}
+
+/// A request decoded from one frame.
+pub struct Decoded {
+    pub key: ApiKey,
+    pub version: i16,
+    pub correlation_id: i32,
+    pub body: Body,
+}
+
+/// The body of a served request.
+pub enum Body {
+    /// An ApiVersions request at a version we do not serve: answered, not refused.
+    UnsupportedApiVersions,
+    ApiVersions(ApiVersionsRequest),
+    Metadata(MetadataRequest),
+    Produce(ProduceRequest),
+    Fetch(FetchRequest),
+    ListOffsets(ListOffsetsRequest),
+    CreateTopics(CreateTopicsRequest),
+    DeleteTopics(DeleteTopicsRequest),
+    DescribeConfigs(DescribeConfigsRequest),
+    InitProducerId(InitProducerIdRequest),
+}
+
+/// Decodes a request frame (without its length prefix). Never panics on any input; the
+/// fuzz target `request_decoder` holds it to that.
+pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
+    if frame.len() < 8 {
+        return Err(Refusal::Malformed {
+            what: "request header",
+            error: anyhow::anyhow!(
+                "frame of {} bytes is shorter than a request header",
+                frame.len()
+            ),
+        });
+    }
+    let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    let key = ApiKey::try_from(raw_key).map_err(|_| Refusal::UnknownApi(raw_key))?;
+    let supported = SUPPORTED_APIS
+        .iter()
+        .find(|(k, _, _)| *k == key)
+        .is_some_and(|(_, min, max)| (*min..=*max).contains(&version));
+    if !supported {
+        if key == ApiKey::ApiVersions {
+            return Ok(Decoded {
+                key,
+                version,
+                correlation_id,
+                body: Body::UnsupportedApiVersions,
+            });
+        }
+        return Err(Refusal::UnsupportedVersion { key, version });
+    }
+    let header = RequestHeader::decode(&mut frame, key.request_header_version(version)).map_err(
+        |error| Refusal::Malformed {
+            what: "request header",
+            error,
+        },
+    )?;
+    let body = match key {
+        ApiKey::ApiVersions => Body::ApiVersions(decode_body(&mut frame, version)?),
+        ApiKey::Metadata => Body::Metadata(decode_body(&mut frame, version)?),
+        ApiKey::Produce => Body::Produce(decode_body(&mut frame, version)?),
+        ApiKey::Fetch => Body::Fetch(decode_body(&mut frame, version)?),
+        ApiKey::ListOffsets => Body::ListOffsets(decode_body(&mut frame, version)?),
+        ApiKey::CreateTopics => Body::CreateTopics(decode_body(&mut frame, version)?),
+        ApiKey::DeleteTopics => Body::DeleteTopics(decode_body(&mut frame, version)?),
+        ApiKey::DescribeConfigs => Body::DescribeConfigs(decode_body(&mut frame, version)?),
+        ApiKey::InitProducerId => Body::InitProducerId(decode_body(&mut frame, version)?),
+        other => {
+            return Err(Refusal::UnsupportedVersion {
+                key: other,
+                version,
+            })
+        }
+    };
+    Ok(Decoded {
+        key,
+        version,
+        correlation_id: header.correlation_id,
+        body,
+    })
 }
 
 /// One decoded request's context, shared with its handler.
@@ -339,4 +388,41 @@ fn api_versions_response(error_code: i16) -> ApiVersionsResponse {
                 })
                 .collect(),
         )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Any frame whose header names a served API and version decodes or is refused; the
+        /// `request_decoder` fuzz target explores the same property with coverage guidance.
+        #[test]
+        fn served_api_frames_never_panic(
+            api in 0..SUPPORTED_APIS.len(),
+            version_pick in any::<prop::sample::Index>(),
+            rest in proptest::collection::vec(any::<u8>(), 0..256),
+        ) {
+            let (key, min, max) = SUPPORTED_APIS[api];
+            let version = min + version_pick.index((max - min + 1) as usize) as i16;
+            let mut frame = Vec::with_capacity(8 + rest.len());
+            frame.extend_from_slice(&(key as i16).to_be_bytes());
+            frame.extend_from_slice(&version.to_be_bytes());
+            frame.extend_from_slice(&1i32.to_be_bytes());
+            frame.extend_from_slice(&rest);
+            let _ = decode_request(Bytes::from(frame));
+        }
+    }
+
+    #[test]
+    fn huge_array_counts_are_refused_not_allocated() {
+        let frame = Bytes::from_static(&[0, 3, 0, 0, 0xe1, 0, 0, 0x45, 0, 0, 0x2a, 0, 0xff, 0xff]);
+        assert!(matches!(
+            decode_request(frame),
+            Err(Refusal::Malformed { .. })
+        ));
+    }
 }

@@ -13,6 +13,7 @@
 //!   the next open skip the CRC scan.
 
 pub mod config;
+pub mod fuzzing;
 pub mod producer_state;
 mod segment;
 

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs every fuzz target for N seconds (default 60) with cargo-fuzz (libFuzzer).
+# cargo-fuzz wants nightly for sanitizers; on the stable toolchain we run without a
+# sanitizer (RUSTC_BOOTSTRAP=1 lets stable accept libFuzzer's -Z flags). Panics, aborts and
+# out-of-memory (>4 GiB) are all failures.
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+seconds="${1:-60}"
+command -v cargo-fuzz >/dev/null 2>&1 || cargo install --locked cargo-fuzz
+export RUSTC_BOOTSTRAP=1
+for target in request_decoder segment_recovery batch_header; do
+  echo "== $target ($seconds s)"
+  cargo fuzz run "$target" --sanitizer none -- -max_total_time="$seconds" -rss_limit_mb=4096
+done
