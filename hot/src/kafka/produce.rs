@@ -47,7 +47,11 @@ pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal
             codes::INVALID_REQUIRED_ACKS,
             format!("acks={acks} is not one of -1, 0, 1"),
         ))
-    } else if req.transactional_id.is_some() {
+    } else if req
+        .transactional_id
+        .as_ref()
+        .is_some_and(|t| !t.0.is_empty())
+    {
         Some((
             codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
             "transactions are not supported yet".to_string(),
@@ -160,7 +164,12 @@ pub(super) async fn init_producer_id(
     ctx: Request,
     req: InitProducerIdRequest,
 ) -> InitProducerIdResponse {
-    if req.transactional_id.is_some() {
+    // Kafka treats an empty transactional id like none: a plain idempotent producer.
+    if req
+        .transactional_id
+        .as_ref()
+        .is_some_and(|t| !t.0.is_empty())
+    {
         return InitProducerIdResponse::default()
             .with_error_code(codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
             .with_producer_id(ProducerId(-1))

@@ -1,0 +1,654 @@
+//! The Kafka listener against raw and well-formed requests, in process: every served API at
+//! every served version, the error codes Kafka clients rely on, and refusals of malformed
+//! input (the connection is closed; the broker keeps serving).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
+    FetchRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest,
+    TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+use strata_client::{fetch, list_offset, produce, Admin, ClientError, Connection};
+use strata_core::batch::build::{batch, ProducerIds, Rec};
+use strata_hot::broker::{Broker, BrokerConfig, SystemClock};
+use strata_hot::kafka::{KafkaServer, ListenerConfig, SUPPORTED_APIS};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+struct TestBroker {
+    addr: String,
+    _stop: watch::Sender<bool>,
+    _broker: Arc<Broker>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> TestBroker {
+    let dir = tempfile::tempdir().unwrap();
+    let mut defaults = BTreeMap::new();
+    defaults.insert("max.message.bytes".to_string(), "10000".to_string());
+    let broker = Broker::open(
+        BrokerConfig {
+            data_dir: dir.path().to_path_buf(),
+            node_id: 0,
+            topic_defaults: defaults,
+            default_partitions: 2,
+            retention_check_interval: Duration::from_secs(3600),
+            auto_create_topics: false,
+        },
+        Arc::new(SystemClock),
+    )
+    .await
+    .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = KafkaServer::new(
+        broker.clone(),
+        ListenerConfig {
+            advertised_host: "127.0.0.1".into(),
+            advertised_port: addr.port(),
+            max_request_bytes: 1 << 20,
+            idle_timeout: Duration::from_secs(60),
+            frame_timeout: Duration::from_millis(300),
+        },
+    );
+    let (stop, stop_rx) = watch::channel(false);
+    tokio::spawn(server.serve(listener, stop_rx));
+    TestBroker {
+        addr: addr.to_string(),
+        _stop: stop,
+        _broker: broker,
+        _dir: dir,
+    }
+}
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+fn records(n: usize, ts: i64, ids: ProducerIds) -> Bytes {
+    let values: Vec<Vec<u8>> = (0..n).map(|i| format!("value-{i}").into_bytes()).collect();
+    let recs: Vec<Rec<'_>> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Rec {
+            key: Some(b"key"),
+            value: Some(v),
+            timestamp_delta: i as i64,
+        })
+        .collect();
+    Bytes::from(batch(ts, ids, &recs))
+}
+
+fn kafka_code(e: ClientError) -> i16 {
+    match e {
+        ClientError::Kafka { code, .. } => code,
+        other => panic!("expected a Kafka error code, got {other}"),
+    }
+}
+
+async fn with_topic(b: &TestBroker, name: &str, partitions: i32) {
+    let mut admin = Admin::connect(&b.addr).await.unwrap();
+    admin
+        .create_topic(name, Some(partitions), None, &BTreeMap::new())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_served_api_answers_at_every_served_version() {
+    let b = start().await;
+    with_topic(&b, "sweep", 1).await;
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    let topic = || TopicName(s("sweep"));
+    for &(key, min, max) in SUPPORTED_APIS {
+        for v in min..=max {
+            use kafka_protocol::messages::ApiKey::*;
+            let result = match key {
+                ApiVersions => conn
+                    .send(
+                        &ApiVersionsRequest::default()
+                            .with_client_software_name(s(if v >= 3 { "t" } else { "" }))
+                            .with_client_software_version(s(if v >= 3 { "1" } else { "" })),
+                        v,
+                    )
+                    .await
+                    .map(|r| assert_eq!(r.error_code, 0)),
+                Metadata => conn
+                    .send(
+                        &MetadataRequest::default().with_topics(Some(vec![
+                            MetadataRequestTopic::default().with_name(Some(topic())),
+                        ])),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!(r.topics.len(), 1, "v{v}");
+                        assert_eq!(r.topics[0].error_code, 0, "v{v}");
+                    }),
+                Produce => conn
+                    .send(
+                        &ProduceRequest::default()
+                            .with_acks(-1)
+                            .with_timeout_ms(5000)
+                            .with_topic_data(vec![TopicProduceData::default()
+                                .with_name(topic())
+                                .with_partition_data(vec![PartitionProduceData::default()
+                                    .with_index(0)
+                                    .with_records(Some(records(2, 1000, ProducerIds::NONE)))])]),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!(r.responses[0].partition_responses[0].error_code, 0, "v{v}")
+                    }),
+                Fetch => conn
+                    .send(
+                        &FetchRequest::default()
+                            .with_max_wait_ms(10)
+                            .with_max_bytes(1 << 20)
+                            .with_topics(vec![FetchTopic::default()
+                                .with_topic(topic())
+                                .with_partitions(vec![FetchPartition::default()
+                                    .with_partition(0)
+                                    .with_partition_max_bytes(1 << 20)])]),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        let p = &r.responses[0].partitions[0];
+                        assert_eq!(p.error_code, 0, "v{v}");
+                        assert!(!p.records.as_ref().unwrap().is_empty(), "v{v}");
+                    }),
+                ListOffsets => conn
+                    .send(
+                        &ListOffsetsRequest::default()
+                            .with_replica_id((-1).into())
+                            .with_topics(vec![ListOffsetsTopic::default()
+                                .with_name(topic())
+                                .with_partitions(vec![ListOffsetsPartition::default()
+                                    .with_partition_index(0)
+                                    .with_timestamp(-2)])]),
+                        v,
+                    )
+                    .await
+                    .map(|r| assert_eq!(r.topics[0].partitions[0].offset, 0, "v{v}")),
+                CreateTopics => conn
+                    .send(
+                        &CreateTopicsRequest::default().with_topics(vec![CreatableTopic::default(
+                        )
+                        .with_name(TopicName(s(&format!("created-v{v}"))))
+                        .with_num_partitions(1)
+                        .with_replication_factor(1)]),
+                        v,
+                    )
+                    .await
+                    .map(|r| assert_eq!(r.topics[0].error_code, 0, "v{v}")),
+                DeleteTopics => {
+                    let name = TopicName(s(&format!("created-v{}", 2 + (v - 1) % 6)));
+                    let req = if v >= 6 {
+                        DeleteTopicsRequest::default()
+                            .with_topics(vec![DeleteTopicState::default().with_name(Some(name))])
+                    } else {
+                        DeleteTopicsRequest::default().with_topic_names(vec![name])
+                    };
+                    conn.send(&req, v)
+                        .await
+                        .map(|r| assert_eq!(r.responses[0].error_code, 0, "v{v}"))
+                }
+                DescribeConfigs => conn
+                    .send(
+                        &DescribeConfigsRequest::default().with_resources(vec![
+                            DescribeConfigsResource::default()
+                                .with_resource_type(2)
+                                .with_resource_name(s("sweep"))
+                                .with_configuration_keys(None),
+                        ]),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!(r.results[0].error_code, 0, "v{v}");
+                        assert!(r.results[0]
+                            .configs
+                            .iter()
+                            .any(|c| c.name.as_str() == "retention.ms"));
+                    }),
+                InitProducerId => conn
+                    .send(
+                        &InitProducerIdRequest::default()
+                            .with_transactional_id(None)
+                            .with_transaction_timeout_ms(60_000),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!(r.error_code, 0, "v{v}");
+                        assert!(r.producer_id.0 >= 0);
+                    }),
+                other => panic!("no sweep case for {other:?}"),
+            };
+            result.unwrap_or_else(|e| panic!("{key:?} v{v}: {e}"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_api_versions_request_gets_v0_answer_with_error_35() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let b = start().await;
+    let mut raw = tokio::net::TcpStream::connect(&b.addr).await.unwrap();
+    // ApiVersions v99, correlation id 7, null client id: Kafka answers in the v0 format.
+    raw.write_all(&[0, 0, 0, 10, 0, 18, 0, 99, 0, 0, 0, 7, 0xff, 0xff])
+        .await
+        .unwrap();
+    let len = raw.read_u32().await.unwrap() as usize;
+    let mut body = vec![0u8; len];
+    raw.read_exact(&mut body).await.unwrap();
+    assert_eq!(&body[..4], &7i32.to_be_bytes(), "correlation id");
+    assert_eq!(&body[4..6], &35i16.to_be_bytes(), "UNSUPPORTED_VERSION");
+    let api_count = u32::from_be_bytes(body[6..10].try_into().unwrap()) as usize;
+    assert_eq!(api_count, SUPPORTED_APIS.len());
+}
+
+async fn assert_closed(b: &TestBroker, bytes: &[u8]) {
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    conn.write_raw(bytes).await.unwrap();
+    let got = conn.read_to_close(Duration::from_secs(5)).await.unwrap();
+    assert!(
+        got.is_empty(),
+        "expected a closed connection, got {} bytes",
+        got.len()
+    );
+    // The broker still serves others.
+    let mut admin = Admin::connect(&b.addr).await.unwrap();
+    admin.list_topics(&[]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_frames_close_the_connection_and_nothing_else() {
+    let b = start().await;
+    // unknown api key 999
+    assert_closed(&b, &[0, 0, 0, 8, 0x03, 0xe7, 0, 0, 0, 0, 0, 1]).await;
+    // known api (Metadata), unsupported version 99
+    assert_closed(&b, &[0, 0, 0, 8, 0, 3, 0, 99, 0, 0, 0, 1]).await;
+    // frame larger than max_request_bytes
+    assert_closed(&b, &[0x7f, 0xff, 0xff, 0xff]).await;
+    // negative and tiny sizes
+    assert_closed(&b, &[0xff, 0xff, 0xff, 0xff]).await;
+    assert_closed(&b, &[0, 0, 0, 2, 0, 0]).await;
+    // a header that claims a 30000-byte client id
+    assert_closed(&b, &[0, 0, 0, 10, 0, 3, 0, 1, 0, 0, 0, 1, 0x75, 0x30]).await;
+    // truncated frame: the length promises more than ever arrives (frame timeout 300 ms)
+    let started = Instant::now();
+    assert_closed(&b, &[0, 0, 0, 100, 0, 3, 0, 1]).await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // an array claiming 704 million topics in a 14-byte Metadata request (found by fuzzing:
+    // it used to abort the process on a 50 GB allocation)
+    assert_closed(
+        &b,
+        &[
+            0, 0, 0, 14, 0, 3, 0, 0, 0xe1, 0, 0, 0x45, 0, 0, 0x2a, 0, 0xff, 0xff,
+        ],
+    )
+    .await;
+    // garbage body for a known api
+    assert_closed(&b, &[0, 0, 0, 12, 0, 0, 0, 9, 0, 0, 0, 1, 0, 0, 0x80, 0x80]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_errors_carry_kafkas_codes() {
+    let b = start().await;
+    with_topic(&b, "t", 1).await;
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    let good = records(3, 1000, ProducerIds::NONE);
+    assert_eq!(
+        produce(&mut conn, "t", 0, good.clone(), -1).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        produce(&mut conn, "t", 0, good.clone(), 1).await.unwrap(),
+        3
+    );
+    // unknown topic and partition
+    assert_eq!(
+        kafka_code(
+            produce(&mut conn, "nope", 0, good.clone(), -1)
+                .await
+                .unwrap_err()
+        ),
+        3
+    );
+    assert_eq!(
+        kafka_code(
+            produce(&mut conn, "t", 7, good.clone(), -1)
+                .await
+                .unwrap_err()
+        ),
+        3
+    );
+    // CRC mismatch
+    let mut bad = good.to_vec();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    assert_eq!(
+        kafka_code(
+            produce(&mut conn, "t", 0, Bytes::from(bad), -1)
+                .await
+                .unwrap_err()
+        ),
+        2
+    );
+    // truncated batch
+    assert_eq!(
+        kafka_code(
+            produce(&mut conn, "t", 0, good.slice(..40), -1)
+                .await
+                .unwrap_err()
+        ),
+        2
+    );
+    // old message format
+    let mut v1 = good.to_vec();
+    v1[16] = 1;
+    assert_eq!(
+        kafka_code(
+            produce(&mut conn, "t", 0, Bytes::from(v1), -1)
+                .await
+                .unwrap_err()
+        ),
+        43
+    );
+    // two batches in one partition's records
+    let mut two = good.to_vec();
+    two.extend_from_slice(&good);
+    assert_eq!(
+        kafka_code(
+            produce(&mut conn, "t", 0, Bytes::from(two), -1)
+                .await
+                .unwrap_err()
+        ),
+        87
+    );
+    // over max.message.bytes (10000 in this broker's defaults)
+    let big = Bytes::from(batch(
+        0,
+        ProducerIds::NONE,
+        &[Rec {
+            key: None,
+            value: Some(&[7u8; 20_000]),
+            timestamp_delta: 0,
+        }],
+    ));
+    assert_eq!(
+        kafka_code(produce(&mut conn, "t", 0, big, -1).await.unwrap_err()),
+        10
+    );
+    // invalid acks
+    assert_eq!(
+        kafka_code(
+            produce(&mut conn, "t", 0, good.clone(), 2)
+                .await
+                .unwrap_err()
+        ),
+        21
+    );
+    // acks=0 gets no response; the next request on the connection is answered in order
+    assert_eq!(
+        produce(&mut conn, "t", 0, good.clone(), 0).await.unwrap(),
+        -1
+    );
+    assert_eq!(
+        produce(&mut conn, "t", 0, good.clone(), -1).await.unwrap(),
+        9
+    );
+    // nothing refused was written
+    assert_eq!(list_offset(&mut conn, "t", 0, -1).await.unwrap(), 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_producer_retries_get_the_original_offset_and_gaps_are_refused() {
+    let b = start().await;
+    with_topic(&b, "idem", 1).await;
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    let init = conn
+        .send(
+            &InitProducerIdRequest::default()
+                .with_transactional_id(None)
+                .with_transaction_timeout_ms(60_000),
+            4,
+        )
+        .await
+        .unwrap();
+    let ids = |seq| ProducerIds {
+        producer_id: init.producer_id.0,
+        producer_epoch: init.producer_epoch,
+        base_sequence: seq,
+    };
+    assert_eq!(
+        produce(&mut conn, "idem", 0, records(5, 0, ids(0)), -1)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        produce(&mut conn, "idem", 0, records(5, 0, ids(5)), -1)
+            .await
+            .unwrap(),
+        5
+    );
+    // a retry of the first batch: its original offset, nothing appended
+    assert_eq!(
+        produce(&mut conn, "idem", 0, records(5, 0, ids(0)), -1)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(list_offset(&mut conn, "idem", 0, -1).await.unwrap(), 10);
+    // a gap
+    assert_eq!(
+        kafka_code(
+            produce(&mut conn, "idem", 0, records(1, 0, ids(11)), -1)
+                .await
+                .unwrap_err()
+        ),
+        45
+    );
+    // a second producer gets a different id
+    let other = conn
+        .send(
+            &InitProducerIdRequest::default()
+                .with_transactional_id(None)
+                .with_transaction_timeout_ms(60_000),
+            4,
+        )
+        .await
+        .unwrap();
+    assert_ne!(other.producer_id, init.producer_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_admin_is_idempotent_and_refuses_bad_specs() {
+    let b = start().await;
+    let mut admin = Admin::connect(&b.addr).await.unwrap();
+    let none = BTreeMap::new();
+    admin
+        .create_topic("orders", Some(3), Some(1), &none)
+        .await
+        .unwrap();
+    // same spec again: a no-op success
+    admin
+        .create_topic("orders", Some(3), None, &none)
+        .await
+        .unwrap();
+    // different spec: refused with a message naming both
+    match admin
+        .create_topic("orders", Some(4), None, &none)
+        .await
+        .unwrap_err()
+    {
+        ClientError::Kafka { code: 36, message } => {
+            assert!(message.contains("3 partitions"), "{message}")
+        }
+        other => panic!("{other}"),
+    }
+    let code = |r: Result<(), ClientError>| kafka_code(r.unwrap_err());
+    assert_eq!(
+        code(admin.create_topic("bad/name", Some(1), None, &none).await),
+        17
+    );
+    assert_eq!(code(admin.create_topic("", Some(1), None, &none).await), 17);
+    assert_eq!(
+        code(admin.create_topic("zero", Some(0), None, &none).await),
+        37
+    );
+    assert_eq!(
+        code(admin.create_topic("rf3", Some(1), Some(3), &none).await),
+        38
+    );
+    let mut bad_config = BTreeMap::new();
+    bad_config.insert("retention.ms".to_string(), "soon".to_string());
+    assert_eq!(
+        code(admin.create_topic("cfg", Some(1), None, &bad_config).await),
+        40
+    );
+    let mut unknown_config = BTreeMap::new();
+    unknown_config.insert("no.such.config".to_string(), "1".to_string());
+    assert_eq!(
+        code(
+            admin
+                .create_topic("cfg", Some(1), None, &unknown_config)
+                .await
+        ),
+        40
+    );
+    // defaults: partitions from the broker (2 here)
+    admin
+        .create_topic("defaults", None, None, &none)
+        .await
+        .unwrap();
+    let topics = admin.list_topics(&[]).await.unwrap();
+    let names: Vec<_> = topics
+        .iter()
+        .map(|t| (t.name.as_str(), t.partitions))
+        .collect();
+    assert_eq!(names, vec![("defaults", 2), ("orders", 3)]);
+    // configs: overrides show as the topic's, others as broker or default
+    let mut cfg = BTreeMap::new();
+    cfg.insert("retention.ms".to_string(), "1000".to_string());
+    admin
+        .create_topic("short", Some(1), None, &cfg)
+        .await
+        .unwrap();
+    let described = admin.describe_configs("short").await.unwrap();
+    let get = |k: &str| described.iter().find(|c| c.name == k).unwrap().clone();
+    assert_eq!(
+        (
+            get("retention.ms").value.as_str(),
+            get("retention.ms").source
+        ),
+        ("1000", "topic")
+    );
+    assert_eq!(get("max.message.bytes").source, "broker");
+    assert_eq!(get("segment.bytes").source, "default");
+    assert_eq!(
+        kafka_code(admin.describe_configs("nope").await.unwrap_err()),
+        3
+    );
+    // delete
+    admin.delete_topic("orders").await.unwrap();
+    assert_eq!(
+        kafka_code(admin.list_topics(&["orders"]).await.unwrap_err()),
+        3
+    );
+    assert_eq!(
+        kafka_code(admin.delete_topic("orders").await.unwrap_err()),
+        3
+    );
+    // re-create after delete starts empty
+    admin
+        .create_topic("orders", Some(1), None, &none)
+        .await
+        .unwrap();
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    assert_eq!(list_offset(&mut conn, "orders", 0, -1).await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_long_polls_until_data_arrives_and_list_offsets_finds_timestamps() {
+    let b = start().await;
+    with_topic(&b, "lp", 1).await;
+    let addr = b.addr.clone();
+    let waiter = tokio::spawn(async move {
+        let mut conn = Connection::connect(&addr).await.unwrap();
+        let started = Instant::now();
+        let got = fetch(&mut conn, "lp", 0, 0, 1 << 20, Duration::from_secs(20))
+            .await
+            .unwrap();
+        (got, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    produce(
+        &mut conn,
+        "lp",
+        0,
+        records(4, 10_000, ProducerIds::NONE),
+        -1,
+    )
+    .await
+    .unwrap();
+    let (got, waited) = waiter.await.unwrap();
+    assert!(!got.records.is_empty());
+    assert_eq!(got.high_watermark, 4);
+    assert!(
+        waited < Duration::from_secs(20),
+        "the long poll ended by data, not by timeout"
+    );
+    produce(
+        &mut conn,
+        "lp",
+        0,
+        records(4, 20_000, ProducerIds::NONE),
+        -1,
+    )
+    .await
+    .unwrap();
+    assert_eq!(list_offset(&mut conn, "lp", 0, -2).await.unwrap(), 0);
+    assert_eq!(list_offset(&mut conn, "lp", 0, -1).await.unwrap(), 8);
+    assert_eq!(list_offset(&mut conn, "lp", 0, 10_002).await.unwrap(), 2);
+    assert_eq!(list_offset(&mut conn, "lp", 0, 15_000).await.unwrap(), 4);
+    assert_eq!(list_offset(&mut conn, "lp", 0, 99_000).await.unwrap(), -1);
+    // a fetch past the end is OFFSET_OUT_OF_RANGE; at the end it waits and returns empty
+    assert_eq!(
+        kafka_code(
+            fetch(&mut conn, "lp", 0, 9, 1 << 20, Duration::from_millis(10))
+                .await
+                .unwrap_err()
+        ),
+        1
+    );
+    let empty = fetch(&mut conn, "lp", 0, 8, 1 << 20, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(empty.records.is_empty());
+    assert_eq!(
+        kafka_code(
+            fetch(&mut conn, "nope", 0, 0, 1 << 20, Duration::from_millis(10))
+                .await
+                .unwrap_err()
+        ),
+        3
+    );
+}

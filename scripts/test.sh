@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what the tests need (kcat from Debian,
+# the Python Kafka clients from PyPI), builds, runs the Rust unit, property and integration
+# tests, then the real-client and crash tests against a real `strata` process.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+
+step() { printf '\n==> %s\n' "$*"; }
+
+if ! command -v kcat >/dev/null 2>&1; then
+  step "installing kcat (Debian package)"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq kcat >/dev/null
+fi
+
+step "installing Python test clients (tests/requirements.txt)"
+python3 -m pip install -q --disable-pip-version-check -r tests/requirements.txt
+
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
+
+step "building the strata binary"
+cargo build --locked -p strata-hot --bin strata
+
+step "Rust tests: unit, property, integration"
+cargo test --locked --workspace
+
+step "real clients and crash recovery (pytest)"
+STRATA_BIN="$target_dir/debug/strata" python3 -m pytest tests -q -p no:cacheprovider

@@ -1,0 +1,269 @@
+"""Shared fixtures for the real-client and process tests.
+
+The `broker` fixture runs the `strata` binary (``STRATA_BIN``, default
+``target/debug/strata``) as a separate process on a free port with a temporary data dir.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_BIN = REPO / "target" / "debug" / "strata"
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+STDERR_TAIL_LINES = 80
+
+
+def strata_bin() -> str:
+    path = Path(os.environ.get("STRATA_BIN", str(DEFAULT_BIN)))
+    if not path.is_file() or not os.access(path, os.X_OK):
+        pytest.fail(
+            f"strata binary not found or not executable at {path}; build it with "
+            f"`cargo build -p strata-hot` or set STRATA_BIN",
+            pytrace=False,
+        )
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class Broker:
+    """A strata broker process that can be killed and restarted on the same dir and port."""
+
+    def __init__(self, binary: str, workdir: Path):
+        self.binary = binary
+        self.workdir = workdir
+        self.data_dir = workdir / "data"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.stderr_path = workdir / "broker.stderr"
+        self.port = free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.proc = None
+        self.starts = 0
+        self._stderr_file = None
+
+    # --- process control -------------------------------------------------------------
+
+    def start(self):
+        assert self.proc is None or self.proc.poll() is not None, "broker already running"
+        self.starts += 1
+        if self._stderr_file is not None:
+            self._stderr_file.close()
+        self._stderr_file = open(self.stderr_path, "ab")
+        self._stderr_file.write(f"\n===== strata start #{self.starts} =====\n".encode())
+        self._stderr_file.flush()
+        env = dict(os.environ)
+        env.setdefault("RUST_BACKTRACE", "1")
+        env.setdefault("NO_COLOR", "1")  # plain log lines in the stderr file
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "dev",
+                "--data-dir",
+                str(self.data_dir),
+                "--listen",
+                self.bootstrap,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=self._stderr_file,
+            stderr=self._stderr_file,
+            env=env,
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(
+                    f"strata exited with status {self.proc.returncode} during startup\n"
+                    + self.stderr_tail(),
+                    pytrace=False,
+                )
+            if port_accepts(self.port):
+                return
+            time.sleep(0.05)
+        self.proc.kill()
+        self.proc.wait()
+        pytest.fail(
+            f"strata did not accept on {self.bootstrap} within {START_TIMEOUT_S}s\n"
+            + self.stderr_tail(),
+            pytrace=False,
+        )
+
+    def kill(self):
+        """SIGKILL: a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> int:
+        """SIGTERM, then SIGKILL after STOP_TIMEOUT_S. Returns the exit status."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(
+                    f"strata did not exit within {STOP_TIMEOUT_S}s of SIGTERM\n"
+                    + self.stderr_tail()
+                )
+        return self.proc.returncode
+
+    def restart(self):
+        """Start again on the same data dir and port (after kill() or stop())."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.stop()
+        self.start()
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def cli(self, *args, timeout=30, check=True) -> subprocess.CompletedProcess:
+        cmd = [self.binary, "topic", "--bootstrap", self.bootstrap, *args]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(cmd)} exited {res.returncode}\nstdout:\n{res.stdout}\n"
+                f"stderr:\n{res.stderr}\n" + self.stderr_tail()
+            )
+        return res
+
+    def create_topic(self, name: str, partitions: int, configs: dict | None = None):
+        args = ["create", name, "-p", str(partitions)]
+        for k, v in (configs or {}).items():
+            args += ["--config", f"{k}={v}"]
+        return self.cli(*args)
+
+    def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
+        try:
+            if self._stderr_file is not None:
+                self._stderr_file.flush()
+            text = self.stderr_path.read_text(errors="replace").splitlines()
+        except OSError as e:
+            return f"(no broker stderr: {e})"
+        return (
+            f"--- last {min(lines, len(text))} lines of broker stderr ({self.stderr_path}) ---\n"
+            + "\n".join(text[-lines:])
+        )
+
+    def close(self):
+        try:
+            self.stop()
+        finally:
+            if self._stderr_file is not None:
+                self._stderr_file.close()
+                self._stderr_file = None
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+@pytest.fixture
+def broker(request, tmp_path):
+    b = Broker(strata_bin(), tmp_path)
+    b.start()
+    try:
+        yield b
+    finally:
+        failed = any(
+            getattr(request.node, "rep_" + when, None) is not None
+            and getattr(request.node, "rep_" + when).failed
+            for when in ("setup", "call")
+        )
+        try:
+            b.close()
+        finally:
+            if failed:
+                request.node.add_report_section("teardown", "broker stderr", b.stderr_tail())
+
+
+def kcat_bin() -> str:
+    path = os.environ.get("KCAT", shutil.which("kcat") or shutil.which("kafkacat") or "")
+    if not path:
+        pytest.fail("kcat not found on PATH (set KCAT)", pytrace=False)
+    return path
+
+
+# --- shared verification helpers ----------------------------------------------------------
+
+N_RECORDS = 100_000
+N_KEYS = 1000
+
+
+def record_key(i: int) -> str:
+    return f"key-{i % N_KEYS}"
+
+
+def record_value(i: int) -> str:
+    return f"value-{i}"
+
+
+def parse_value(v) -> int:
+    if isinstance(v, (bytes, bytearray)):
+        v = v.decode()
+    assert v.startswith("value-"), f"unexpected value {v!r}"
+    return int(v[len("value-"):])
+
+
+def check_partitions(per_partition: dict, n_expected: int | None, n_partitions: int):
+    """per_partition: {partition: [(offset, key, value_int), ...]} in consumed order.
+
+    Asserts offsets are contiguous from 0, values increase within each partition, every
+    value in range(n_expected) appears exactly once (if n_expected is given), and each key
+    maps to one partition.
+    """
+    assert set(per_partition) <= set(range(n_partitions)), sorted(per_partition)
+    seen = {}
+    key_partition = {}
+    for p, recs in sorted(per_partition.items()):
+        offsets = [r[0] for r in recs]
+        assert offsets == list(range(len(recs))), (
+            f"partition {p}: offsets not contiguous from 0; first bad index "
+            f"{next(i for i, o in enumerate(offsets) if o != i)}"
+        )
+        prev = -1
+        for off, key, v in recs:
+            assert v > prev, f"partition {p} offset {off}: value {v} after {prev}"
+            prev = v
+            if v in seen:
+                raise AssertionError(f"value {v} seen twice: {seen[v]} and {(p, off)}")
+            seen[v] = (p, off)
+            if key is not None:
+                kp = key_partition.setdefault(key, p)
+                assert kp == p, f"key {key} in partitions {kp} and {p}"
+                assert key == record_key(v), f"value {v} has key {key}"
+    if n_expected is not None:
+        missing = n_expected - len(seen)
+        assert len(seen) == n_expected and set(seen) == set(range(n_expected)), (
+            f"expected values 0..{n_expected}, got {len(seen)} distinct "
+            f"({missing} missing, e.g. {sorted(set(range(n_expected)) - set(seen))[:10]})"
+        )
+    return seen

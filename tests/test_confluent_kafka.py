@@ -1,0 +1,189 @@
+"""confluent-kafka (librdkafka 2.x) against a real strata process."""
+
+import os
+import time
+
+import pytest
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from conftest import (
+    N_RECORDS,
+    check_partitions,
+    parse_value,
+    record_key,
+    record_value,
+)
+
+PARTITIONS = 6
+PRODUCE_DEADLINE_S = 45
+CONSUME_DEADLINE_S = 45
+
+# Set e.g. STRATA_TEST_RDKAFKA_DEBUG=protocol,broker,msg,fetch to see librdkafka's view.
+RDKAFKA_DEBUG = os.environ.get("STRATA_TEST_RDKAFKA_DEBUG")
+
+
+def _with_debug(conf: dict) -> dict:
+    if RDKAFKA_DEBUG:
+        conf["debug"] = RDKAFKA_DEBUG
+    return conf
+
+
+def produce_all(bootstrap: str, topic: str, n: int, extra: dict | None = None):
+    """Produces n keyed records in order; returns {value: (partition, offset)} from the
+    delivery reports and the list of delivery errors."""
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "acks": "all",
+        "linger.ms": 5,
+        "message.timeout.ms": 30000,
+        # The broker is single-node: keep per-partition order even across retries.
+        "max.in.flight.requests.per.connection": 5,
+    }
+    conf.update(extra or {})
+    producer = Producer(_with_debug(conf))
+    acked = {}
+    errors = []
+
+    def on_delivery(err, msg):
+        if err is not None:
+            errors.append((err, msg.value()))
+            return
+        v = parse_value(msg.value())
+        if v in acked:
+            errors.append((f"duplicate delivery report for {v}", msg.value()))
+        acked[v] = (msg.partition(), msg.offset())
+
+    deadline = time.monotonic() + PRODUCE_DEADLINE_S
+    i = 0
+    while i < n:
+        assert time.monotonic() < deadline, f"producing took longer than {PRODUCE_DEADLINE_S}s ({i} queued)"
+        try:
+            producer.produce(topic, key=record_key(i), value=record_value(i), on_delivery=on_delivery)
+            i += 1
+        except BufferError:
+            producer.poll(0.05)
+            continue
+        if i % 1000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(max(1.0, deadline - time.monotonic()))
+    assert remaining == 0, f"{remaining} messages still undelivered after flush; errors: {errors[:5]}"
+    return acked, errors
+
+
+def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, extra: dict | None = None):
+    """Reads every partition from offset 0 up to its high watermark with assign().
+
+    Returns {partition: [(offset, key, value_int), ...]}."""
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "group.id": "strata-test-unused",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",
+    }
+    conf.update(extra or {})
+    consumer = Consumer(_with_debug(conf))
+    try:
+        hwm = {}
+        for p in range(partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            assert low == 0, f"partition {p} log start {low}"
+            hwm[p] = high
+        assert sum(hwm.values()) == expected, f"high watermarks {hwm} do not sum to {expected}"
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        out = {p: [] for p in range(partitions)}
+        done = {p for p in range(partitions) if hwm[p] == 0}
+        deadline = time.monotonic() + CONSUME_DEADLINE_S
+        while len(done) < partitions:
+            assert time.monotonic() < deadline, (
+                f"consuming took longer than {CONSUME_DEADLINE_S}s: "
+                f"{ {p: len(r) for p, r in out.items()} } of {hwm}"
+            )
+            for msg in consumer.consume(num_messages=10000, timeout=0.5):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if msg.offset() >= hwm[msg.partition()]:
+                            done.add(msg.partition())
+                        continue
+                    raise KafkaException(err)
+                p = msg.partition()
+                key = msg.key().decode() if msg.key() is not None else None
+                out[p].append((msg.offset(), key, parse_value(msg.value())))
+                if msg.offset() + 1 >= hwm[p]:
+                    done.add(p)
+        return out
+    finally:
+        consumer.close()
+
+
+def check_acks_match(acked: dict, per_partition: dict):
+    consumed = {}
+    for p, recs in per_partition.items():
+        for off, _, v in recs:
+            consumed[v] = (p, off)
+    for v, where in acked.items():
+        assert consumed.get(v) == where, f"value {v} acknowledged at {where}, consumed at {consumed.get(v)}"
+
+
+def test_produce_consume_100k_acks_all(broker):
+    topic = "ck-acks-all"
+    broker.create_topic(topic, PARTITIONS)
+    acked, errors = produce_all(broker.bootstrap, topic, N_RECORDS)
+    assert not errors, errors[:5]
+    assert len(acked) == N_RECORDS
+    per_partition = consume_all(broker.bootstrap, topic, PARTITIONS, N_RECORDS)
+    check_partitions(per_partition, N_RECORDS, PARTITIONS)
+    check_acks_match(acked, per_partition)
+    # Keys spread over all partitions.
+    assert all(per_partition[p] for p in range(PARTITIONS)), {p: len(r) for p, r in per_partition.items()}
+
+
+def test_produce_consume_100k_idempotent(broker):
+    topic = "ck-idempotent"
+    broker.create_topic(topic, PARTITIONS)
+    acked, errors = produce_all(
+        broker.bootstrap,
+        topic,
+        N_RECORDS,
+        {"enable.idempotence": True},
+    )
+    assert not errors, errors[:5]
+    assert len(acked) == N_RECORDS
+    per_partition = consume_all(broker.bootstrap, topic, PARTITIONS, N_RECORDS)
+    # check_partitions asserts each value exactly once (no duplicates) and per-partition order.
+    check_partitions(per_partition, N_RECORDS, PARTITIONS)
+    check_acks_match(acked, per_partition)
+
+
+def test_unknown_topic_fails_bounded(broker):
+    """Producing to a topic that does not exist (auto-creation is off) fails with
+    UNKNOWN_TOPIC_OR_PART (or another delivery error) within message.timeout.ms."""
+    producer = Producer(
+        _with_debug(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "acks": "all",
+                "message.timeout.ms": 5000,
+                "topic.metadata.propagation.max.ms": 1000,
+            }
+        )
+    )
+    reports = []
+    producer.produce("no-such-topic", key="k", value="v", on_delivery=lambda err, msg: reports.append(err))
+    start = time.monotonic()
+    remaining = producer.flush(15)
+    elapsed = time.monotonic() - start
+    assert remaining == 0, "delivery report never came"
+    assert elapsed < 12, f"delivery failure took {elapsed:.1f}s"
+    assert len(reports) == 1 and reports[0] is not None, reports
+    assert reports[0].code() in (
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._MSG_TIMED_OUT,
+    ), reports[0]
+    # The broker is still fine afterwards.
+    assert broker.running()

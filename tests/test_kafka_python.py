@@ -1,0 +1,99 @@
+"""kafka-python (pure-Python client) against a real strata process."""
+
+import logging
+import os
+import time
+
+import pytest
+
+kafka = pytest.importorskip("kafka")
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from conftest import (
+    N_RECORDS,
+    check_partitions,
+    parse_value,
+    record_key,
+    record_value,
+)
+
+PARTITIONS = 6
+PRODUCE_DEADLINE_S = 50
+CONSUME_DEADLINE_S = 50
+
+if os.environ.get("STRATA_TEST_KAFKA_PYTHON_DEBUG"):
+    logging.basicConfig(level=logging.DEBUG)
+
+
+def test_kafka_python_produce_consume_100k(broker):
+    topic = "kpy-100k"
+    broker.create_topic(topic, PARTITIONS)
+
+    producer = KafkaProducer(
+        bootstrap_servers=broker.bootstrap,
+        acks="all",
+        linger_ms=5,
+        batch_size=64 * 1024,
+        # Idempotence (also kafka-python 3.x's default) keeps per-partition order with 5 in flight.
+        enable_idempotence=True,
+        max_in_flight_requests_per_connection=5,
+        request_timeout_ms=30000,
+    )
+    acked = {}
+    errors = []
+
+    def ok(v):
+        def cb(md):
+            acked[v] = (md.partition, md.offset)
+
+        return cb
+
+    deadline = time.monotonic() + PRODUCE_DEADLINE_S
+    try:
+        for i in range(N_RECORDS):
+            if i % 5000 == 0:
+                assert time.monotonic() < deadline, f"producing took longer than {PRODUCE_DEADLINE_S}s ({i} sent)"
+            fut = producer.send(topic, key=record_key(i).encode(), value=record_value(i).encode())
+            fut.add_callback(ok(i))
+            fut.add_errback(lambda e, i=i: errors.append((i, e)))
+        producer.flush(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        producer.close(timeout=5)
+    assert not errors, errors[:5]
+    assert len(acked) == N_RECORDS, f"{len(acked)} acknowledged of {N_RECORDS}"
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=10000,
+    )
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        assert set(consumer.partitions_for_topic(topic) or ()) == set(range(PARTITIONS))
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        begin = consumer.beginning_offsets(tps)
+        assert all(begin[tp] == 0 for tp in tps), begin
+        assert sum(end.values()) == N_RECORDS, end
+        per_partition = {p: [] for p in range(PARTITIONS)}
+        deadline = time.monotonic() + CONSUME_DEADLINE_S
+        while any(len(per_partition[tp.partition]) < end[tp] for tp in tps):
+            assert time.monotonic() < deadline, (
+                f"consuming took longer than {CONSUME_DEADLINE_S}s: "
+                f"{ {p: len(r) for p, r in per_partition.items()} } of {end}"
+            )
+            for tp, msgs in consumer.poll(timeout_ms=500).items():
+                for m in msgs:
+                    per_partition[tp.partition].append(
+                        (m.offset, m.key.decode() if m.key is not None else None, parse_value(m.value))
+                    )
+    finally:
+        consumer.close()
+
+    check_partitions(per_partition, N_RECORDS, PARTITIONS)
+    for p, recs in per_partition.items():
+        for off, _, v in recs:
+            assert acked[v] == (p, off), f"value {v} acknowledged at {acked[v]}, consumed at {(p, off)}"
