@@ -59,6 +59,8 @@ class Broker:
         self.port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.proc = None
+        # Run in the child before exec (e.g. resource limits for disk-full tests).
+        self.preexec = None
         self.starts = 0
         self._stderr_file = None
 
@@ -88,6 +90,7 @@ class Broker:
             stdout=self._stderr_file,
             stderr=self._stderr_file,
             env=env,
+            preexec_fn=self.preexec,
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -220,6 +223,14 @@ N_KEYS = 1000
 
 def record_key(i: int) -> str:
     return f"key-{i % N_KEYS}"
+
+
+def rdkafka_conf(conf: dict) -> dict:
+    """librdkafka config, with STRATA_TEST_RDKAFKA_DEBUG (e.g. protocol,broker,msg,fetch) applied."""
+    debug = os.environ.get("STRATA_TEST_RDKAFKA_DEBUG")
+    if debug:
+        conf["debug"] = debug
+    return conf
 
 
 def record_value(i: int) -> str:

@@ -1,6 +1,5 @@
 """confluent-kafka (librdkafka 2.x) against a real strata process."""
 
-import os
 import time
 
 import pytest
@@ -9,6 +8,7 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from conftest import (
+    rdkafka_conf,
     N_RECORDS,
     check_partitions,
     parse_value,
@@ -20,14 +20,7 @@ PARTITIONS = 6
 PRODUCE_DEADLINE_S = 45
 CONSUME_DEADLINE_S = 45
 
-# Set e.g. STRATA_TEST_RDKAFKA_DEBUG=protocol,broker,msg,fetch to see librdkafka's view.
-RDKAFKA_DEBUG = os.environ.get("STRATA_TEST_RDKAFKA_DEBUG")
 
-
-def _with_debug(conf: dict) -> dict:
-    if RDKAFKA_DEBUG:
-        conf["debug"] = RDKAFKA_DEBUG
-    return conf
 
 
 def produce_all(bootstrap: str, topic: str, n: int, extra: dict | None = None):
@@ -42,7 +35,7 @@ def produce_all(bootstrap: str, topic: str, n: int, extra: dict | None = None):
         "max.in.flight.requests.per.connection": 5,
     }
     conf.update(extra or {})
-    producer = Producer(_with_debug(conf))
+    producer = Producer(rdkafka_conf(conf))
     acked = {}
     errors = []
 
@@ -85,7 +78,7 @@ def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, extr
         "auto.offset.reset": "error",
     }
     conf.update(extra or {})
-    consumer = Consumer(_with_debug(conf))
+    consumer = Consumer(rdkafka_conf(conf))
     try:
         hwm = {}
         for p in range(partitions):
@@ -163,7 +156,7 @@ def test_unknown_topic_fails_bounded(broker):
     """Producing to a topic that does not exist (auto-creation is off) fails with
     UNKNOWN_TOPIC_OR_PART (or another delivery error) within message.timeout.ms."""
     producer = Producer(
-        _with_debug(
+        rdkafka_conf(
             {
                 "bootstrap.servers": broker.bootstrap,
                 "acks": "all",

@@ -1,25 +1,18 @@
 """SIGKILL the broker while a client produces with acks=all; after a restart every
 acknowledged record must be where the broker said it was."""
 
-import os
 import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from conftest import check_partitions, parse_value, record_key, record_value
+from conftest import check_partitions, parse_value, record_key, record_value, rdkafka_conf
 
 PARTITIONS = 3
 CYCLES = 3
 PRODUCE_BEFORE_KILL_S = 2.0
 PRODUCE_AFTER_KILL_S = 0.5
 TEST_BUDGET_S = 90
-RDKAFKA_DEBUG = os.environ.get("STRATA_TEST_RDKAFKA_DEBUG")
 
-
-def _conf(conf: dict) -> dict:
-    if RDKAFKA_DEBUG:
-        conf["debug"] = RDKAFKA_DEBUG
-    return conf
 
 
 def produce_until_killed(broker, topic: str, first_value: int, acked: dict, deadline: float) -> int:
@@ -28,7 +21,7 @@ def produce_until_killed(broker, topic: str, first_value: int, acked: dict, dead
     without error are recorded in `acked` as {value: (partition, offset)}. Returns the next
     unused value."""
     producer = Producer(
-        _conf(
+        rdkafka_conf(
             {
                 "bootstrap.servers": broker.bootstrap,
                 "acks": "all",
@@ -80,7 +73,7 @@ def produce_until_killed(broker, topic: str, first_value: int, acked: dict, dead
 
 def consume_everything(bootstrap: str, topic: str, deadline: float) -> dict:
     consumer = Consumer(
-        _conf(
+        rdkafka_conf(
             {
                 "bootstrap.servers": bootstrap,
                 "group.id": "strata-crash-test-unused",

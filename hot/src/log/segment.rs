@@ -51,6 +51,23 @@ impl Segment {
         self.dir.join(fmt::file_name(self.base, suffix))
     }
 
+    /// A segment over `file` with nothing scanned or indexed yet.
+    fn empty(dir: &Path, base: u64, file: File, now_ms: i64, index_interval: u32) -> Segment {
+        Segment {
+            base,
+            file: Arc::new(file),
+            size: 0,
+            next_offset: base,
+            max_timestamp: None,
+            created_ms: now_ms,
+            offset_index: Vec::new(),
+            time_index: Vec::new(),
+            bytes_since_entry: 0,
+            index_interval,
+            dir: dir.to_path_buf(),
+        }
+    }
+
     /// Creates a new, empty segment starting at `base`.
     pub fn create(dir: &Path, base: u64, now_ms: i64, index_interval: u32) -> io::Result<Segment> {
         let path = dir.join(fmt::file_name(base, LOG_SUFFIX));
@@ -70,19 +87,7 @@ impl Segment {
         for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
             remove_if_exists(&dir.join(fmt::file_name(base, suffix)))?;
         }
-        Ok(Segment {
-            base,
-            file: Arc::new(file),
-            size: 0,
-            next_offset: base,
-            max_timestamp: None,
-            created_ms: now_ms,
-            offset_index: Vec::new(),
-            time_index: Vec::new(),
-            bytes_since_entry: 0,
-            index_interval,
-            dir: dir.to_path_buf(),
-        })
+        Ok(Segment::empty(dir, base, file, now_ms, index_interval))
     }
 
     fn open_file(dir: &Path, base: u64) -> io::Result<File> {
@@ -107,19 +112,7 @@ impl Segment {
         let offset_index = read_index(dir, base, INDEX_SUFFIX, fmt::decode_offset_entries)
             .filter(|e| e.last().is_none_or(|l| u64::from(l.position) < len));
         let time_index = read_index(dir, base, TIME_INDEX_SUFFIX, fmt::decode_time_entries);
-        let mut seg = Segment {
-            base,
-            file: Arc::new(file),
-            size: 0,
-            next_offset: base,
-            max_timestamp: None,
-            created_ms: now_ms,
-            offset_index: Vec::new(),
-            time_index: Vec::new(),
-            bytes_since_entry: 0,
-            index_interval,
-            dir: dir.to_path_buf(),
-        };
+        let mut seg = Segment::empty(dir, base, file, now_ms, index_interval);
         match (offset_index, time_index) {
             (Some(oi), Some(ti)) => {
                 let start = oi.last().map_or(0, |e| u64::from(e.position));
@@ -164,19 +157,7 @@ impl Segment {
     ) -> io::Result<(Segment, Option<Corruption>)> {
         let file = Self::open_file(dir, base)?;
         let len = file.metadata()?.len();
-        let mut seg = Segment {
-            base,
-            file: Arc::new(file),
-            size: 0,
-            next_offset: base,
-            max_timestamp: None,
-            created_ms: now_ms,
-            offset_index: Vec::new(),
-            time_index: Vec::new(),
-            bytes_since_entry: 0,
-            index_interval,
-            dir: dir.to_path_buf(),
-        };
+        let mut seg = Segment::empty(dir, base, file, now_ms, index_interval);
         let corruption = seg.scan_from(0, len, true, true)?;
         if let Some(c) = &corruption {
             seg.truncate_tail(c.position)?;
