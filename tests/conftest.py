@@ -278,3 +278,50 @@ def check_partitions(per_partition: dict, n_expected: int | None, n_partitions: 
             f"({missing} missing, e.g. {sorted(set(range(n_expected)) - set(seen))[:10]})"
         )
     return seen
+
+
+def consume_partitions(bootstrap: str, topic: str, partitions: int, deadline: float, extra: dict | None = None):
+    """Reads every partition of `topic` from offset 0 up to its high watermark with
+    confluent-kafka (assign(), no group). Returns ({partition: [(offset, key, value_int)]},
+    {partition: high_watermark}); fails the test if `deadline` (monotonic) passes first."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "group.id": "strata-test-unused",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",
+    }
+    conf.update(extra or {})
+    consumer = Consumer(rdkafka_conf(conf))
+    try:
+        hwm = {}
+        for p in range(partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            assert low == 0, f"partition {p}: log start {low}"
+            hwm[p] = high
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        out = {p: [] for p in range(partitions)}
+        done = {p for p in range(partitions) if hwm[p] == 0}
+        while len(done) < partitions:
+            assert time.monotonic() < deadline, (
+                f"consuming ran out of time: {[len(out[p]) for p in out]} of {hwm}"
+            )
+            for msg in consumer.consume(num_messages=10000, timeout=0.5):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if msg.offset() >= hwm[msg.partition()]:
+                            done.add(msg.partition())
+                        continue
+                    raise KafkaException(err)
+                p = msg.partition()
+                key = msg.key().decode() if msg.key() is not None else None
+                out[p].append((msg.offset(), key, parse_value(msg.value())))
+                if msg.offset() + 1 >= hwm[p]:
+                    done.add(p)
+        return out, hwm
+    finally:
+        consumer.close()

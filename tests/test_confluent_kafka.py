@@ -2,12 +2,11 @@
 
 import time
 
-import pytest
 
-confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from conftest import (
+    consume_partitions,
     rdkafka_conf,
     N_RECORDS,
     check_partitions,
@@ -66,51 +65,12 @@ def produce_all(bootstrap: str, topic: str, n: int, extra: dict | None = None):
 
 
 def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, extra: dict | None = None):
-    """Reads every partition from offset 0 up to its high watermark with assign().
+    """Reads all partitions from offset 0 to the high watermark with assign() (no group).
 
     Returns {partition: [(offset, key, value_int), ...]}."""
-    conf = {
-        "bootstrap.servers": bootstrap,
-        "group.id": "strata-test-unused",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "enable.partition.eof": True,
-        "auto.offset.reset": "error",
-    }
-    conf.update(extra or {})
-    consumer = Consumer(rdkafka_conf(conf))
-    try:
-        hwm = {}
-        for p in range(partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            assert low == 0, f"partition {p} log start {low}"
-            hwm[p] = high
-        assert sum(hwm.values()) == expected, f"high watermarks {hwm} do not sum to {expected}"
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        out = {p: [] for p in range(partitions)}
-        done = {p for p in range(partitions) if hwm[p] == 0}
-        deadline = time.monotonic() + CONSUME_DEADLINE_S
-        while len(done) < partitions:
-            assert time.monotonic() < deadline, (
-                f"consuming took longer than {CONSUME_DEADLINE_S}s: "
-                f"{ {p: len(r) for p, r in out.items()} } of {hwm}"
-            )
-            for msg in consumer.consume(num_messages=10000, timeout=0.5):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if msg.offset() >= hwm[msg.partition()]:
-                            done.add(msg.partition())
-                        continue
-                    raise KafkaException(err)
-                p = msg.partition()
-                key = msg.key().decode() if msg.key() is not None else None
-                out[p].append((msg.offset(), key, parse_value(msg.value())))
-                if msg.offset() + 1 >= hwm[p]:
-                    done.add(p)
-        return out
-    finally:
-        consumer.close()
+    out, hwm = consume_partitions(bootstrap, topic, partitions, time.monotonic() + CONSUME_DEADLINE_S, extra)
+    assert sum(hwm.values()) == expected, f"high watermarks {hwm} do not sum to {expected}"
+    return out
 
 
 def check_acks_match(acked: dict, per_partition: dict):

@@ -5,7 +5,7 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from conftest import check_partitions, parse_value, record_key, record_value, rdkafka_conf
+from conftest import check_partitions, consume_partitions, parse_value, record_key, record_value, rdkafka_conf
 
 PARTITIONS = 3
 CYCLES = 3
@@ -71,47 +71,8 @@ def produce_until_killed(broker, topic: str, first_value: int, acked: dict, dead
     return v
 
 
-def consume_everything(bootstrap: str, topic: str, deadline: float) -> dict:
-    consumer = Consumer(
-        rdkafka_conf(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": "strata-crash-test-unused",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": True,
-                "auto.offset.reset": "error",
-            }
-        )
-    )
-    try:
-        hwm = {}
-        for p in range(PARTITIONS):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            assert low == 0, f"partition {p}: log start {low}"
-            hwm[p] = high
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        out = {p: [] for p in range(PARTITIONS)}
-        done = {p for p in range(PARTITIONS) if hwm[p] == 0}
-        while len(done) < PARTITIONS:
-            assert time.monotonic() < deadline, (
-                f"test budget exhausted while consuming: {[len(out[p]) for p in out]} of {hwm}"
-            )
-            for msg in consumer.consume(num_messages=10000, timeout=0.5):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if msg.offset() >= hwm[msg.partition()]:
-                            done.add(msg.partition())
-                        continue
-                    raise KafkaException(err)
-                p = msg.partition()
-                out[p].append((msg.offset(), msg.key().decode(), parse_value(msg.value())))
-                if msg.offset() + 1 >= hwm[p]:
-                    done.add(p)
-        return out, hwm
-    finally:
-        consumer.close()
+def consume_everything(bootstrap: str, topic: str, deadline: float):
+    return consume_partitions(bootstrap, topic, PARTITIONS, deadline)
 
 
 def verify(per_partition: dict, acked: dict):

@@ -4,9 +4,7 @@ import logging
 import os
 import time
 
-import pytest
 
-kafka = pytest.importorskip("kafka")
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from conftest import (
