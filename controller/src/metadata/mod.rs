@@ -1,0 +1,568 @@
+//! The cluster metadata and the commands that change it: the state machine behind the
+//! metadata log.
+//!
+//! Pure logic with no I/O and no clock: every controller replica applies the same commands
+//! in log order and reaches the same state, including the same placement and leader
+//! elections. A command that cannot apply (a stale epoch, a topic that exists with another
+//! spec) is refused deterministically and changes nothing; the refusal is the entry's answer.
+
+pub mod leases;
+pub mod placement;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use placement::{Candidate, PlacementError};
+
+pub type BrokerId = i32;
+
+/// Topic config that lets a replica outside the ISR become leader (may lose acked data).
+pub const UNCLEAN_ELECTION_CONFIG: &str = "unclean.leader.election.enable";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// Listener name, e.g. "kafka" or "grpc".
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerRecord {
+    pub id: BrokerId,
+    /// Changes every time the broker process starts.
+    pub incarnation: Uuid,
+    /// The metadata version at which this incarnation registered; requests carrying an older
+    /// epoch come from a previous incarnation and are refused.
+    pub epoch: u64,
+    pub endpoints: Vec<Endpoint>,
+    pub rack: Option<String>,
+    pub fenced: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionRecord {
+    /// Replica order; the first is the preferred leader.
+    pub replicas: Vec<BrokerId>,
+    pub isr: Vec<BrokerId>,
+    /// `None` while the partition is offline (no eligible replica is alive).
+    pub leader: Option<BrokerId>,
+    /// Bumped at every leader change.
+    pub leader_epoch: i32,
+    /// Bumped at every change of this record (leader or ISR): the CAS token for ISR changes.
+    pub partition_epoch: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicRecord {
+    pub name: String,
+    pub id: Uuid,
+    pub replication_factor: u16,
+    pub configs: BTreeMap<String, String>,
+    pub partitions: Vec<PartitionRecord>,
+}
+
+impl TopicRecord {
+    fn unclean_election(&self) -> bool {
+        self.configs
+            .get(UNCLEAN_ELECTION_CONFIG)
+            .is_some_and(|v| v == "true")
+    }
+}
+
+/// Everything the metadata log describes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMetadata {
+    /// Index of the last applied metadata log entry: lets a reader tell a stale view.
+    pub version: u64,
+    pub brokers: BTreeMap<BrokerId, BrokerRecord>,
+    pub topics: BTreeMap<String, TopicRecord>,
+    /// Next producer id no block has handed out.
+    pub next_producer_id: i64,
+    /// Rotates where new topics put their first leader, so leaders spread across topics.
+    pub placement_cursor: u64,
+}
+
+/// A change to the metadata: one metadata log entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    RegisterBroker {
+        id: BrokerId,
+        incarnation: Uuid,
+        endpoints: Vec<Endpoint>,
+        rack: Option<String>,
+    },
+    /// The lease expired or the broker shut down: move its leaderships away.
+    FenceBroker {
+        id: BrokerId,
+        epoch: u64,
+    },
+    UnfenceBroker {
+        id: BrokerId,
+        epoch: u64,
+    },
+    CreateTopic {
+        name: String,
+        id: Uuid,
+        partitions: u32,
+        replication_factor: u16,
+        configs: BTreeMap<String, String>,
+    },
+    DeleteTopic {
+        name: String,
+    },
+    AlterTopicConfigs {
+        name: String,
+        set: BTreeMap<String, String>,
+        remove: Vec<String>,
+    },
+    CreatePartitions {
+        name: String,
+        total: u32,
+    },
+    /// A leader's ISR change, applied only if the partition epoch still matches (CAS).
+    AlterIsr {
+        topic: String,
+        partition: u32,
+        leader: BrokerId,
+        leader_epoch: i32,
+        partition_epoch: i32,
+        isr: Vec<BrokerId>,
+    },
+    AllocateProducerIds {
+        broker: BrokerId,
+        epoch: u64,
+        count: u32,
+    },
+}
+
+/// What an applied command answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Applied {
+    BrokerRegistered {
+        epoch: u64,
+    },
+    /// `created` is false when an identical topic already existed (a no-op).
+    TopicCreated {
+        id: Uuid,
+        created: bool,
+    },
+    PartitionUpdated {
+        leader_epoch: i32,
+        partition_epoch: i32,
+    },
+    ProducerIds {
+        first: i64,
+        count: u32,
+    },
+    Done,
+}
+
+/// Why a command was refused. Deterministic: every replica refuses the same entries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum MetadataError {
+    #[error("topic '{name}' already exists with {partitions} partitions and replication factor {rf}; refusing a different spec")]
+    TopicExists {
+        name: String,
+        partitions: u32,
+        rf: u16,
+    },
+    #[error("topic '{0}' does not exist")]
+    UnknownTopic(String),
+    #[error("topic '{topic}' has no partition {partition}")]
+    UnknownPartition { topic: String, partition: u32 },
+    #[error("{0}")]
+    InvalidPartitions(String),
+    #[error("{0}")]
+    InvalidReplicationFactor(String),
+    #[error("broker {0} is not registered")]
+    UnknownBroker(BrokerId),
+    #[error("broker {id} epoch {got} is stale (current {current})")]
+    StaleBrokerEpoch {
+        id: BrokerId,
+        current: u64,
+        got: u64,
+    },
+    #[error("partition epoch {got} is stale (current {current})")]
+    StalePartitionEpoch { current: i32, got: i32 },
+    #[error("broker {broker} at leader epoch {leader_epoch} is not the leader")]
+    NotLeader { broker: BrokerId, leader_epoch: i32 },
+    #[error("invalid ISR {isr:?}: {reason}")]
+    InvalidIsr { isr: Vec<BrokerId>, reason: String },
+}
+
+impl From<PlacementError> for MetadataError {
+    fn from(e: PlacementError) -> Self {
+        MetadataError::InvalidReplicationFactor(e.to_string())
+    }
+}
+
+/// Picks a leader: the first replica (in preference order) that is in the ISR and alive;
+/// with unclean election, the first live replica at all.
+fn elect(
+    p: &PartitionRecord,
+    alive: &dyn Fn(BrokerId) -> bool,
+    unclean: bool,
+) -> Option<(BrokerId, bool)> {
+    p.replicas
+        .iter()
+        .copied()
+        .find(|r| p.isr.contains(r) && alive(*r))
+        .map(|r| (r, false))
+        .or_else(|| {
+            unclean
+                .then(|| {
+                    p.replicas
+                        .iter()
+                        .copied()
+                        .find(|r| alive(*r))
+                        .map(|r| (r, true))
+                })
+                .flatten()
+        })
+}
+
+impl ClusterMetadata {
+    /// Ids of the brokers that are not fenced.
+    fn alive_ids(&self) -> Vec<BrokerId> {
+        self.brokers
+            .values()
+            .filter(|b| !b.fenced)
+            .map(|b| b.id)
+            .collect()
+    }
+
+    /// Brokers that can take new replicas.
+    pub fn live_brokers(&self) -> Vec<&BrokerRecord> {
+        self.brokers.values().filter(|b| !b.fenced).collect()
+    }
+
+    /// (topic, partition) pairs with no leader.
+    pub fn offline_partitions(&self) -> Vec<(String, u32)> {
+        self.topics
+            .values()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.leader.is_none())
+                    .map(|(i, _)| (t.name.clone(), i as u32))
+            })
+            .collect()
+    }
+
+    fn check_broker_epoch(&self, id: BrokerId, epoch: u64) -> Result<(), MetadataError> {
+        let b = self
+            .brokers
+            .get(&id)
+            .ok_or(MetadataError::UnknownBroker(id))?;
+        if b.epoch != epoch {
+            return Err(MetadataError::StaleBrokerEpoch {
+                id,
+                current: b.epoch,
+                got: epoch,
+            });
+        }
+        Ok(())
+    }
+
+    /// Applies the command of log entry `index`. On error nothing changes but the version.
+    pub fn apply(&mut self, index: u64, cmd: &Command) -> Result<Applied, MetadataError> {
+        self.version = index;
+        match cmd {
+            Command::RegisterBroker {
+                id,
+                incarnation,
+                endpoints,
+                rack,
+            } => {
+                // A new incarnation replaces the old one: its leaderships get a new epoch.
+                if self
+                    .brokers
+                    .get(id)
+                    .is_some_and(|b| !b.fenced && b.incarnation != *incarnation)
+                {
+                    self.fence(*id);
+                }
+                self.brokers.insert(
+                    *id,
+                    BrokerRecord {
+                        id: *id,
+                        incarnation: *incarnation,
+                        epoch: index,
+                        endpoints: endpoints.clone(),
+                        rack: rack.clone(),
+                        fenced: false,
+                    },
+                );
+                self.elect_offline();
+                Ok(Applied::BrokerRegistered { epoch: index })
+            }
+            Command::FenceBroker { id, epoch } => {
+                self.check_broker_epoch(*id, *epoch)?;
+                self.fence(*id);
+                Ok(Applied::Done)
+            }
+            Command::UnfenceBroker { id, epoch } => {
+                self.check_broker_epoch(*id, *epoch)?;
+                if let Some(b) = self.brokers.get_mut(id) {
+                    b.fenced = false;
+                }
+                self.elect_offline();
+                Ok(Applied::Done)
+            }
+            Command::CreateTopic {
+                name,
+                id,
+                partitions,
+                replication_factor,
+                configs,
+            } => {
+                if let Some(t) = self.topics.get(name) {
+                    if t.partitions.len() as u32 == *partitions
+                        && t.replication_factor == *replication_factor
+                    {
+                        return Ok(Applied::TopicCreated {
+                            id: t.id,
+                            created: false,
+                        });
+                    }
+                    return Err(MetadataError::TopicExists {
+                        name: name.clone(),
+                        partitions: t.partitions.len() as u32,
+                        rf: t.replication_factor,
+                    });
+                }
+                if *partitions == 0 {
+                    return Err(MetadataError::InvalidPartitions(
+                        "a topic needs at least one partition".into(),
+                    ));
+                }
+                let assignment = placement::assign(
+                    &self.candidates(),
+                    0,
+                    *partitions,
+                    *replication_factor as usize,
+                    self.placement_cursor as usize,
+                )?;
+                self.placement_cursor += 1;
+                let partitions = assignment.into_iter().map(new_partition).collect();
+                self.topics.insert(
+                    name.clone(),
+                    TopicRecord {
+                        name: name.clone(),
+                        id: *id,
+                        replication_factor: *replication_factor,
+                        configs: configs.clone(),
+                        partitions,
+                    },
+                );
+                Ok(Applied::TopicCreated {
+                    id: *id,
+                    created: true,
+                })
+            }
+            Command::DeleteTopic { name } => {
+                self.topics
+                    .remove(name)
+                    .ok_or_else(|| MetadataError::UnknownTopic(name.clone()))?;
+                Ok(Applied::Done)
+            }
+            Command::AlterTopicConfigs { name, set, remove } => {
+                let t = self
+                    .topics
+                    .get_mut(name)
+                    .ok_or_else(|| MetadataError::UnknownTopic(name.clone()))?;
+                for k in remove {
+                    t.configs.remove(k);
+                }
+                t.configs
+                    .extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+                Ok(Applied::Done)
+            }
+            Command::CreatePartitions { name, total } => {
+                let candidates = self.candidates();
+                let t = self
+                    .topics
+                    .get(name)
+                    .ok_or_else(|| MetadataError::UnknownTopic(name.clone()))?;
+                let current = t.partitions.len() as u32;
+                if *total <= current {
+                    return Err(MetadataError::InvalidPartitions(format!(
+                        "topic '{name}' has {current} partitions; the new count {total} must be larger"
+                    )));
+                }
+                let added = placement::assign(
+                    &candidates,
+                    current,
+                    total - current,
+                    t.replication_factor as usize,
+                    self.placement_cursor as usize,
+                )?;
+                let t = self.topics.get_mut(name).expect("checked above");
+                t.partitions.extend(added.into_iter().map(new_partition));
+                Ok(Applied::Done)
+            }
+            Command::AlterIsr {
+                topic,
+                partition,
+                leader,
+                leader_epoch,
+                partition_epoch,
+                isr,
+            } => {
+                let alive = self.alive_ids();
+                let p = self.partition_mut(topic, *partition)?;
+                if p.partition_epoch != *partition_epoch {
+                    return Err(MetadataError::StalePartitionEpoch {
+                        current: p.partition_epoch,
+                        got: *partition_epoch,
+                    });
+                }
+                if p.leader != Some(*leader) || p.leader_epoch != *leader_epoch {
+                    return Err(MetadataError::NotLeader {
+                        broker: *leader,
+                        leader_epoch: *leader_epoch,
+                    });
+                }
+                let invalid = |reason: &str| MetadataError::InvalidIsr {
+                    isr: isr.clone(),
+                    reason: reason.into(),
+                };
+                if !isr.contains(leader) {
+                    return Err(invalid("the leader must stay in the ISR"));
+                }
+                if isr.iter().any(|r| !p.replicas.contains(r)) {
+                    return Err(invalid("every member must be a replica"));
+                }
+                if isr.iter().any(|r| !p.isr.contains(r) && !alive.contains(r)) {
+                    return Err(invalid("a fenced broker cannot join the ISR"));
+                }
+                let mut deduped = isr.clone();
+                deduped.sort_unstable();
+                deduped.dedup();
+                if deduped.len() != isr.len() {
+                    return Err(invalid("members must be distinct"));
+                }
+                p.isr = isr.clone();
+                p.partition_epoch += 1;
+                Ok(Applied::PartitionUpdated {
+                    leader_epoch: p.leader_epoch,
+                    partition_epoch: p.partition_epoch,
+                })
+            }
+            Command::AllocateProducerIds {
+                broker,
+                epoch,
+                count,
+            } => {
+                self.check_broker_epoch(*broker, *epoch)?;
+                let first = self.next_producer_id;
+                self.next_producer_id += i64::from(*count);
+                Ok(Applied::ProducerIds {
+                    first,
+                    count: *count,
+                })
+            }
+        }
+    }
+
+    fn partition_mut(
+        &mut self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<&mut PartitionRecord, MetadataError> {
+        let t = self
+            .topics
+            .get_mut(topic)
+            .ok_or_else(|| MetadataError::UnknownTopic(topic.to_string()))?;
+        t.partitions
+            .get_mut(partition as usize)
+            .ok_or(MetadataError::UnknownPartition {
+                topic: topic.to_string(),
+                partition,
+            })
+    }
+
+    fn candidates(&self) -> Vec<Candidate> {
+        self.live_brokers()
+            .into_iter()
+            .map(|b| Candidate {
+                id: b.id,
+                rack: b.rack.clone(),
+            })
+            .collect()
+    }
+
+    /// Marks a broker fenced and moves each of its leaderships to another live ISR member
+    /// (or leaves the partition offline); it leaves every ISR it was in, unless it was the
+    /// last member, so that it can come back as a clean leader.
+    fn fence(&mut self, id: BrokerId) {
+        if let Some(b) = self.brokers.get_mut(&id) {
+            b.fenced = true;
+        }
+        let alive = self.alive_ids();
+        let is_alive = |r: BrokerId| alive.contains(&r);
+        for t in self.topics.values_mut() {
+            let unclean = t.unclean_election();
+            for p in &mut t.partitions {
+                if !p.replicas.contains(&id) {
+                    continue;
+                }
+                let was_leader = p.leader == Some(id);
+                if p.isr.contains(&id) && p.isr.len() > 1 {
+                    p.isr.retain(|r| *r != id);
+                    p.partition_epoch += 1;
+                }
+                if was_leader {
+                    apply_election(p, elect(p, &is_alive, unclean));
+                }
+            }
+        }
+    }
+
+    /// Elects leaders for offline partitions where an eligible replica is now alive.
+    fn elect_offline(&mut self) {
+        let alive = self.alive_ids();
+        let is_alive = |r: BrokerId| alive.contains(&r);
+        for t in self.topics.values_mut() {
+            let unclean = t.unclean_election();
+            for p in t.partitions.iter_mut().filter(|p| p.leader.is_none()) {
+                if let Some(choice) = elect(p, &is_alive, unclean) {
+                    apply_election(p, Some(choice));
+                }
+            }
+        }
+    }
+}
+
+fn new_partition(replicas: Vec<BrokerId>) -> PartitionRecord {
+    PartitionRecord {
+        leader: replicas.first().copied(),
+        isr: replicas.clone(),
+        replicas,
+        leader_epoch: 0,
+        partition_epoch: 0,
+    }
+}
+
+/// Installs an election result: a new leader (an unclean one starts a new ISR of itself) or
+/// none (offline). Either way the leader epoch moves, so the old leader's writes are stale.
+fn apply_election(p: &mut PartitionRecord, choice: Option<(BrokerId, bool)>) {
+    match choice {
+        Some((leader, unclean)) => {
+            p.leader = Some(leader);
+            if unclean {
+                p.isr = vec![leader];
+            }
+        }
+        None => p.leader = None,
+    }
+    p.leader_epoch += 1;
+    p.partition_epoch += 1;
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,489 @@
+use super::leases::{HeartbeatError, Leases};
+use super::*;
+
+fn register(m: &mut ClusterMetadata, index: u64, id: BrokerId, rack: Option<&str>) -> u64 {
+    let cmd = Command::RegisterBroker {
+        id,
+        incarnation: Uuid::new_v4(),
+        endpoints: vec![Endpoint {
+            name: "kafka".into(),
+            host: "127.0.0.1".into(),
+            port: 9092 + id as u16,
+        }],
+        rack: rack.map(str::to_string),
+    };
+    match m.apply(index, &cmd).unwrap() {
+        Applied::BrokerRegistered { epoch } => epoch,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn create(
+    m: &mut ClusterMetadata,
+    index: u64,
+    name: &str,
+    partitions: u32,
+    rf: u16,
+) -> Result<Applied, MetadataError> {
+    m.apply(
+        index,
+        &Command::CreateTopic {
+            name: name.into(),
+            id: Uuid::new_v4(),
+            partitions,
+            replication_factor: rf,
+            configs: BTreeMap::new(),
+        },
+    )
+}
+
+fn three_brokers() -> (ClusterMetadata, Vec<u64>) {
+    let mut m = ClusterMetadata::default();
+    let epochs = (1..=3)
+        .map(|id| register(&mut m, id as u64, id, None))
+        .collect();
+    (m, epochs)
+}
+
+#[test]
+fn twelve_partitions_spread_leaders_over_all_brokers() {
+    let (mut m, _) = three_brokers();
+    create(&mut m, 10, "orders", 12, 3).unwrap();
+    let t = &m.topics["orders"];
+    let mut per_broker = BTreeMap::new();
+    for p in &t.partitions {
+        *per_broker.entry(p.leader.unwrap()).or_insert(0) += 1;
+        assert_eq!(p.isr, p.replicas);
+        assert_eq!(p.leader, Some(p.replicas[0]));
+    }
+    assert_eq!(per_broker.into_values().collect::<Vec<_>>(), vec![4, 4, 4]);
+    assert_eq!(m.version, 10);
+}
+
+#[test]
+fn creating_a_topic_again_is_a_no_op_or_a_clear_refusal() {
+    let (mut m, _) = three_brokers();
+    let first = create(&mut m, 10, "t", 3, 2).unwrap();
+    let Applied::TopicCreated { id, created: true } = first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(
+        create(&mut m, 11, "t", 3, 2).unwrap(),
+        Applied::TopicCreated { id, created: false }
+    );
+    let err = create(&mut m, 12, "t", 4, 2).unwrap_err();
+    assert_eq!(
+        err,
+        MetadataError::TopicExists {
+            name: "t".into(),
+            partitions: 3,
+            rf: 2
+        }
+    );
+    assert!(err.to_string().contains("3 partitions"));
+    assert_eq!(m.topics["t"].partitions.len(), 3);
+    assert!(matches!(
+        create(&mut m, 13, "big", 1, 4),
+        Err(MetadataError::InvalidReplicationFactor(_))
+    ));
+    assert!(matches!(
+        create(&mut m, 14, "none", 0, 1),
+        Err(MetadataError::InvalidPartitions(_))
+    ));
+}
+
+#[test]
+fn fencing_the_leader_moves_leadership_within_the_isr_and_bumps_epochs() {
+    let (mut m, epochs) = three_brokers();
+    create(&mut m, 10, "t", 6, 3).unwrap();
+    let before = m.topics["t"].partitions.clone();
+    m.apply(
+        11,
+        &Command::FenceBroker {
+            id: 1,
+            epoch: epochs[0],
+        },
+    )
+    .unwrap();
+    for (old, new) in before.iter().zip(&m.topics["t"].partitions) {
+        assert!(!new.isr.contains(&1));
+        assert_ne!(new.leader, Some(1));
+        assert!(new.leader.is_some_and(|l| new.isr.contains(&l)));
+        if old.leader == Some(1) {
+            assert_eq!(new.leader_epoch, old.leader_epoch + 1);
+            // the next replica in preference order that is in the ISR
+            assert_eq!(new.leader, old.replicas.iter().copied().find(|r| *r != 1));
+        } else {
+            assert_eq!(new.leader, old.leader);
+            assert_eq!(new.leader_epoch, old.leader_epoch);
+        }
+        assert!(new.partition_epoch > old.partition_epoch);
+    }
+    assert!(m.offline_partitions().is_empty());
+}
+
+#[test]
+fn rf1_partitions_go_offline_and_come_back_with_their_broker() {
+    let (mut m, epochs) = three_brokers();
+    create(&mut m, 10, "single", 3, 1).unwrap();
+    let on_2: Vec<u32> = (0..3)
+        .filter(|&i| m.topics["single"].partitions[i as usize].replicas == [2])
+        .collect();
+    assert_eq!(on_2.len(), 1);
+    m.apply(
+        11,
+        &Command::FenceBroker {
+            id: 2,
+            epoch: epochs[1],
+        },
+    )
+    .unwrap();
+    let offline = m.offline_partitions();
+    assert_eq!(offline, vec![("single".to_string(), on_2[0])]);
+    let p = &m.topics["single"].partitions[on_2[0] as usize];
+    assert_eq!(
+        p.isr,
+        vec![2],
+        "the last ISR member stays, so it can lead again cleanly"
+    );
+    let epoch_offline = p.leader_epoch;
+    // the broker restarts: a new incarnation registers and takes its partition back
+    register(&mut m, 12, 2, None);
+    let p = &m.topics["single"].partitions[on_2[0] as usize];
+    assert_eq!(p.leader, Some(2));
+    assert_eq!(p.leader_epoch, epoch_offline + 1);
+    assert!(m.offline_partitions().is_empty());
+}
+
+#[test]
+fn a_new_incarnation_fences_the_old_one_and_stale_epochs_are_refused() {
+    let (mut m, epochs) = three_brokers();
+    create(&mut m, 10, "t", 3, 3).unwrap();
+    let led_by_1: Vec<i32> = m.topics["t"]
+        .partitions
+        .iter()
+        .filter(|p| p.leader == Some(1))
+        .map(|p| p.leader_epoch)
+        .collect();
+    let new_epoch = register(&mut m, 11, 1, None);
+    assert_eq!(new_epoch, 11);
+    // leadership moved off the old incarnation (epoch bumped)
+    for p in &m.topics["t"].partitions {
+        assert_ne!(p.leader, Some(1));
+    }
+    assert_eq!(led_by_1.len(), 1);
+    assert_eq!(
+        m.apply(
+            12,
+            &Command::FenceBroker {
+                id: 1,
+                epoch: epochs[0]
+            }
+        ),
+        Err(MetadataError::StaleBrokerEpoch {
+            id: 1,
+            current: 11,
+            got: epochs[0]
+        })
+    );
+    assert!(matches!(
+        m.apply(
+            13,
+            &Command::AllocateProducerIds {
+                broker: 1,
+                epoch: epochs[0],
+                count: 10
+            }
+        ),
+        Err(MetadataError::StaleBrokerEpoch { .. })
+    ));
+    assert!(matches!(
+        m.apply(14, &Command::FenceBroker { id: 9, epoch: 1 }),
+        Err(MetadataError::UnknownBroker(9))
+    ));
+}
+
+#[test]
+fn unclean_election_only_when_the_topic_allows_it() {
+    let (mut m, epochs) = three_brokers();
+    let mut configs = BTreeMap::new();
+    configs.insert(UNCLEAN_ELECTION_CONFIG.to_string(), "true".to_string());
+    m.apply(
+        10,
+        &Command::CreateTopic {
+            name: "lossy".into(),
+            id: Uuid::new_v4(),
+            partitions: 1,
+            replication_factor: 2,
+            configs,
+        },
+    )
+    .unwrap();
+    create(&mut m, 11, "safe", 1, 2).unwrap();
+    for name in ["lossy", "safe"] {
+        let p = &m.topics[name].partitions[0];
+        let (leader, follower) = (p.leader.unwrap(), p.replicas[1]);
+        let epoch = m.topics[name].partitions[0].partition_epoch;
+        // the follower falls out of the ISR first
+        m.apply(
+            12,
+            &Command::AlterIsr {
+                topic: name.into(),
+                partition: 0,
+                leader,
+                leader_epoch: 0,
+                partition_epoch: epoch,
+                isr: vec![leader],
+            },
+        )
+        .unwrap();
+        let _ = follower;
+    }
+    // now fence broker(s) leading both partitions
+    let leaders: Vec<BrokerId> = ["lossy", "safe"]
+        .iter()
+        .map(|n| m.topics[*n].partitions[0].leader.unwrap())
+        .collect();
+    for l in leaders.iter().collect::<std::collections::BTreeSet<_>>() {
+        m.apply(
+            13,
+            &Command::FenceBroker {
+                id: *l,
+                epoch: epochs[(*l - 1) as usize],
+            },
+        )
+        .unwrap();
+    }
+    let lossy = &m.topics["lossy"].partitions[0];
+    let safe = &m.topics["safe"].partitions[0];
+    if lossy.replicas.iter().any(|r| !leaders.contains(r)) {
+        assert!(
+            lossy.leader.is_some(),
+            "unclean election picks a live out-of-sync replica"
+        );
+        assert_eq!(lossy.isr, vec![lossy.leader.unwrap()]);
+    }
+    if safe.replicas.iter().any(|r| !leaders.contains(r)) {
+        assert_eq!(
+            safe.leader, None,
+            "a clean topic stays offline rather than lose data"
+        );
+    }
+}
+
+#[test]
+fn alter_isr_is_a_compare_and_set_on_the_partition_epoch() {
+    let (mut m, epochs) = three_brokers();
+    create(&mut m, 10, "t", 1, 3).unwrap();
+    let p = m.topics["t"].partitions[0].clone();
+    let leader = p.leader.unwrap();
+    let shrink = |pe: i32, isr: Vec<BrokerId>| Command::AlterIsr {
+        topic: "t".into(),
+        partition: 0,
+        leader,
+        leader_epoch: 0,
+        partition_epoch: pe,
+        isr,
+    };
+    let without: Vec<BrokerId> = p
+        .replicas
+        .iter()
+        .copied()
+        .filter(|r| *r != p.replicas[2])
+        .collect();
+    assert_eq!(
+        m.apply(11, &shrink(0, without.clone())).unwrap(),
+        Applied::PartitionUpdated {
+            leader_epoch: 0,
+            partition_epoch: 1
+        }
+    );
+    // the same proposal again is stale
+    assert_eq!(
+        m.apply(12, &shrink(0, without.clone())),
+        Err(MetadataError::StalePartitionEpoch { current: 1, got: 0 })
+    );
+    // the leader must stay; members must be replicas; a fenced broker cannot rejoin
+    assert!(matches!(
+        m.apply(13, &shrink(1, vec![p.replicas[1]])),
+        Err(MetadataError::InvalidIsr { .. })
+    ));
+    assert!(matches!(
+        m.apply(13, &shrink(1, vec![leader, 42])),
+        Err(MetadataError::InvalidIsr { .. })
+    ));
+    let out = p.replicas[2];
+    m.apply(
+        14,
+        &Command::FenceBroker {
+            id: out,
+            epoch: epochs[(out - 1) as usize],
+        },
+    )
+    .unwrap();
+    let pe = m.topics["t"].partitions[0].partition_epoch;
+    assert!(matches!(
+        m.apply(15, &shrink(pe, p.replicas.clone())),
+        Err(MetadataError::InvalidIsr { .. })
+    ));
+    // a non-leader cannot change it
+    let other = p.replicas[1];
+    assert!(matches!(
+        m.apply(
+            16,
+            &Command::AlterIsr {
+                topic: "t".into(),
+                partition: 0,
+                leader: other,
+                leader_epoch: 0,
+                partition_epoch: pe,
+                isr: vec![other]
+            }
+        ),
+        Err(MetadataError::NotLeader { .. })
+    ));
+}
+
+#[test]
+fn producer_id_blocks_never_overlap_and_partitions_can_be_added() {
+    let (mut m, epochs) = three_brokers();
+    let a = m
+        .apply(
+            10,
+            &Command::AllocateProducerIds {
+                broker: 1,
+                epoch: epochs[0],
+                count: 1000,
+            },
+        )
+        .unwrap();
+    let b = m
+        .apply(
+            11,
+            &Command::AllocateProducerIds {
+                broker: 2,
+                epoch: epochs[1],
+                count: 1000,
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        a,
+        Applied::ProducerIds {
+            first: 0,
+            count: 1000
+        }
+    );
+    assert_eq!(
+        b,
+        Applied::ProducerIds {
+            first: 1000,
+            count: 1000
+        }
+    );
+    create(&mut m, 12, "t", 2, 2).unwrap();
+    m.apply(
+        13,
+        &Command::CreatePartitions {
+            name: "t".into(),
+            total: 5,
+        },
+    )
+    .unwrap();
+    assert_eq!(m.topics["t"].partitions.len(), 5);
+    assert!(matches!(
+        m.apply(
+            14,
+            &Command::CreatePartitions {
+                name: "t".into(),
+                total: 5
+            }
+        ),
+        Err(MetadataError::InvalidPartitions(_))
+    ));
+    m.apply(15, &Command::DeleteTopic { name: "t".into() })
+        .unwrap();
+    assert_eq!(
+        m.apply(16, &Command::DeleteTopic { name: "t".into() }),
+        Err(MetadataError::UnknownTopic("t".into()))
+    );
+}
+
+#[test]
+fn replaying_the_same_log_gives_the_same_state() {
+    let build = || {
+        let mut m = ClusterMetadata::default();
+        let ids: Vec<Uuid> = (0..4).map(|i| Uuid::from_u128(i as u128 + 1)).collect();
+        let mut log = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            log.push(Command::RegisterBroker {
+                id: i as i32 + 1,
+                incarnation: *id,
+                endpoints: vec![],
+                rack: Some(format!("r{}", i % 2)),
+            });
+        }
+        log.push(Command::CreateTopic {
+            name: "a".into(),
+            id: Uuid::from_u128(9),
+            partitions: 7,
+            replication_factor: 3,
+            configs: BTreeMap::new(),
+        });
+        log.push(Command::FenceBroker { id: 2, epoch: 2 });
+        log.push(Command::CreateTopic {
+            name: "b".into(),
+            id: Uuid::from_u128(10),
+            partitions: 5,
+            replication_factor: 2,
+            configs: BTreeMap::new(),
+        });
+        for (i, c) in log.iter().enumerate() {
+            let _ = m.apply(i as u64 + 1, c);
+        }
+        m
+    };
+    assert_eq!(build(), build());
+}
+
+#[test]
+fn leases_expire_into_fencing_and_a_new_controller_grants_grace() {
+    let (mut m, epochs) = three_brokers();
+    let mut leases = Leases::new(1_000);
+    leases.grant_all(&m, 0);
+    assert!(leases.expired(&m, 999).is_empty());
+    assert_eq!(leases.heartbeat(&m, 1, epochs[0], 500), Ok(false));
+    assert_eq!(leases.heartbeat(&m, 2, epochs[1], 500), Ok(false));
+    assert_eq!(leases.expired(&m, 1_000), vec![(3, epochs[2])]);
+    assert_eq!(
+        leases.heartbeat(&m, 3, 999, 1_000),
+        Err(HeartbeatError::StaleEpoch {
+            id: 3,
+            current: epochs[2],
+            got: 999
+        })
+    );
+    assert_eq!(
+        leases.heartbeat(&m, 7, 1, 1_000),
+        Err(HeartbeatError::UnknownBroker(7))
+    );
+    m.apply(
+        10,
+        &Command::FenceBroker {
+            id: 3,
+            epoch: epochs[2],
+        },
+    )
+    .unwrap();
+    assert!(
+        leases.expired(&m, 1_200).is_empty(),
+        "a fenced broker is not fenced twice"
+    );
+    // a fenced broker that heartbeats again asks to be unfenced
+    assert_eq!(leases.heartbeat(&m, 3, epochs[2], 1_300), Ok(true));
+    // failover: the new active controller gives everyone a full lease first
+    let mut next = Leases::new(1_000);
+    next.grant_all(&m, 5_000);
+    assert!(next.expired(&m, 5_999).is_empty());
+    assert_eq!(next.expired(&m, 6_000).len(), 2);
+}
