@@ -3,3 +3,4 @@
 //! replicates the metadata log, and the gRPC services around it, build on this module.
 
 pub mod metadata;
+pub mod raft;
