@@ -3,6 +3,8 @@
 //! the benchmarks use. Leader-aware, batching producers and a group consumer come with the
 //! cluster (gRPC) work.
 
+pub mod controller;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -40,6 +42,9 @@ pub enum ClientError {
     Kafka { code: i16, message: String },
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// The controller answered with a gRPC error.
+    #[error("{message} (grpc {code})")]
+    Grpc { code: String, message: String },
 }
 
 impl ClientError {

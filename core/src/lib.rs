@@ -4,3 +4,4 @@
 
 pub mod batch;
 pub mod segment;
+pub mod topic;

@@ -20,10 +20,57 @@ pub const ENV_PREFIX: &str = "STRATA__";
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
+    /// Which roles this process runs: "broker", "controller", or both (combined mode).
+    pub roles: Vec<Role>,
     pub node_id: i32,
     pub data_dir: PathBuf,
     pub kafka: KafkaSection,
     pub topics: TopicsSection,
+    pub controller: Option<ControllerSection>,
+    /// Where the controllers are, for a broker in a cluster; absent for a single node.
+    pub cluster: Option<ClusterSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    /// Controller gRPC addresses; any of them will do.
+    pub controllers: Vec<String>,
+    /// This broker's rack, for rack-aware placement.
+    pub rack: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Broker,
+    Controller,
+}
+
+/// The metadata quorum member this process runs when `roles` includes "controller".
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerSection {
+    /// This controller's id among the voters.
+    pub node_id: u64,
+    /// Address of the controller's gRPC listener (Raft and the controller API).
+    pub listen: SocketAddr,
+    /// Every voter: id -> address, this one included, e.g. { 1 = "127.0.0.1:19301", ... }.
+    pub voters: BTreeMap<String, String>,
+    /// Brokers whose heartbeats stop for this long are fenced.
+    #[serde(default = "default_broker_lease", deserialize_with = "duration")]
+    pub broker_lease: Duration,
+    /// Raft heartbeat interval; elections time out after 3 to 6 of them.
+    #[serde(default = "default_raft_heartbeat", deserialize_with = "duration")]
+    pub raft_heartbeat: Duration,
+}
+
+fn default_broker_lease() -> Duration {
+    Duration::from_secs(6)
+}
+
+fn default_raft_heartbeat() -> Duration {
+    Duration::from_millis(100)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -54,10 +101,13 @@ pub struct TopicsSection {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
+            roles: vec![Role::Broker],
             node_id: 0,
             data_dir: PathBuf::from("./strata-data"),
             kafka: KafkaSection::default(),
             topics: TopicsSection::default(),
+            controller: None,
+            cluster: None,
         }
     }
 }
@@ -136,7 +186,52 @@ impl ServerConfig {
             bail!("topics.default_partitions must be at least 1");
         }
         LogConfig::from_map(&self.topics.defaults).context("invalid [topics.defaults]")?;
+        if self.roles.is_empty() {
+            bail!("roles is empty; give \"broker\", \"controller\" or both");
+        }
+        if self.roles.contains(&Role::Controller) {
+            self.controller_config()?;
+        }
+        if self
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.controllers.is_empty())
+        {
+            bail!("[cluster] controllers is empty");
+        }
         Ok(())
+    }
+
+    /// The controller settings, when this process runs the controller role.
+    pub fn controller_config(&self) -> anyhow::Result<strata_controller::ControllerConfig> {
+        let c = self
+            .controller
+            .as_ref()
+            .context("roles include \"controller\" but there is no [controller] section")?;
+        let voters = c
+            .voters
+            .iter()
+            .map(|(id, addr)| {
+                let id: u64 = id
+                    .parse()
+                    .with_context(|| format!("controller.voters key '{id}' is not a node id"))?;
+                Ok((id, addr.clone()))
+            })
+            .collect::<anyhow::Result<BTreeMap<u64, String>>>()?;
+        if !voters.contains_key(&c.node_id) {
+            bail!(
+                "controller.node_id {} is not one of controller.voters",
+                c.node_id
+            );
+        }
+        Ok(strata_controller::ControllerConfig {
+            node_id: c.node_id,
+            listen: c.listen,
+            voters,
+            data_dir: self.data_dir.join("controller"),
+            broker_lease: c.broker_lease,
+            raft_heartbeat: c.raft_heartbeat,
+        })
     }
 
     pub fn broker(&self) -> BrokerConfig {

@@ -3,6 +3,7 @@
 
 pub mod broker;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod kafka;
 pub mod log;

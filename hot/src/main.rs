@@ -43,8 +43,19 @@ enum Command {
         /// A broker's Kafka listener.
         #[arg(long, default_value = "127.0.0.1:9092", global = true)]
         bootstrap: String,
+        /// Talk to a controller's gRPC listener instead of a broker (cluster mode).
+        #[arg(long, global = true)]
+        controller: Option<String>,
         #[command(subcommand)]
         command: cli::TopicCommand,
+    },
+    /// Inspect the controller quorum.
+    Quorum {
+        /// Any controller's gRPC listener.
+        #[arg(long, default_value = "127.0.0.1:9093", global = true)]
+        controller: String,
+        #[command(subcommand)]
+        command: cli::QuorumCommand,
     },
 }
 
@@ -52,7 +63,8 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,openraft=warn".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -82,6 +94,22 @@ fn main() -> anyhow::Result<()> {
             let config = ServerConfig::load(Some(&config), env)?;
             runtime.block_on(strata_hot::server::run(config))
         }
-        Command::Topic { bootstrap, command } => runtime.block_on(cli::topic(&bootstrap, command)),
+        Command::Topic {
+            bootstrap,
+            controller: Some(controller),
+            command,
+        } => {
+            let _ = bootstrap;
+            runtime.block_on(cli::topic_via_controller(&controller, command))
+        }
+        Command::Topic {
+            bootstrap,
+            controller: None,
+            command,
+        } => runtime.block_on(cli::topic(&bootstrap, command)),
+        Command::Quorum {
+            controller,
+            command,
+        } => runtime.block_on(cli::quorum(&controller, command)),
     }
 }

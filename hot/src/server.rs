@@ -9,11 +9,38 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 use crate::broker::{Broker, SystemClock};
-use crate::config::ServerConfig;
+use crate::cluster::{ClusterLink, LinkConfig};
+use crate::config::{Role, ServerConfig};
 use crate::kafka::KafkaServer;
 
-/// Runs the broker until a shutdown signal arrives.
+/// Runs the configured roles until a shutdown signal arrives.
 pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    if config.roles.contains(&Role::Controller) {
+        strata_controller::Controller::start(config.controller_config()?, stop_rx.clone()).await?;
+    }
+    if config.roles.contains(&Role::Broker) {
+        run_broker(&config, stop_rx).await?;
+    } else {
+        wait_for_signal().await?;
+    }
+    stop_tx.send_replace(true);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+/// Runs the broker role until a shutdown signal arrives, then closes it cleanly.
+async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> anyhow::Result<()> {
     let broker = Broker::open(config.broker(), Arc::new(SystemClock))
         .await
         .with_context(|| format!("opening data directory {}", config.data_dir.display()))?;
@@ -36,17 +63,34 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         "strata is ready"
     );
     broker.spawn_retention();
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let (link_stop, link_stop_rx) = watch::channel(false);
+    let link = config.cluster.as_ref().map(|c| {
+        ClusterLink::start(
+            LinkConfig {
+                broker_id: config.node_id,
+                controllers: c.controllers.clone(),
+                kafka_host: listener_config.advertised_host.clone(),
+                kafka_port: listener_config.advertised_port,
+                rack: c.rack.clone(),
+            },
+            link_stop_rx,
+        )
+    });
+    let (listener_stop_tx, listener_stop_rx) = watch::channel(false);
     let server = KafkaServer::new(broker.clone(), listener_config);
-    let serving = tokio::spawn(server.serve(listener, stop_rx));
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let serving = tokio::spawn(server.serve(listener, listener_stop_rx));
+    let mut stop_rx = stop_rx;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+        r = wait_for_signal() => r?,
+        _ = stop_rx.wait_for(|s| *s) => {}
     }
-    tracing::info!("shutting down");
-    stop_tx.send_replace(true);
+    listener_stop_tx.send_replace(true);
     let _ = serving.await;
+    if let Some((_, membership)) = link {
+        // Stopping the link asks the controllers to move this broker's leaderships first.
+        link_stop.send_replace(true);
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), membership).await;
+    }
     tokio::task::spawn_blocking(move || broker.shutdown()).await?;
     tracing::info!("closed cleanly");
     Ok(())

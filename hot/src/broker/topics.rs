@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::log::write_atomically;
 
-pub const MAX_TOPIC_NAME_LEN: usize = 249;
+pub use strata_core::topic::validate_topic_name;
 
 /// A topic as created: name, id, partition count, replication factor and config overrides.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,31 +24,6 @@ pub struct TopicSpec {
     pub replication_factor: u16,
     #[serde(default)]
     pub configs: BTreeMap<String, String>,
-}
-
-/// Checks a topic name against Kafka's rules.
-pub fn validate_topic_name(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("topic name is empty".into());
-    }
-    if name == "." || name == ".." {
-        return Err(format!("topic name '{name}' is not allowed"));
-    }
-    if name.len() > MAX_TOPIC_NAME_LEN {
-        return Err(format!(
-            "topic name is {} characters long; the limit is {MAX_TOPIC_NAME_LEN}",
-            name.len()
-        ));
-    }
-    if let Some(bad) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(format!(
-            "topic name '{name}' contains '{bad}'; only ASCII letters, digits, '.', '_' and '-' are allowed"
-        ));
-    }
-    Ok(())
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -130,15 +105,6 @@ impl TopicStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_follow_kafka_rules() {
-        assert!(validate_topic_name("orders.v1_settle-2").is_ok());
-        assert!(validate_topic_name("").is_err());
-        assert!(validate_topic_name("..").is_err());
-        assert!(validate_topic_name("a/b").is_err());
-        assert!(validate_topic_name(&"x".repeat(250)).is_err());
-    }
 
     #[test]
     fn store_survives_reopen_and_ids_never_repeat() {

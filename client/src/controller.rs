@@ -1,0 +1,96 @@
+//! Admin calls to the controller quorum over gRPC (any controller answers; writes are
+//! forwarded to the leader).
+
+use std::collections::BTreeMap;
+
+use strata_proto::v1::controller_client::ControllerClient;
+use strata_proto::v1::{
+    CreateTopicRequest, DeleteTopicRequest, DescribeQuorumRequest, DescribeQuorumResponse,
+    WatchRequest,
+};
+use tonic::transport::Channel;
+
+use crate::{ClientError, Result};
+
+fn grpc(status: tonic::Status) -> ClientError {
+    ClientError::Grpc {
+        code: format!("{:?}", status.code()),
+        message: status.message().to_string(),
+    }
+}
+
+pub struct ControllerAdmin {
+    client: ControllerClient<Channel>,
+}
+
+impl ControllerAdmin {
+    pub async fn connect(addr: &str) -> Result<ControllerAdmin> {
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?
+            .connect()
+            .await
+            .map_err(|e| ClientError::Connect {
+                addr: addr.to_string(),
+                source: std::io::Error::other(e),
+            })?;
+        Ok(ControllerAdmin {
+            client: ControllerClient::new(channel),
+        })
+    }
+
+    pub async fn describe_quorum(&mut self) -> Result<DescribeQuorumResponse> {
+        Ok(self
+            .client
+            .describe_quorum(DescribeQuorumRequest {})
+            .await
+            .map_err(grpc)?
+            .into_inner())
+    }
+
+    /// Creates a topic; returns (topic id, created). `created` is false for an identical
+    /// existing topic.
+    pub async fn create_topic(
+        &mut self,
+        name: &str,
+        partitions: u32,
+        replication_factor: u32,
+        configs: &BTreeMap<String, String>,
+    ) -> Result<(String, bool)> {
+        let resp = self
+            .client
+            .create_topic(CreateTopicRequest {
+                name: name.to_string(),
+                partitions,
+                replication_factor,
+                configs: configs.clone().into_iter().collect(),
+            })
+            .await
+            .map_err(grpc)?
+            .into_inner();
+        Ok((resp.topic_id, resp.created))
+    }
+
+    pub async fn delete_topic(&mut self, name: &str) -> Result<()> {
+        self.client
+            .delete_topic(DeleteTopicRequest {
+                name: name.to_string(),
+            })
+            .await
+            .map_err(grpc)?;
+        Ok(())
+    }
+
+    /// The controller's current metadata as JSON, with its version.
+    pub async fn metadata_json(&mut self) -> Result<(u64, Vec<u8>)> {
+        let mut stream = self
+            .client
+            .watch(WatchRequest { from_version: 0 })
+            .await
+            .map_err(grpc)?
+            .into_inner();
+        let snap = stream.message().await.map_err(grpc)?.ok_or_else(|| {
+            ClientError::Protocol("the metadata stream ended before its first snapshot".into())
+        })?;
+        Ok((snap.version, snap.metadata_json))
+    }
+}

@@ -1,0 +1,178 @@
+//! Raft traffic between controllers over gRPC (`strata.v1.Raft`), carrying openraft's
+//! request and response types as JSON. The client side is openraft's `RaftNetwork`; the
+//! server side hands requests to the local `Raft`.
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use strata_proto::v1::raft_client::RaftClient;
+use strata_proto::v1::raft_server::Raft as RaftService;
+use strata_proto::v1::RaftPayload;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::raft::{NodeId, TypeConfig};
+
+pub type Raft = openraft::Raft<TypeConfig>;
+
+/// Makes a client per peer; connections are opened lazily and reopened after failures.
+#[derive(Clone, Default)]
+pub struct GrpcNetwork;
+
+pub struct PeerClient {
+    target: NodeId,
+    addr: String,
+    client: Option<RaftClient<Channel>>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for GrpcNetwork {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        PeerClient {
+            target,
+            addr: node.addr.clone(),
+            client: None,
+        }
+    }
+}
+
+fn to_json<T: Serialize>(v: &T) -> Result<RaftPayload, NetworkError> {
+    serde_json::to_vec(v)
+        .map(|json| RaftPayload { json })
+        .map_err(|e| NetworkError::new(&e))
+}
+
+fn from_json<T: DeserializeOwned>(p: &RaftPayload) -> Result<T, NetworkError> {
+    serde_json::from_slice(&p.json).map_err(|e| NetworkError::new(&e))
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, E>>;
+
+impl PeerClient {
+    async fn client(&mut self) -> Result<RaftClient<Channel>, Unreachable> {
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        let endpoint = Channel::from_shared(format!("http://{}", self.addr))
+            .map_err(|e| Unreachable::new(&e))?;
+        let channel = endpoint.connect().await.map_err(|e| Unreachable::new(&e))?;
+        let client = RaftClient::new(channel);
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Sends `req` with `call`, decoding the remote `Result<Resp, E>`.
+    async fn call<Req, Resp, E, F, Fut>(
+        &mut self,
+        req: &Req,
+        option: &RPCOption,
+        call: F,
+    ) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+        F: FnOnce(RaftClient<Channel>, Request<RaftPayload>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<RaftPayload>, Status>>,
+    {
+        let payload = to_json(req).map_err(RPCError::Network)?;
+        let mut client = self.client().await.map_err(RPCError::Unreachable)?;
+        let mut request = Request::new(payload);
+        request.set_timeout(option.hard_ttl());
+        client = client.clone();
+        match call(client, request).await {
+            Ok(resp) => {
+                let result: Result<Resp, E> =
+                    from_json(resp.get_ref()).map_err(RPCError::Network)?;
+                result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Err(status) => {
+                // Drop the connection so the next call reconnects.
+                self.client = None;
+                Err(RPCError::Unreachable(Unreachable::new(&status)))
+            }
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        self.call(&rpc, &option, |mut c, r| async move {
+            c.append_entries(r).await
+        })
+        .await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {
+        self.call(&rpc, &option, |mut c, r| async move {
+            c.install_snapshot(r).await
+        })
+        .await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, RaftError<NodeId>> {
+        self.call(&rpc, &option, |mut c, r| async move { c.vote(r).await })
+            .await
+    }
+}
+
+/// The server side: decodes a request, hands it to the local Raft, encodes its result.
+pub struct RaftServer {
+    pub raft: Raft,
+}
+
+fn decode<T: DeserializeOwned>(req: &Request<RaftPayload>) -> Result<T, Status> {
+    serde_json::from_slice(&req.get_ref().json)
+        .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Response<RaftPayload>, Status> {
+    serde_json::to_vec(v)
+        .map(|json| Response::new(RaftPayload { json }))
+        .map_err(|e| Status::internal(format!("cannot encode raft response: {e}")))
+}
+
+#[tonic::async_trait]
+impl RaftService for RaftServer {
+    async fn append_entries(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let rpc: AppendEntriesRequest<TypeConfig> = decode(&req)?;
+        encode(&self.raft.append_entries(rpc).await)
+    }
+
+    async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc: VoteRequest<NodeId> = decode(&req)?;
+        encode(&self.raft.vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let rpc: InstallSnapshotRequest<TypeConfig> = decode(&req)?;
+        encode(&self.raft.install_snapshot(rpc).await)
+    }
+}

@@ -1,0 +1,517 @@
+//! A running controller: the openraft node, the gRPC services (`Raft` for peers,
+//! `Controller` for brokers and admins), and the active controller's lease loop that fences
+//! brokers whose heartbeats stopped.
+//!
+//! Any controller answers; a write or heartbeat that reaches a follower is forwarded to the
+//! leader. The metadata stream (`Watch`) is served from the local state machine, with its
+//! version so a watcher can tell a stale view.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use openraft::BasicNode;
+use strata_proto::v1::controller_client::ControllerClient;
+use strata_proto::v1::controller_server::{Controller as ControllerApi, ControllerServer};
+use strata_proto::v1::raft_server::RaftServer as RaftGrpcServer;
+use strata_proto::v1::*;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::Stream;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+use uuid::Uuid;
+
+use crate::metadata::leases::{HeartbeatError, Leases};
+use crate::metadata::{
+    Applied, ClusterMetadata, Command, Endpoint as EndpointRecord, MetadataError,
+};
+use crate::network::{GrpcNetwork, Raft, RaftServer};
+use crate::raft::{LogStore, NodeId, StateMachine};
+
+/// How a controller is started.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    pub node_id: NodeId,
+    /// Address the gRPC server binds.
+    pub listen: SocketAddr,
+    /// Every voter's id and the address peers and brokers reach it at (this node included).
+    pub voters: BTreeMap<NodeId, String>,
+    pub data_dir: PathBuf,
+    /// Brokers that miss heartbeats for this long are fenced.
+    pub broker_lease: Duration,
+    /// Raft heartbeat interval; elections time out after 3-6 of them.
+    pub raft_heartbeat: Duration,
+}
+
+/// A running controller node.
+pub struct Controller {
+    config: ControllerConfig,
+    raft: Raft,
+    state: StateMachine,
+    leases: Mutex<Leases>,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn status(e: &MetadataError) -> Status {
+    let msg = e.to_string();
+    match e {
+        MetadataError::TopicExists { .. } => Status::already_exists(msg),
+        MetadataError::UnknownTopic(_)
+        | MetadataError::UnknownPartition { .. }
+        | MetadataError::UnknownBroker(_) => Status::not_found(msg),
+        MetadataError::InvalidPartitions(_)
+        | MetadataError::InvalidReplicationFactor(_)
+        | MetadataError::InvalidIsr { .. } => Status::invalid_argument(msg),
+        MetadataError::StaleBrokerEpoch { .. }
+        | MetadataError::StalePartitionEpoch { .. }
+        | MetadataError::NotLeader { .. } => Status::failed_precondition(msg),
+    }
+}
+
+impl Controller {
+    /// Opens the controller's storage, starts Raft and the gRPC server; initializes the
+    /// quorum on first start (lowest voter id only). Runs until `shutdown` turns true.
+    pub async fn start(
+        config: ControllerConfig,
+        shutdown: watch::Receiver<bool>,
+    ) -> anyhow::Result<Arc<Controller>> {
+        anyhow::ensure!(
+            config.voters.contains_key(&config.node_id),
+            "controller {} is not among the voters {:?}",
+            config.node_id,
+            config.voters.keys().collect::<Vec<_>>()
+        );
+        let log = LogStore::open(&config.data_dir.join("raft")).with_context(|| {
+            format!("opening the metadata log in {}", config.data_dir.display())
+        })?;
+        let state = StateMachine::open(&config.data_dir.join("state")).with_context(|| {
+            format!(
+                "opening the metadata state in {}",
+                config.data_dir.display()
+            )
+        })?;
+        let hb = config.raft_heartbeat.as_millis() as u64;
+        let raft_config = openraft::Config {
+            cluster_name: "strata-metadata".into(),
+            heartbeat_interval: hb,
+            election_timeout_min: hb * 3,
+            election_timeout_max: hb * 6,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1000),
+            max_in_snapshot_log_to_keep: 100,
+            ..Default::default()
+        }
+        .validate()
+        .context("invalid raft timing")?;
+        let raft = Raft::new(
+            config.node_id,
+            Arc::new(raft_config),
+            GrpcNetwork,
+            log,
+            state.clone(),
+        )
+        .await
+        .context("starting raft")?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding the controller listener on {}", config.listen))?;
+        let controller = Arc::new(Controller {
+            leases: Mutex::new(Leases::new(config.broker_lease.as_millis() as i64)),
+            config,
+            raft,
+            state,
+        });
+        let server = tonic::transport::Server::builder()
+            .add_service(RaftGrpcServer::new(RaftServer {
+                raft: controller.raft.clone(),
+            }))
+            .add_service(ControllerServer::new(ControllerService(controller.clone())));
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = server
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
+                .await
+            {
+                tracing::error!(error = %e, "controller gRPC server failed");
+            }
+        });
+        controller.initialize_if_first().await?;
+        tokio::spawn(controller.clone().lease_loop(shutdown.clone()));
+        let raft = controller.raft.clone();
+        let mut stop = shutdown;
+        tokio::spawn(async move {
+            let _ = stop.wait_for(|s| *s).await;
+            if let Err(e) = raft.shutdown().await {
+                tracing::warn!(error = %e, "raft shutdown");
+            }
+        });
+        tracing::info!(node = controller.config.node_id, listen = %controller.config.listen, voters = controller.config.voters.len(), "controller started");
+        Ok(controller)
+    }
+
+    async fn initialize_if_first(&self) -> anyhow::Result<()> {
+        let lowest = *self
+            .config
+            .voters
+            .keys()
+            .next()
+            .expect("voters checked non-empty");
+        if lowest != self.config.node_id {
+            return Ok(());
+        }
+        let members: BTreeMap<NodeId, BasicNode> = self
+            .config
+            .voters
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+            .collect();
+        match self.raft.initialize(members).await {
+            Ok(()) => {
+                tracing::info!(
+                    voters = self.config.voters.len(),
+                    "initialized the metadata quorum"
+                );
+                Ok(())
+            }
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(anyhow::anyhow!("initializing the metadata quorum: {e}")),
+        }
+    }
+
+    /// The applied metadata and its changes.
+    pub fn metadata(&self) -> watch::Receiver<Arc<ClusterMetadata>> {
+        self.state.subscribe()
+    }
+
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    fn is_leader(&self) -> bool {
+        self.leader() == Some(self.config.node_id)
+    }
+
+    /// Proposes a command and waits for it to be applied; a refusal comes back as an error.
+    pub async fn propose(&self, cmd: Command) -> Result<Applied, Status> {
+        match self.raft.client_write(cmd).await {
+            Ok(resp) => resp.data.0.map_err(|e| status(&e)),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(Status::unavailable(format!(
+                    "controller {} is not the leader (leader: {:?}); retry",
+                    self.config.node_id,
+                    f.leader_node.map(|n| n.addr)
+                )))
+            }
+            Err(e) => Err(Status::unavailable(format!("metadata write failed: {e}"))),
+        }
+    }
+
+    /// A client for the leader when it is another node; `None` when this node leads.
+    async fn forward(&self) -> Result<Option<ControllerClient<Channel>>, Status> {
+        let leader = self
+            .leader()
+            .ok_or_else(|| Status::unavailable("no controller leader elected yet; retry"))?;
+        if leader == self.config.node_id {
+            return Ok(None);
+        }
+        let addr =
+            self.config.voters.get(&leader).ok_or_else(|| {
+                Status::unavailable(format!("leader {leader} is not a known voter"))
+            })?;
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .map_err(|e| Status::internal(e.to_string()))?
+            .connect()
+            .await
+            .map_err(|e| {
+                Status::unavailable(format!("cannot reach the controller leader at {addr}: {e}"))
+            })?;
+        Ok(Some(ControllerClient::new(channel)))
+    }
+
+    /// On the leader: grants leases on taking over, then fences brokers whose lease ran out.
+    async fn lease_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.config.broker_lease / 4);
+        let mut leading = false;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+            if !self.is_leader() {
+                leading = false;
+                continue;
+            }
+            let now = now_ms();
+            let metadata = self.state.current();
+            let expired = {
+                let mut leases = self.leases.lock().unwrap_or_else(|e| e.into_inner());
+                if !leading {
+                    leases.grant_all(&metadata, now);
+                    leading = true;
+                }
+                leases.expired(&metadata, now)
+            };
+            for (id, epoch) in expired {
+                tracing::warn!(broker = id, epoch, "broker lease expired; fencing");
+                if let Err(e) = self.propose(Command::FenceBroker { id, epoch }).await {
+                    tracing::warn!(broker = id, error = %e.message(), "fencing failed; will retry");
+                }
+            }
+        }
+    }
+}
+
+struct ControllerService(Arc<Controller>);
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<MetadataSnapshot, Status>> + Send>>;
+
+fn snapshot_message(m: &ClusterMetadata) -> Result<MetadataSnapshot, Status> {
+    Ok(MetadataSnapshot {
+        version: m.version,
+        metadata_json: serde_json::to_vec(m).map_err(|e| Status::internal(e.to_string()))?,
+    })
+}
+
+#[tonic::async_trait]
+impl ControllerApi for ControllerService {
+    async fn register_broker(
+        &self,
+        req: Request<RegisterBrokerRequest>,
+    ) -> Result<Response<RegisterBrokerResponse>, Status> {
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.register_broker(req.into_inner()).await;
+        }
+        let r = req.into_inner();
+        let incarnation = Uuid::parse_str(&r.incarnation).map_err(|e| {
+            Status::invalid_argument(format!(
+                "incarnation '{}' is not a UUID: {e}",
+                r.incarnation
+            ))
+        })?;
+        let endpoints = r
+            .endpoints
+            .into_iter()
+            .map(|e| {
+                Ok(EndpointRecord {
+                    name: e.name,
+                    host: e.host,
+                    port: u16::try_from(e.port).map_err(|_| {
+                        Status::invalid_argument(format!("port {} is out of range", e.port))
+                    })?,
+                })
+            })
+            .collect::<Result<Vec<_>, Status>>()?;
+        let cmd = Command::RegisterBroker {
+            id: r.broker_id,
+            incarnation,
+            endpoints,
+            rack: r.rack,
+        };
+        let Applied::BrokerRegistered { epoch } = self.0.propose(cmd).await? else {
+            return Err(Status::internal("unexpected answer to a registration"));
+        };
+        self.0
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .registered(r.broker_id, epoch, now_ms());
+        tracing::info!(broker = r.broker_id, epoch, "broker registered");
+        Ok(Response::new(RegisterBrokerResponse {
+            broker_epoch: epoch,
+            lease_ms: self.0.config.broker_lease.as_millis() as u64,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.heartbeat(req.into_inner()).await;
+        }
+        let r = req.into_inner();
+        let metadata = self.0.state.current();
+        let fenced = self
+            .0
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .heartbeat(&metadata, r.broker_id, r.broker_epoch, now_ms())
+            .map_err(|e| match e {
+                HeartbeatError::UnknownBroker(_) => Status::not_found(e.to_string()),
+                HeartbeatError::StaleEpoch { .. } => Status::failed_precondition(e.to_string()),
+            })?;
+        if fenced {
+            tracing::info!(
+                broker = r.broker_id,
+                "fenced broker is heartbeating again; unfencing"
+            );
+            self.0
+                .propose(Command::UnfenceBroker {
+                    id: r.broker_id,
+                    epoch: r.broker_epoch,
+                })
+                .await?;
+        }
+        Ok(Response::new(HeartbeatResponse { fenced: false }))
+    }
+
+    async fn controlled_shutdown(
+        &self,
+        req: Request<ControlledShutdownRequest>,
+    ) -> Result<Response<ControlledShutdownResponse>, Status> {
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.controlled_shutdown(req.into_inner()).await;
+        }
+        let r = req.into_inner();
+        self.0
+            .propose(Command::FenceBroker {
+                id: r.broker_id,
+                epoch: r.broker_epoch,
+            })
+            .await?;
+        tracing::info!(
+            broker = r.broker_id,
+            "controlled shutdown: leaderships moved"
+        );
+        Ok(Response::new(ControlledShutdownResponse {}))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
+        let from = req.into_inner().from_version;
+        let mut rx = self.0.metadata();
+        let (tx, out) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            // A watcher starting from 0 gets the current state even if it is empty.
+            let mut sent: Option<u64> = None;
+            loop {
+                let current = rx.borrow_and_update().clone();
+                let newer = match sent {
+                    None => from == 0 || current.version > from,
+                    Some(v) => current.version > v,
+                };
+                if newer {
+                    if tx.send(snapshot_message(&current)).await.is_err() {
+                        return;
+                    }
+                    sent = Some(current.version);
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(out),
+        )))
+    }
+
+    async fn create_topic(
+        &self,
+        req: Request<CreateTopicRequest>,
+    ) -> Result<Response<CreateTopicResponse>, Status> {
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.create_topic(req.into_inner()).await;
+        }
+        let r = req.into_inner();
+        strata_core::topic::validate_topic_name(&r.name).map_err(Status::invalid_argument)?;
+        let rf = u16::try_from(r.replication_factor).map_err(|_| {
+            Status::invalid_argument(format!(
+                "replication factor {} is too large",
+                r.replication_factor
+            ))
+        })?;
+        let cmd = Command::CreateTopic {
+            name: r.name.clone(),
+            id: Uuid::new_v4(),
+            partitions: r.partitions,
+            replication_factor: rf,
+            configs: r.configs.into_iter().collect(),
+        };
+        match self.0.propose(cmd).await? {
+            Applied::TopicCreated { id, created } => {
+                if created {
+                    tracing::info!(topic = %r.name, partitions = r.partitions, rf, "created topic");
+                }
+                Ok(Response::new(CreateTopicResponse {
+                    topic_id: id.to_string(),
+                    created,
+                }))
+            }
+            other => Err(Status::internal(format!(
+                "unexpected answer to a topic creation: {other:?}"
+            ))),
+        }
+    }
+
+    async fn delete_topic(
+        &self,
+        req: Request<DeleteTopicRequest>,
+    ) -> Result<Response<DeleteTopicResponse>, Status> {
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.delete_topic(req.into_inner()).await;
+        }
+        self.0
+            .propose(Command::DeleteTopic {
+                name: req.into_inner().name,
+            })
+            .await?;
+        Ok(Response::new(DeleteTopicResponse {}))
+    }
+
+    async fn allocate_producer_ids(
+        &self,
+        req: Request<AllocateProducerIdsRequest>,
+    ) -> Result<Response<AllocateProducerIdsResponse>, Status> {
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.allocate_producer_ids(req.into_inner()).await;
+        }
+        let r = req.into_inner();
+        match self
+            .0
+            .propose(Command::AllocateProducerIds {
+                broker: r.broker_id,
+                epoch: r.broker_epoch,
+                count: r.count,
+            })
+            .await?
+        {
+            Applied::ProducerIds { first, count } => {
+                Ok(Response::new(AllocateProducerIdsResponse { first, count }))
+            }
+            other => Err(Status::internal(format!(
+                "unexpected answer to a producer-id request: {other:?}"
+            ))),
+        }
+    }
+
+    async fn describe_quorum(
+        &self,
+        _req: Request<DescribeQuorumRequest>,
+    ) -> Result<Response<DescribeQuorumResponse>, Status> {
+        let m = self.0.raft.metrics().borrow().clone();
+        let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
+        Ok(Response::new(DescribeQuorumResponse {
+            node_id: self.0.config.node_id,
+            leader_id: m.current_leader,
+            term: m.current_term,
+            last_applied: m.last_applied.map_or(0, |l| l.index),
+            voters: voters.into_iter().collect(),
+        }))
+    }
+}

@@ -1,0 +1,221 @@
+//! The broker's link to the controller quorum: registration (a broker epoch per process
+//! incarnation), heartbeats within the lease, re-registration when the controller no longer
+//! knows this incarnation, the metadata stream into a local cache, and controlled shutdown.
+//!
+//! Any controller can be asked; they forward writes to the leader. Failures rotate to the
+//! next controller with a short backoff, so losing a minority of controllers only delays.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_controller::metadata::ClusterMetadata;
+use strata_proto::v1::controller_client::ControllerClient;
+use strata_proto::v1::{
+    ControlledShutdownRequest, Endpoint, HeartbeatRequest, RegisterBrokerRequest, WatchRequest,
+};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+use tonic::Code;
+use uuid::Uuid;
+
+/// How this broker presents itself to the controllers.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    pub broker_id: i32,
+    pub controllers: Vec<String>,
+    pub kafka_host: String,
+    pub kafka_port: u16,
+    pub rack: Option<String>,
+}
+
+/// The registration and metadata cache shared with the rest of the broker.
+pub struct ClusterLink {
+    config: LinkConfig,
+    incarnation: Uuid,
+    /// The broker epoch of the current registration, once registered.
+    epoch: watch::Sender<Option<u64>>,
+    /// The newest metadata seen, with its version.
+    metadata: watch::Sender<Arc<ClusterMetadata>>,
+}
+
+const RETRY: Duration = Duration::from_millis(300);
+
+async fn connect(addr: &str) -> Option<ControllerClient<Channel>> {
+    let endpoint = Channel::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect_timeout(Duration::from_secs(2));
+    endpoint.connect().await.ok().map(ControllerClient::new)
+}
+
+impl ClusterLink {
+    /// Starts registering, heartbeating and watching metadata until `shutdown` turns true;
+    /// then asks for a controlled shutdown. The returned task ends when that is done.
+    pub fn start(
+        config: LinkConfig,
+        shutdown: watch::Receiver<bool>,
+    ) -> (Arc<ClusterLink>, tokio::task::JoinHandle<()>) {
+        let link = Arc::new(ClusterLink {
+            config,
+            incarnation: Uuid::new_v4(),
+            epoch: watch::channel(None).0,
+            metadata: watch::channel(Arc::new(ClusterMetadata::default())).0,
+        });
+        let membership = tokio::spawn(link.clone().membership_loop(shutdown.clone()));
+        tokio::spawn(link.clone().watch_loop(shutdown));
+        (link, membership)
+    }
+
+    pub fn metadata(&self) -> watch::Receiver<Arc<ClusterMetadata>> {
+        self.metadata.subscribe()
+    }
+
+    pub fn epoch(&self) -> Option<u64> {
+        *self.epoch.borrow()
+    }
+
+    /// Any reachable controller, trying them in turn from `start`.
+    async fn any_controller(&self, start: &mut usize) -> ControllerClient<Channel> {
+        loop {
+            let n = self.config.controllers.len();
+            for i in 0..n {
+                let addr = &self.config.controllers[(*start + i) % n];
+                if let Some(c) = connect(addr).await {
+                    *start = (*start + i) % n;
+                    return c;
+                }
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+
+    async fn register(
+        &self,
+        client: &mut ControllerClient<Channel>,
+    ) -> Result<(u64, Duration), tonic::Status> {
+        let resp = client
+            .register_broker(RegisterBrokerRequest {
+                broker_id: self.config.broker_id,
+                incarnation: self.incarnation.to_string(),
+                endpoints: vec![Endpoint {
+                    name: "kafka".into(),
+                    host: self.config.kafka_host.clone(),
+                    port: u32::from(self.config.kafka_port),
+                }],
+                rack: self.config.rack.clone(),
+            })
+            .await?
+            .into_inner();
+        Ok((resp.broker_epoch, Duration::from_millis(resp.lease_ms)))
+    }
+
+    async fn membership_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut which = 0usize;
+        let mut client = self.any_controller(&mut which).await;
+        let mut lease = Duration::from_secs(6);
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let Some(epoch) = self.epoch() else {
+                match self.register(&mut client).await {
+                    Ok((epoch, l)) => {
+                        lease = l;
+                        self.epoch.send_replace(Some(epoch));
+                        tracing::info!(
+                            broker = self.config.broker_id,
+                            epoch,
+                            "registered with the controllers"
+                        );
+                    }
+                    Err(e) => {
+                        tracing::warn!(broker = self.config.broker_id, error = %e.message(), "registration failed; retrying");
+                        tokio::time::sleep(RETRY).await;
+                        which += 1;
+                        client = self.any_controller(&mut which).await;
+                    }
+                }
+                continue;
+            };
+            let beat = client
+                .heartbeat(HeartbeatRequest {
+                    broker_id: self.config.broker_id,
+                    broker_epoch: epoch,
+                })
+                .await;
+            match beat {
+                Ok(_) => {}
+                Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
+                    tracing::warn!(broker = self.config.broker_id, epoch, error = %e.message(), "controllers no longer know this registration; registering again");
+                    self.epoch.send_replace(None);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e.message(), "heartbeat failed; trying another controller");
+                    which += 1;
+                    client = self.any_controller(&mut which).await;
+                    continue;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(lease / 4) => {}
+                _ = shutdown.wait_for(|s| *s) => {}
+            }
+        }
+        if let Some(epoch) = self.epoch() {
+            let req = ControlledShutdownRequest {
+                broker_id: self.config.broker_id,
+                broker_epoch: epoch,
+            };
+            match tokio::time::timeout(Duration::from_secs(5), client.controlled_shutdown(req))
+                .await
+            {
+                Ok(Ok(_)) => tracing::info!(
+                    broker = self.config.broker_id,
+                    "controlled shutdown: leaderships moved away"
+                ),
+                Ok(Err(e)) => tracing::warn!(error = %e.message(), "controlled shutdown refused"),
+                Err(_) => tracing::warn!("controlled shutdown timed out"),
+            }
+        }
+    }
+
+    async fn watch_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut which = 0usize;
+        loop {
+            let mut client = self.any_controller(&mut which).await;
+            let from = self.metadata.borrow().version;
+            let stream = client.watch(WatchRequest { from_version: from }).await;
+            let mut stream = match stream {
+                Ok(s) => s.into_inner(),
+                Err(e) => {
+                    tracing::debug!(error = %e.message(), "metadata watch failed; retrying");
+                    which += 1;
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            loop {
+                let next = tokio::select! {
+                    n = stream.message() => n,
+                    _ = shutdown.wait_for(|s| *s) => return,
+                };
+                match next {
+                    Ok(Some(snap)) => {
+                        match serde_json::from_slice::<ClusterMetadata>(&snap.metadata_json) {
+                            Ok(m) if m.version >= self.metadata.borrow().version => {
+                                self.metadata.send_replace(Arc::new(m));
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::error!(error = %e, "undecodable metadata from the controller")
+                            }
+                        }
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            which += 1;
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+}
