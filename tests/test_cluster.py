@@ -203,3 +203,63 @@ def test_placement_controller_failover_and_broker_fencing(cluster):
     cluster.procs.pop(f"broker-{victim}").wait(timeout=15)
     # (faster than the lease could expire)
     cluster.wait_for(lambda m: m["brokers"][str(victim)]["fenced"], "controlled shutdown", timeout=LEASE_S - 1)
+
+
+def test_kafka_clients_through_any_bootstrap_broker(cluster):
+    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from conftest import check_partitions, consume_partitions, kcat_bin, parse_value, rdkafka_conf, record_key, record_value
+
+    b = {i: f"127.0.0.1:{cluster.broker_ports[i]}" for i in (1, 2, 3)}
+
+    # CreateTopics through broker 2 goes to the controllers.
+    admin = AdminClient(rdkafka_conf({"bootstrap.servers": b[2]}))
+    futures = admin.create_topics([NewTopic("events", num_partitions=12, replication_factor=1)], operation_timeout=20)
+    futures["events"].result(timeout=30)
+    m = cluster.metadata()
+    assert sorted(leaders(m, "events").values()) == [4, 4, 4]
+
+    # Every broker describes the whole cluster.
+    for i in (1, 2, 3):
+        md = admin.list_topics(timeout=10) if i == 2 else AdminClient({"bootstrap.servers": b[i]}).list_topics(timeout=10)
+        assert sorted(md.brokers) == [1, 2, 3]
+        assert len(md.topics["events"].partitions) == 12
+        assert {p.leader for p in md.topics["events"].partitions.values()} == {1, 2, 3}
+
+    # Produce through broker 3 only; librdkafka routes each partition to its leader.
+    n = 12_000
+    acked = {}
+
+    def on_delivery(err, msg):
+        assert err is None, err
+        acked[int(parse_value(msg.value()))] = (msg.partition(), msg.offset())
+
+    p = Producer(rdkafka_conf({"bootstrap.servers": b[3], "acks": "all", "enable.idempotence": True, "linger.ms": 5}))
+    for i in range(n):
+        p.produce("events", record_value(i).encode(), record_key(i).encode(), on_delivery=on_delivery)
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+    assert len(acked) == n
+
+    # Consume through broker 1 only: everything, in per-partition order, where it was acked.
+    out, hwm = consume_partitions(b[1], "events", 12, time.monotonic() + 60)
+    check_partitions(out, n, 12)
+    for part, recs in out.items():
+        for off, _, v in recs:
+            assert acked[v] == (part, off)
+
+    # kcat through broker 2 sees the same records.
+    r = subprocess.run([kcat_bin(), "-b", b[2], "-C", "-t", "events", "-e", "-q", "-f", "%p %o\\n"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == n
+
+    # acks=all on a replicated topic is refused until replication exists, never downgraded.
+    cluster.cli("topic", "create", "replicated", "-p", "1", "--replication-factor", "3")
+    errors = []
+    p = Producer(rdkafka_conf({"bootstrap.servers": b[1], "acks": "all", "retries": 0, "message.timeout.ms": 5000}))
+    p.produce("replicated", b"v", on_delivery=lambda err, msg: errors.append(err))
+    p.flush(15)
+    assert errors and errors[0] is not None and errors[0].code() == KafkaError.NOT_ENOUGH_REPLICAS, errors

@@ -448,9 +448,12 @@ impl ControllerApi for ControllerService {
                 if created {
                     tracing::info!(topic = %r.name, partitions = r.partitions, rf, "created topic");
                 }
+                // The state machine has applied the entry, so its version includes the topic.
+                let version = self.0.state.current().version;
                 Ok(Response::new(CreateTopicResponse {
                     topic_id: id.to_string(),
                     created,
+                    version,
                 }))
             }
             other => Err(Status::internal(format!(

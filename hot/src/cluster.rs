@@ -11,7 +11,8 @@ use std::time::Duration;
 use strata_controller::metadata::ClusterMetadata;
 use strata_proto::v1::controller_client::ControllerClient;
 use strata_proto::v1::{
-    ControlledShutdownRequest, Endpoint, HeartbeatRequest, RegisterBrokerRequest, WatchRequest,
+    AllocateProducerIdsRequest, ControlledShutdownRequest, CreateTopicRequest, CreateTopicResponse,
+    DeleteTopicRequest, Endpoint, HeartbeatRequest, RegisterBrokerRequest, WatchRequest,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -26,6 +27,8 @@ pub struct LinkConfig {
     pub kafka_host: String,
     pub kafka_port: u16,
     pub rack: Option<String>,
+    /// What Kafka clients are told the cluster is called.
+    pub cluster_id: String,
 }
 
 /// The registration and metadata cache shared with the rest of the broker.
@@ -39,6 +42,8 @@ pub struct ClusterLink {
 }
 
 const RETRY: Duration = Duration::from_millis(300);
+/// How long an admin call keeps trying other controllers.
+const CALL_DEADLINE: Duration = Duration::from_secs(15);
 
 async fn connect(addr: &str) -> Option<ControllerClient<Channel>> {
     let endpoint = Channel::from_shared(format!("http://{addr}"))
@@ -71,6 +76,83 @@ impl ClusterLink {
 
     pub fn epoch(&self) -> Option<u64> {
         *self.epoch.borrow()
+    }
+
+    pub fn cluster_id(&self) -> &str {
+        &self.config.cluster_id
+    }
+
+    /// Runs `call` against the controllers, moving to the next one while they are
+    /// unreachable or leaderless, for up to `CALL_DEADLINE`.
+    async fn call<T, F, Fut>(&self, call: F) -> Result<T, tonic::Status>
+    where
+        F: Fn(ControllerClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let deadline = tokio::time::Instant::now() + CALL_DEADLINE;
+        let mut which = 0usize;
+        loop {
+            let client = tokio::time::timeout_at(deadline, self.any_controller(&mut which))
+                .await
+                .map_err(|_| tonic::Status::unavailable("no controller reachable"))?;
+            match call(client).await {
+                Ok(resp) => return Ok(resp.into_inner()),
+                Err(e)
+                    if e.code() == Code::Unavailable && tokio::time::Instant::now() < deadline =>
+                {
+                    which += 1;
+                    tokio::time::sleep(RETRY).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+        replication_factor: u16,
+        configs: &std::collections::BTreeMap<String, String>,
+    ) -> Result<CreateTopicResponse, tonic::Status> {
+        let req = CreateTopicRequest {
+            name: name.to_string(),
+            partitions,
+            replication_factor: u32::from(replication_factor),
+            configs: configs.clone().into_iter().collect(),
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.create_topic(req).await }
+        })
+        .await
+    }
+
+    pub async fn delete_topic(&self, name: &str) -> Result<(), tonic::Status> {
+        let req = DeleteTopicRequest {
+            name: name.to_string(),
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.delete_topic(req).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Reserves `count` producer ids for this broker; returns the first.
+    pub async fn allocate_producer_ids(&self, count: u32) -> Result<i64, tonic::Status> {
+        let epoch = self
+            .epoch()
+            .ok_or_else(|| tonic::Status::unavailable("not registered with the controllers yet"))?;
+        let req = AllocateProducerIdsRequest {
+            broker_id: self.config.broker_id,
+            broker_epoch: epoch,
+            count,
+        };
+        self.call(|mut c| async move { c.allocate_producer_ids(req).await })
+            .await
+            .map(|r| r.first)
     }
 
     /// Any reachable controller, trying them in turn from `start`.

@@ -38,6 +38,13 @@ pub struct ClusterSection {
     pub controllers: Vec<String>,
     /// This broker's rack, for rack-aware placement.
     pub rack: Option<String>,
+    /// The cluster id Kafka clients see; give every broker the same.
+    #[serde(default = "default_cluster_id")]
+    pub cluster_id: String,
+}
+
+fn default_cluster_id() -> String {
+    "strata".to_string()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -41,9 +41,6 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 
 /// Runs the broker role until a shutdown signal arrives, then closes it cleanly.
 async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> anyhow::Result<()> {
-    let broker = Broker::open(config.broker(), Arc::new(SystemClock))
-        .await
-        .with_context(|| format!("opening data directory {}", config.data_dir.display()))?;
     let listener = TcpListener::bind(config.kafka.listen)
         .await
         .with_context(|| {
@@ -54,15 +51,6 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         })?;
     let bound = listener.local_addr()?;
     let listener_config = config.listener(bound);
-    tracing::info!(
-        kafka = %bound,
-        advertised = %format!("{}:{}", listener_config.advertised_host, listener_config.advertised_port),
-        data_dir = %config.data_dir.display(),
-        topics = broker.topics().len(),
-        cluster_id = broker.cluster_id(),
-        "strata is ready"
-    );
-    broker.spawn_retention();
     let (link_stop, link_stop_rx) = watch::channel(false);
     let link = config.cluster.as_ref().map(|c| {
         ClusterLink::start(
@@ -72,10 +60,27 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
                 kafka_host: listener_config.advertised_host.clone(),
                 kafka_port: listener_config.advertised_port,
                 rack: c.rack.clone(),
+                cluster_id: c.cluster_id.clone(),
             },
             link_stop_rx,
         )
     });
+    let broker = Broker::open(
+        config.broker(),
+        Arc::new(SystemClock),
+        link.as_ref().map(|(l, _)| l.clone()),
+    )
+    .await
+    .with_context(|| format!("opening data directory {}", config.data_dir.display()))?;
+    tracing::info!(
+        kafka = %bound,
+        advertised = %format!("{}:{}", listener_config.advertised_host, listener_config.advertised_port),
+        data_dir = %config.data_dir.display(),
+        topics = broker.topics().len(),
+        cluster_id = broker.cluster_id(),
+        "strata is ready"
+    );
+    broker.spawn_retention();
     let (listener_stop_tx, listener_stop_rx) = watch::channel(false);
     let server = KafkaServer::new(broker.clone(), listener_config);
     let serving = tokio::spawn(server.serve(listener, listener_stop_rx));

@@ -48,6 +48,7 @@ async fn start() -> TestBroker {
             auto_create_topics: false,
         },
         Arc::new(SystemClock),
+        None,
     )
     .await
     .unwrap();

@@ -5,6 +5,7 @@
 //! the gRPC one) translate requests into calls here.
 
 pub mod partition;
+mod reconcile;
 pub mod topics;
 
 use std::collections::{BTreeMap, HashMap};
@@ -16,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use uuid::Uuid;
 
+use crate::cluster::ClusterLink;
 use crate::log::{ConfigError, LogConfig, PartitionLog};
 pub use partition::{Partition, Progress, WaitError};
 pub use topics::{validate_topic_name, TopicSpec, TopicStore};
@@ -66,10 +68,38 @@ pub enum AdminError {
     Io(#[from] io::Error),
 }
 
-/// A topic served by this broker.
+/// A topic as this broker sees it.
 pub struct Topic {
     pub spec: TopicSpec,
-    pub partitions: Vec<Arc<Partition>>,
+    /// The replicas this broker holds, by partition index (`None`: held elsewhere).
+    pub partitions: Vec<Option<Arc<Partition>>>,
+    /// Who holds and leads each partition, by partition index.
+    pub layout: Vec<PartitionLayout>,
+}
+
+/// Placement and leadership of one partition, from the cluster metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionLayout {
+    pub leader: Option<i32>,
+    pub leader_epoch: i32,
+    pub replicas: Vec<i32>,
+    pub isr: Vec<i32>,
+}
+
+impl Topic {
+    /// This broker's local replicas.
+    pub fn local(&self) -> impl Iterator<Item = &Arc<Partition>> {
+        self.partitions.iter().flatten()
+    }
+}
+
+/// Where a produce or fetch for a partition goes.
+pub enum Route {
+    /// This broker leads the partition.
+    Leader(Arc<Partition>),
+    /// The partition exists but another broker (or none, while offline) leads it.
+    NotLeader,
+    UnknownTopicOrPartition,
 }
 
 /// A request to create a topic, as the admin APIs give it.
@@ -96,17 +126,34 @@ pub struct Broker {
     topics: RwLock<HashMap<String, Arc<Topic>>>,
     /// Next producer id to hand out and the end of the reserved block.
     producer_ids: Mutex<(i64, i64)>,
+    /// The controller link in cluster mode; `None` for a single node.
+    cluster: Option<Arc<ClusterLink>>,
+    /// The cluster metadata version the topics above reflect (cluster mode).
+    metadata_version: tokio::sync::watch::Sender<u64>,
 }
 
 impl Broker {
     /// Opens the data directory: the topic store and every partition log (recovering them).
-    pub async fn open(config: BrokerConfig, clock: Arc<dyn Clock>) -> io::Result<Arc<Broker>> {
+    /// In cluster mode (`cluster` given) the topics come from the controller's metadata
+    /// instead, and this broker opens the partitions it holds a replica of as they appear.
+    pub async fn open(
+        config: BrokerConfig,
+        clock: Arc<dyn Clock>,
+        cluster: Option<Arc<ClusterLink>>,
+    ) -> io::Result<Arc<Broker>> {
         let meta = config.data_dir.join("meta");
         let logs = config.data_dir.join("logs");
         fs::create_dir_all(&logs)?;
         let store = TopicStore::open(&meta)?;
-        let cluster_id = store.cluster_id().to_string();
-        let specs = store.topics().to_vec();
+        let cluster_id = match &cluster {
+            Some(link) => link.cluster_id().to_string(),
+            None => store.cluster_id().to_string(),
+        };
+        let specs = if cluster.is_some() {
+            Vec::new()
+        } else {
+            store.topics().to_vec()
+        };
         let broker = Arc::new(Broker {
             config,
             clock,
@@ -114,14 +161,36 @@ impl Broker {
             cluster_id,
             topics: RwLock::new(HashMap::new()),
             producer_ids: Mutex::new((0, 0)),
+            cluster,
+            metadata_version: tokio::sync::watch::channel(0).0,
         });
         remove_deleted_dirs(&logs)?;
         for spec in specs {
             let topic = broker.open_topic(spec).await?;
             broker.topics_write().insert(topic.spec.name.clone(), topic);
         }
-        broker.warn_orphans(&logs)?;
+        if let Some(link) = broker.cluster.clone() {
+            tokio::spawn(reconcile::follow_metadata(
+                Arc::downgrade(&broker),
+                link.metadata(),
+            ));
+        } else {
+            broker.warn_orphans(&logs)?;
+        }
         Ok(broker)
+    }
+
+    /// The controller link, in cluster mode.
+    pub fn cluster(&self) -> Option<&Arc<ClusterLink>> {
+        self.cluster.as_ref()
+    }
+
+    /// Live brokers' Kafka endpoints (id, host, port); `None` on a single node (the
+    /// listener answers with its own address).
+    pub fn kafka_endpoints(&self) -> Option<Vec<(i32, String, u16)>> {
+        self.cluster
+            .as_ref()
+            .map(|link| reconcile::kafka_endpoints(&link.metadata().borrow()))
     }
 
     pub fn config(&self) -> &BrokerConfig {
@@ -148,11 +217,18 @@ impl Broker {
             .cloned()
     }
 
-    pub fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>> {
-        let t = self.topic(topic)?;
-        usize::try_from(index)
-            .ok()
-            .and_then(|i| t.partitions.get(i).cloned())
+    /// Where requests for a partition go: here if this broker leads it.
+    pub fn route(&self, topic: &str, index: i32) -> Route {
+        let Some(t) = self.topic(topic) else {
+            return Route::UnknownTopicOrPartition;
+        };
+        let Some(i) = usize::try_from(index).ok().filter(|i| *i < t.layout.len()) else {
+            return Route::UnknownTopicOrPartition;
+        };
+        match (&t.partitions[i], t.layout[i].leader) {
+            (Some(p), Some(leader)) if leader == self.config.node_id => Route::Leader(p.clone()),
+            _ => Route::NotLeader,
+        }
     }
 
     /// All topics, sorted by name.
@@ -228,12 +304,25 @@ impl Broker {
         .await
         .map_err(io::Error::other)??;
         let topic_name: Arc<str> = Arc::from(name.as_str());
+        let node = self.config.node_id;
         let partitions = logs
             .into_iter()
             .enumerate()
-            .map(|(i, log)| Partition::start(topic_name.clone(), i as i32, log))
+            .map(|(i, log)| Some(Partition::start(topic_name.clone(), i as i32, log)))
             .collect();
-        Ok(Arc::new(Topic { spec, partitions }))
+        let layout = (0..spec.partitions)
+            .map(|_| PartitionLayout {
+                leader: Some(node),
+                leader_epoch: 0,
+                replicas: vec![node],
+                isr: vec![node],
+            })
+            .collect();
+        Ok(Arc::new(Topic {
+            spec,
+            partitions,
+            layout,
+        }))
     }
 
     /// Creates a topic. Creating one that exists with the same partition count and
@@ -251,12 +340,21 @@ impl Broker {
             )));
         }
         let rf = req.replication_factor.unwrap_or(1);
-        if rf != 1 {
+        let available = match &self.cluster {
+            Some(link) => link.metadata().borrow().live_brokers().len(),
+            None => 1,
+        };
+        if rf == 0 || usize::from(rf) > available {
             return Err(AdminError::InvalidReplicationFactor(format!(
-                "replication factor {rf} is larger than the 1 broker available"
+                "replication factor {rf} is invalid: {available} broker(s) available"
             )));
         }
         self.log_config(&req.configs)?;
+        if let Some(link) = &self.cluster {
+            return self
+                .create_topic_in_cluster(link, req, partitions, rf, validate_only)
+                .await;
+        }
         let mut store = self.store.lock().await;
         if let Some(existing) = self.topic(&req.name) {
             let s = &existing.spec;
@@ -286,13 +384,85 @@ impl Broker {
         Ok(spec)
     }
 
+    async fn create_topic_in_cluster(
+        &self,
+        link: &ClusterLink,
+        req: NewTopic,
+        partitions: u32,
+        rf: u16,
+        validate_only: bool,
+    ) -> Result<TopicSpec, AdminError> {
+        if let Some(existing) = self.topic(&req.name) {
+            let s = &existing.spec;
+            if s.partitions != partitions || s.replication_factor != rf {
+                return Err(AdminError::TopicExists(format!(
+                    "topic '{}' already exists with {} partitions and replication factor {}; \
+                     refusing to change it to {partitions} and {rf}",
+                    s.name, s.partitions, s.replication_factor
+                )));
+            }
+        }
+        if validate_only {
+            return Ok(TopicSpec {
+                name: req.name,
+                id: Uuid::nil(),
+                partitions,
+                replication_factor: rf,
+                configs: req.configs,
+            });
+        }
+        let created = link
+            .create_topic(&req.name, partitions, rf, &req.configs)
+            .await
+            .map_err(|e| match e.code() {
+                tonic::Code::AlreadyExists => AdminError::TopicExists(e.message().to_string()),
+                tonic::Code::InvalidArgument => {
+                    AdminError::InvalidReplicationFactor(e.message().to_string())
+                }
+                _ => AdminError::Io(io::Error::other(format!(
+                    "the controllers did not create the topic: {}",
+                    e.message()
+                ))),
+            })?;
+        // Answer once this broker's metadata shows the topic, so the client's next Metadata
+        // request (to this broker) sees it.
+        let mut applied = self.metadata_version.subscribe();
+        let wait = applied.wait_for(|v| *v >= created.version);
+        if tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+            .await
+            .is_err()
+        {
+            tracing::warn!(topic = %req.name, version = created.version, "topic created, but this broker has not seen it yet");
+        }
+        let id = Uuid::parse_str(&created.topic_id).unwrap_or_default();
+        Ok(TopicSpec {
+            name: req.name,
+            id,
+            partitions,
+            replication_factor: rf,
+            configs: req.configs,
+        })
+    }
+
     /// Deletes a topic and its data.
     pub async fn delete_topic(&self, name: &str) -> Result<(), AdminError> {
+        if let Some(link) = &self.cluster {
+            if self.topic(name).is_none() {
+                return Err(AdminError::UnknownTopic(name.to_string()));
+            }
+            return link.delete_topic(name).await.map_err(|e| match e.code() {
+                tonic::Code::NotFound => AdminError::UnknownTopic(name.to_string()),
+                _ => AdminError::Io(io::Error::other(format!(
+                    "the controllers did not delete the topic: {}",
+                    e.message()
+                ))),
+            });
+        }
         let mut store = self.store.lock().await;
         let Some(topic) = self.topics_write().remove(name) else {
             return Err(AdminError::UnknownTopic(name.to_string()));
         };
-        for p in &topic.partitions {
+        for p in topic.local() {
             p.stop();
         }
         store.remove(name)?;
@@ -325,11 +495,27 @@ impl Broker {
             }
         }
         let mut store = self.store.lock().await;
-        let mut ids = self.producer_ids.lock().unwrap_or_else(|e| e.into_inner());
-        if ids.0 >= ids.1 {
-            let first = store.reserve_producer_ids(PRODUCER_ID_BLOCK)?;
-            *ids = (first, first + PRODUCER_ID_BLOCK);
+        let exhausted = {
+            let ids = self.producer_ids.lock().unwrap_or_else(|e| e.into_inner());
+            ids.0 >= ids.1
+        };
+        if exhausted {
+            let first = match &self.cluster {
+                Some(link) => link
+                    .allocate_producer_ids(PRODUCER_ID_BLOCK as u32)
+                    .await
+                    .map_err(|e| {
+                        io::Error::other(format!(
+                            "the controllers gave no producer ids: {}",
+                            e.message()
+                        ))
+                    })?,
+                None => store.reserve_producer_ids(PRODUCER_ID_BLOCK)?,
+            };
+            *self.producer_ids.lock().unwrap_or_else(|e| e.into_inner()) =
+                (first, first + PRODUCER_ID_BLOCK);
         }
+        let mut ids = self.producer_ids.lock().unwrap_or_else(|e| e.into_inner());
         ids.0 += 1;
         Ok(ids.0 - 1)
     }
@@ -349,7 +535,7 @@ impl Broker {
                 let partitions: Vec<_> = broker
                     .topics()
                     .iter()
-                    .flat_map(|t| t.partitions.clone())
+                    .flat_map(|t| t.local().cloned().collect::<Vec<_>>())
                     .collect();
                 let result = tokio::task::spawn_blocking(move || {
                     for p in partitions {
@@ -369,7 +555,7 @@ impl Broker {
     /// Closes every partition cleanly so the next start skips recovery.
     pub fn shutdown(&self) {
         for topic in self.topics() {
-            for p in &topic.partitions {
+            for p in topic.local() {
                 if let Err(e) = p.close() {
                     tracing::error!(topic = %p.topic, partition = p.index, error = %e, "clean close failed; the next start will recover this partition");
                 }

@@ -38,21 +38,32 @@ fn s(v: impl Into<String>) -> StrBytes {
     StrBytes::from_string(v.into())
 }
 
-fn topic_metadata(node: i32, topic: &Topic) -> MetadataResponseTopic {
+fn topic_metadata(topic: &Topic, live: &dyn Fn(i32) -> bool) -> MetadataResponseTopic {
+    let ids = |v: &[i32]| v.iter().map(|b| BrokerId(*b)).collect::<Vec<_>>();
     MetadataResponseTopic::default()
         .with_name(Some(TopicName(s(topic.spec.name.clone()))))
         .with_topic_id(topic.spec.id)
         .with_partitions(
             topic
-                .partitions
+                .layout
                 .iter()
-                .map(|p| {
+                .enumerate()
+                .map(|(i, p)| {
+                    let offline: Vec<i32> =
+                        p.replicas.iter().copied().filter(|r| !live(*r)).collect();
                     MetadataResponsePartition::default()
-                        .with_partition_index(p.index)
-                        .with_leader_id(BrokerId(node))
-                        .with_leader_epoch(0)
-                        .with_replica_nodes(vec![BrokerId(node)])
-                        .with_isr_nodes(vec![BrokerId(node)])
+                        .with_partition_index(i as i32)
+                        // An offline partition says so instead of vanishing.
+                        .with_error_code(if p.leader.is_some() {
+                            codes::NONE
+                        } else {
+                            codes::LEADER_NOT_AVAILABLE
+                        })
+                        .with_leader_id(BrokerId(p.leader.unwrap_or(-1)))
+                        .with_leader_epoch(p.leader_epoch)
+                        .with_replica_nodes(ids(&p.replicas))
+                        .with_isr_nodes(ids(&p.isr))
+                        .with_offline_replicas(ids(&offline))
                 })
                 .collect(),
         )
@@ -62,11 +73,29 @@ pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResp
     let broker = ctx.broker();
     let node = broker.config().node_id;
     let listener = ctx.listener();
+    let endpoints = broker.kafka_endpoints().unwrap_or_else(|| {
+        vec![(
+            node,
+            listener.advertised_host.clone(),
+            listener.advertised_port,
+        )]
+    });
+    let live_ids: Vec<i32> = endpoints.iter().map(|(id, _, _)| *id).collect();
+    let live = move |id: i32| live_ids.contains(&id);
+    // Kafka clients use the controller id only for admin requests, which every broker
+    // serves (forwarding to the controllers in cluster mode): name this broker.
     let mut resp = MetadataResponse::default()
-        .with_brokers(vec![MetadataResponseBroker::default()
-            .with_node_id(BrokerId(node))
-            .with_host(s(listener.advertised_host.clone()))
-            .with_port(i32::from(listener.advertised_port))])
+        .with_brokers(
+            endpoints
+                .iter()
+                .map(|(id, host, port)| {
+                    MetadataResponseBroker::default()
+                        .with_node_id(BrokerId(*id))
+                        .with_host(s(host.clone()))
+                        .with_port(i32::from(*port))
+                })
+                .collect(),
+        )
         .with_cluster_id(Some(s(broker.cluster_id())))
         .with_controller_id(BrokerId(node));
     // v0: an empty list means all topics; v1+: null means all, empty means none.
@@ -79,7 +108,7 @@ pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResp
         resp.topics = broker
             .topics()
             .iter()
-            .map(|t| topic_metadata(node, t))
+            .map(|t| topic_metadata(t, &live))
             .collect();
         return resp;
     };
@@ -98,7 +127,7 @@ pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResp
             (None, None) => None,
         };
         if let Some(topic) = found {
-            resp.topics.push(topic_metadata(node, &topic));
+            resp.topics.push(topic_metadata(&topic, &live));
             continue;
         }
         let unknown = MetadataResponseTopic::default()
@@ -128,7 +157,7 @@ pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResp
             )
             .await;
         match created.ok().and_then(|_| broker.topic(&n)) {
-            Some(topic) => resp.topics.push(topic_metadata(node, &topic)),
+            Some(topic) => resp.topics.push(topic_metadata(&topic, &live)),
             None => resp.topics.push(unknown),
         }
     }

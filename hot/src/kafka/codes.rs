@@ -3,12 +3,15 @@
 use kafka_protocol::ResponseError as E;
 use strata_core::batch::BatchError;
 
-use crate::broker::{AdminError, WaitError};
+use crate::broker::{AdminError, Route, WaitError};
 use crate::log::{AppendError, ReadError};
 
 pub const NONE: i16 = 0;
 pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();
 pub const UNSUPPORTED_VERSION: i16 = E::UnsupportedVersion.code();
+pub const LEADER_NOT_AVAILABLE: i16 = E::LeaderNotAvailable.code();
+pub const NOT_LEADER_OR_FOLLOWER: i16 = E::NotLeaderOrFollower.code();
+pub const NOT_ENOUGH_REPLICAS: i16 = E::NotEnoughReplicas.code();
 pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = E::UnknownTopicOrPartition.code();
 pub const INVALID_TOPIC: i16 = E::InvalidTopicException.code();
 pub const INVALID_REQUIRED_ACKS: i16 = E::InvalidRequiredAcks.code();
@@ -49,6 +52,15 @@ pub fn wait(e: &WaitError) -> Coded {
         WaitError::StorageFailed => E::KafkaStorageError.code(),
     };
     (code, e.to_string())
+}
+
+/// The error code for a partition this broker cannot serve.
+pub fn route(r: &Route) -> Option<i16> {
+    match r {
+        Route::Leader(_) => None,
+        Route::NotLeader => Some(NOT_LEADER_OR_FOLLOWER),
+        Route::UnknownTopicOrPartition => Some(UNKNOWN_TOPIC_OR_PARTITION),
+    }
 }
 
 pub fn read(e: &ReadError) -> i16 {

@@ -19,7 +19,7 @@ use kafka_protocol::messages::{
 use tokio::sync::watch;
 
 use super::{codes, Request};
-use crate::broker::{Partition, Progress};
+use crate::broker::{Partition, Progress, Route};
 
 /// Kafka's special ListOffsets timestamps.
 const LATEST: i64 = -1;
@@ -30,7 +30,19 @@ struct Target {
     index: i32,
     offset: i64,
     max_bytes: usize,
-    partition: Option<Arc<Partition>>,
+    /// The local leader replica, or the error code to answer with.
+    partition: Result<Arc<Partition>, i16>,
+}
+
+fn lookup_partition(
+    broker: &crate::broker::Broker,
+    topic: &str,
+    index: i32,
+) -> Result<Arc<Partition>, i16> {
+    match broker.route(topic, index) {
+        Route::Leader(p) => Ok(p),
+        other => Err(codes::route(&other).expect("not the leader route")),
+    }
 }
 
 pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
@@ -47,7 +59,7 @@ pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
                         index: p.partition,
                         offset: p.fetch_offset,
                         max_bytes: p.partition_max_bytes.max(0) as usize,
-                        partition: broker.partition(&name, p.partition),
+                        partition: lookup_partition(broker, &name, p.partition),
                     })
                     .collect();
                 (t.topic, targets)
@@ -58,7 +70,7 @@ pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
         .iter()
         .flat_map(|(_, ts)| {
             ts.iter()
-                .filter_map(|t| t.partition.as_ref().map(|p| p.subscribe()))
+                .filter_map(|t| t.partition.as_ref().ok().map(|p| p.subscribe()))
         })
         .collect();
     let deadline =
@@ -122,9 +134,12 @@ fn read_all(
                 .iter()
                 .map(|t| {
                     let data = PartitionData::default().with_partition_index(t.index);
-                    let Some(p) = &t.partition else {
-                        any_error = true;
-                        return data.with_error_code(codes::UNKNOWN_TOPIC_OR_PARTITION);
+                    let p = match &t.partition {
+                        Ok(p) => p,
+                        Err(code) => {
+                            any_error = true;
+                            return data.with_error_code(*code);
+                        }
                     };
                     let budget = t.max_bytes.min(max_bytes.saturating_sub(total));
                     let (records, progress, error) = read_one(p, t.offset, budget, total == 0);
@@ -188,8 +203,9 @@ pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListO
                     .into_iter()
                     .map(|p| {
                         let resp = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
-                        let Some(part) = broker.partition(&name, p.partition_index) else {
-                            return resp.with_error_code(codes::UNKNOWN_TOPIC_OR_PARTITION);
+                        let part = match lookup_partition(&broker, &name, p.partition_index) {
+                            Ok(part) => part,
+                            Err(code) => return resp.with_error_code(code),
                         };
                         match lookup(&part, p.timestamp) {
                             Ok((ts, offset)) => resp.with_timestamp(ts).with_offset(offset).with_leader_epoch(epoch),

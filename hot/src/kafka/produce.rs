@@ -14,7 +14,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 
 use super::{codes, Refusal, Reply, Request};
-use crate::broker::Partition;
+use crate::broker::{Partition, Route};
 use crate::log::ValidBatch;
 
 /// One partition's outcome so far: a final answer, or an append waiting to become durable.
@@ -68,16 +68,37 @@ pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal
                 outcomes.push(PartitionOutcome::failed(pd.index, e.clone()));
                 continue;
             }
-            let Some(partition) = broker.partition(&name, pd.index) else {
+            let partition = match broker.route(&name, pd.index) {
+                Route::Leader(p) => p,
+                other => {
+                    let code = codes::route(&other).expect("not the leader route");
+                    let msg = if code == codes::NOT_LEADER_OR_FOLLOWER {
+                        format!("this broker does not lead {name}-{}", pd.index)
+                    } else {
+                        format!("{name}-{} does not exist", pd.index)
+                    };
+                    outcomes.push(PartitionOutcome::failed(pd.index, (code, msg)));
+                    continue;
+                }
+            };
+            if acks == -1
+                && broker
+                    .topic(&name)
+                    .is_some_and(|t| t.spec.replication_factor > 1)
+            {
+                // Replication between brokers is not built yet: acks=all cannot be honoured
+                // on a replicated topic, so it is refused rather than silently downgraded.
                 outcomes.push(PartitionOutcome::failed(
                     pd.index,
                     (
-                        codes::UNKNOWN_TOPIC_OR_PARTITION,
-                        format!("{name}-{} does not exist", pd.index),
+                        codes::NOT_ENOUGH_REPLICAS,
+                        "replication between brokers is not built yet; acks=all needs a topic \
+                         with replication factor 1 for now"
+                            .into(),
                     ),
                 ));
                 continue;
-            };
+            }
             let batch = match pd.records.map(ValidBatch::new) {
                 Some(Ok(b)) => b,
                 Some(Err(e)) => {

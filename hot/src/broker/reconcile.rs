@@ -1,0 +1,188 @@
+//! Cluster mode: makes the broker's topics and local replicas follow the controller's
+//! metadata. Each new metadata version is compared with what the broker holds: replicas
+//! assigned to this broker are opened (recovering any data from an earlier run), leadership
+//! and leader epochs are taken from the metadata, and topics that disappeared (or were
+//! re-created with a new id) are stopped and their local data removed.
+//!
+//! Each partition directory records its topic id (`topic-id`), so data left by a deleted
+//! topic is never mistaken for a new topic of the same name.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+
+use strata_controller::metadata::ClusterMetadata;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use super::{Broker, Partition, PartitionLayout, Topic, TopicSpec};
+use crate::log::config::TOPIC_CONFIG_KEYS;
+use crate::log::PartitionLog;
+
+const TOPIC_ID_FILE: &str = "topic-id";
+
+/// Applies every metadata version the link receives until the broker is dropped.
+pub(super) async fn follow_metadata(
+    broker: Weak<Broker>,
+    mut rx: watch::Receiver<Arc<ClusterMetadata>>,
+) {
+    loop {
+        let metadata = rx.borrow_and_update().clone();
+        let Some(b) = broker.upgrade() else { return };
+        if let Err(e) = b.reconcile(&metadata).await {
+            tracing::error!(version = metadata.version, error = %e, "could not apply cluster metadata; will retry on the next version");
+        }
+        drop(b);
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Opens a partition directory for topic `id`, first removing data of another topic id.
+fn open_replica(
+    dir: &Path,
+    id: Uuid,
+    config: crate::log::LogConfig,
+    now: i64,
+) -> io::Result<PartitionLog> {
+    let id_file = dir.join(TOPIC_ID_FILE);
+    match fs::read_to_string(&id_file) {
+        Ok(found) if found.trim() != id.to_string() => {
+            tracing::warn!(dir = %dir.display(), found = found.trim(), expected = %id, "partition data belongs to an older topic of the same name; removing it");
+            fs::remove_dir_all(dir)?;
+        }
+        _ => {}
+    }
+    let (log, report) = PartitionLog::open(dir, config, now)?;
+    if report.truncated.is_some() || report.scanned_segments > 0 {
+        tracing::info!(dir = %dir.display(), clean = report.clean, scanned = report.scanned_segments, truncated = report.truncated.is_some(), "recovered partition log");
+    }
+    if !id_file.exists() {
+        crate::log::write_atomically(dir, TOPIC_ID_FILE, id.to_string().as_bytes())?;
+    }
+    Ok(log)
+}
+
+fn remove_replica_dirs(dirs: Vec<PathBuf>) {
+    for dir in dirs {
+        if let Err(e) = fs::remove_dir_all(&dir) {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove deleted partition data");
+            }
+        }
+    }
+}
+
+impl Broker {
+    async fn reconcile(&self, m: &ClusterMetadata) -> io::Result<()> {
+        let node = self.config.node_id;
+        let current: HashMap<String, Arc<Topic>> = self
+            .topics()
+            .into_iter()
+            .map(|t| (t.spec.name.clone(), t))
+            .collect();
+
+        // Topics gone (or re-created with another id): stop them and remove their data first.
+        let mut doomed = Vec::new();
+        for (name, old) in &current {
+            if m.topics.get(name).map(|t| t.id) != Some(old.spec.id) {
+                for p in old.local() {
+                    p.stop();
+                    doomed.push(self.partition_dir(name, p.index as u32));
+                }
+                tracing::info!(topic = %name, "topic removed from the cluster; deleting local replicas");
+            }
+        }
+        if !doomed.is_empty() {
+            tokio::task::spawn_blocking(move || remove_replica_dirs(doomed))
+                .await
+                .map_err(io::Error::other)?;
+        }
+
+        let now = self.clock.now_ms();
+        let mut next = HashMap::with_capacity(m.topics.len());
+        for t in m.topics.values() {
+            let prev = current.get(&t.name).filter(|p| p.spec.id == t.id);
+            let known: BTreeMap<String, String> = t
+                .configs
+                .iter()
+                .filter(|(k, _)| TOPIC_CONFIG_KEYS.iter().any(|(known, _)| known == k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let config = self.log_config(&known).unwrap_or_else(|e| {
+                tracing::warn!(topic = %t.name, error = %e, "invalid topic config from the controller; using defaults");
+                self.log_config(&BTreeMap::new()).expect("defaults are valid")
+            });
+            let topic_name: Arc<str> = Arc::from(t.name.as_str());
+            let mut partitions = Vec::with_capacity(t.partitions.len());
+            for (i, pr) in t.partitions.iter().enumerate() {
+                if !pr.replicas.contains(&node) {
+                    partitions.push(None);
+                    continue;
+                }
+                let existing = prev.and_then(|p| p.partitions.get(i).cloned().flatten());
+                let partition = match existing {
+                    Some(p) => p,
+                    None => {
+                        let dir = self.partition_dir(&t.name, i as u32);
+                        let (id, cfg) = (t.id, config.clone());
+                        let log =
+                            tokio::task::spawn_blocking(move || open_replica(&dir, id, cfg, now))
+                                .await
+                                .map_err(io::Error::other)??;
+                        Partition::start(topic_name.clone(), i as i32, log)
+                    }
+                };
+                if pr.leader == Some(node) {
+                    partition.lock().set_leader_epoch(pr.leader_epoch);
+                }
+                partitions.push(Some(partition));
+            }
+            let layout = t
+                .partitions
+                .iter()
+                .map(|p| PartitionLayout {
+                    leader: p.leader,
+                    leader_epoch: p.leader_epoch,
+                    replicas: p.replicas.clone(),
+                    isr: p.isr.clone(),
+                })
+                .collect();
+            let spec = TopicSpec {
+                name: t.name.clone(),
+                id: t.id,
+                partitions: t.partitions.len() as u32,
+                replication_factor: t.replication_factor,
+                configs: t.configs.clone(),
+            };
+            next.insert(
+                t.name.clone(),
+                Arc::new(Topic {
+                    spec,
+                    partitions,
+                    layout,
+                }),
+            );
+        }
+        *self.topics_write() = next;
+        self.metadata_version.send_replace(m.version);
+        Ok(())
+    }
+}
+
+/// Live brokers' Kafka endpoints from the metadata: (id, host, port).
+pub fn kafka_endpoints(m: &ClusterMetadata) -> Vec<(i32, String, u16)> {
+    m.brokers
+        .values()
+        .filter(|b| !b.fenced)
+        .filter_map(|b| {
+            b.endpoints
+                .iter()
+                .find(|e| e.name == "kafka")
+                .map(|e| (b.id, e.host.clone(), e.port))
+        })
+        .collect()
+}
