@@ -263,3 +263,40 @@ def test_kafka_clients_through_any_bootstrap_broker(cluster):
     p.produce("replicated", b"v", on_delivery=lambda err, msg: errors.append(err))
     p.flush(15)
     assert errors and errors[0] is not None and errors[0].code() == KafkaError.NOT_ENOUGH_REPLICAS, errors
+
+
+def test_losing_the_controller_majority_stops_metadata_changes_not_data(cluster):
+    from confluent_kafka import Producer
+
+    from conftest import consume_partitions, rdkafka_conf, record_value
+
+    cluster.cli("topic", "create", "steady", "-p", "3", "--replication-factor", "1")
+    cluster.wait_for(lambda m: "steady" in m["topics"], "topic steady")
+    broker = f"127.0.0.1:{cluster.broker_ports[1]}"
+    # give the brokers time to pick the topic up from the metadata stream
+    time.sleep(1)
+
+    leader = cluster.leader()
+    survivor = next(i for i in (1, 2, 3) if i != leader)
+    for i in (1, 2, 3):
+        if i != survivor:
+            cluster.kill(f"controller-{i}")
+
+    # Metadata changes stop with a clear error...
+    refused = cluster.cli("topic", "create", "blocked", "-p", "1", controller=cluster.controller_addr(survivor), check=False)
+    assert refused.returncode != 0
+    assert "leader" in refused.stderr or "unavailable" in refused.stderr.lower(), refused.stderr
+
+    # ...while existing leaders keep taking writes and serving reads.
+    acked = []
+    p = Producer(rdkafka_conf({"bootstrap.servers": broker, "acks": "all"}))
+    for i in range(1000):
+        p.produce("steady", record_value(i).encode(), on_delivery=lambda e, m: acked.append(e is None))
+    assert p.flush(30) == 0 and all(acked) and len(acked) == 1000
+    out, _ = consume_partitions(broker, "steady", 3, time.monotonic() + 30)
+    assert sorted(v for recs in out.values() for _, _, v in recs) == list(range(1000))
+
+    # A majority again: a leader is elected and metadata changes resume.
+    cluster.start(f"controller-{leader}")
+    cluster.leader(timeout=20)
+    cluster.cli("topic", "create", "unblocked", "-p", "1", controller=cluster.controller_addr(survivor))
