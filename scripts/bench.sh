@@ -24,3 +24,7 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 python3 bench/produce_bench.py --bootstrap "127.0.0.1:$port" --topic bench --seconds "$seconds"
+kill $pid 2>/dev/null; wait $pid 2>/dev/null || true
+
+echo "== cluster: metadata propagation and fencing (3 controllers + 3 brokers)"
+STRATA_BIN="$target_dir/release/strata" python3 bench/cluster_bench.py
