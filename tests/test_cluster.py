@@ -256,6 +256,22 @@ def test_kafka_clients_through_any_bootstrap_broker(cluster):
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.splitlines()) == n
 
+    # Partitions and configs change through any broker, via the controllers.
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
+
+    admin.create_partitions([NewPartitions("events", 15)])["events"].result(timeout=30)
+    res = ConfigResource(ConfigResource.Type.TOPIC, "events",
+                         incremental_configs=[ConfigEntry("retention.ms", "3600000",
+                                                          incremental_operation=AlterConfigOpType.SET)])
+    list(admin.incremental_alter_configs([res]).values())[0].result(timeout=30)
+    m = cluster.metadata()
+    assert len(m["topics"]["events"]["partitions"]) == 15
+    assert m["topics"]["events"]["configs"]["retention.ms"] == "3600000"
+    admin3 = AdminClient({"bootstrap.servers": b[3]})  # kept alive until its futures resolve
+    described = admin3.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "events")])
+    entries = list(described.values())[0].result(timeout=30)
+    assert entries["retention.ms"].value == "3600000"
+
     # acks=all on a replicated topic is refused until replication exists, never downgraded.
     cluster.cli("topic", "create", "replicated", "-p", "1", "--replication-factor", "3")
     errors = []

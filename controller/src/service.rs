@@ -477,6 +477,46 @@ impl ControllerApi for ControllerService {
         Ok(Response::new(DeleteTopicResponse {}))
     }
 
+    async fn alter_topic_configs(
+        &self,
+        req: Request<AlterTopicConfigsRequest>,
+    ) -> Result<Response<AlterTopicConfigsResponse>, Status> {
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.alter_topic_configs(req.into_inner()).await;
+        }
+        let r = req.into_inner();
+        let cmd = Command::AlterTopicConfigs {
+            name: r.name.clone(),
+            set: r.set.into_iter().collect(),
+            remove: r.remove,
+        };
+        self.0.propose(cmd).await?;
+        tracing::info!(topic = %r.name, "altered topic configs");
+        Ok(Response::new(AlterTopicConfigsResponse {
+            version: self.0.state.current().version,
+        }))
+    }
+
+    async fn create_partitions(
+        &self,
+        req: Request<CreatePartitionsRequest>,
+    ) -> Result<Response<CreatePartitionsResponse>, Status> {
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.create_partitions(req.into_inner()).await;
+        }
+        let r = req.into_inner();
+        self.0
+            .propose(Command::CreatePartitions {
+                name: r.name.clone(),
+                total: r.total,
+            })
+            .await?;
+        tracing::info!(topic = %r.name, total = r.total, "added partitions");
+        Ok(Response::new(CreatePartitionsResponse {
+            version: self.0.state.current().version,
+        }))
+    }
+
     async fn allocate_producer_ids(
         &self,
         req: Request<AllocateProducerIdsRequest>,

@@ -11,8 +11,9 @@ use std::time::Duration;
 use strata_controller::metadata::ClusterMetadata;
 use strata_proto::v1::controller_client::ControllerClient;
 use strata_proto::v1::{
-    AllocateProducerIdsRequest, ControlledShutdownRequest, CreateTopicRequest, CreateTopicResponse,
-    DeleteTopicRequest, Endpoint, HeartbeatRequest, RegisterBrokerRequest, WatchRequest,
+    AllocateProducerIdsRequest, AlterTopicConfigsRequest, ControlledShutdownRequest,
+    CreatePartitionsRequest, CreateTopicRequest, CreateTopicResponse, DeleteTopicRequest, Endpoint,
+    HeartbeatRequest, RegisterBrokerRequest, WatchRequest,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -138,6 +139,40 @@ impl ClusterLink {
         })
         .await
         .map(|_| ())
+    }
+
+    /// Changes a topic's configs; returns a metadata version that includes the change.
+    pub async fn alter_topic_configs(
+        &self,
+        name: &str,
+        set: &std::collections::BTreeMap<String, String>,
+        remove: &[String],
+    ) -> Result<u64, tonic::Status> {
+        let req = AlterTopicConfigsRequest {
+            name: name.to_string(),
+            set: set.clone().into_iter().collect(),
+            remove: remove.to_vec(),
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.alter_topic_configs(req).await }
+        })
+        .await
+        .map(|r| r.version)
+    }
+
+    /// Grows a topic to `total` partitions; returns a metadata version that includes them.
+    pub async fn create_partitions(&self, name: &str, total: u32) -> Result<u64, tonic::Status> {
+        let req = CreatePartitionsRequest {
+            name: name.to_string(),
+            total,
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.create_partitions(req).await }
+        })
+        .await
+        .map(|r| r.version)
     }
 
     /// Reserves `count` producer ids for this broker; returns the first.

@@ -7,17 +7,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::incremental_alter_configs_request::{
+    AlterConfigsResource, AlterableConfig,
+};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
-    FetchRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest,
-    TopicName,
+    ApiVersionsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
+    DescribeConfigsRequest, FetchRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest,
+    ListOffsetsRequest, MetadataRequest, ProduceRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use strata_client::{fetch, list_offset, produce, Admin, ClientError, Connection};
@@ -111,6 +115,7 @@ async fn with_topic(b: &TestBroker, name: &str, partitions: i32) {
 async fn every_served_api_answers_at_every_served_version() {
     let b = start().await;
     with_topic(&b, "sweep", 1).await;
+    with_topic(&b, "grow", 1).await;
     let mut conn = Connection::connect(&b.addr).await.unwrap();
     let topic = || TopicName(s("sweep"));
     for &(key, min, max) in SUPPORTED_APIS {
@@ -237,6 +242,45 @@ async fn every_served_api_answers_at_every_served_version() {
                     .map(|r| {
                         assert_eq!(r.error_code, 0, "v{v}");
                         assert!(r.producer_id.0 >= 0);
+                    }),
+                CreatePartitions => conn
+                    .send(
+                        &CreatePartitionsRequest::default().with_topics(vec![
+                            CreatePartitionsTopic::default()
+                                .with_name(TopicName(s("grow")))
+                                .with_count(i32::from(v) + 2)
+                                .with_assignments(None),
+                        ]),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!(
+                            r.results[0].error_code, 0,
+                            "v{v}: {:?}",
+                            r.results[0].error_message
+                        )
+                    }),
+                IncrementalAlterConfigs => conn
+                    .send(
+                        &IncrementalAlterConfigsRequest::default().with_resources(vec![
+                            AlterConfigsResource::default()
+                                .with_resource_type(2)
+                                .with_resource_name(s("sweep"))
+                                .with_configs(vec![AlterableConfig::default()
+                                    .with_name(s("retention.ms"))
+                                    .with_config_operation(0)
+                                    .with_value(Some(s(&format!("{}", 100_000 + i64::from(v)))))]),
+                        ]),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!(
+                            r.responses[0].error_code, 0,
+                            "v{v}: {:?}",
+                            r.responses[0].error_message
+                        )
                     }),
                 other => panic!("no sweep case for {other:?}"),
             };
@@ -652,4 +696,100 @@ async fn fetch_long_polls_until_data_arrives_and_list_offsets_finds_timestamps()
         ),
         3
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configs_can_be_altered_and_partitions_added() {
+    let b = start().await;
+    with_topic(&b, "t", 2).await;
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    let alter = |op: i8, key: &str, value: Option<&str>| {
+        IncrementalAlterConfigsRequest::default().with_resources(vec![
+            AlterConfigsResource::default()
+                .with_resource_type(2)
+                .with_resource_name(s("t"))
+                .with_configs(vec![AlterableConfig::default()
+                    .with_name(s(key))
+                    .with_config_operation(op)
+                    .with_value(value.map(s))]),
+        ])
+    };
+    let code =
+        |r: kafka_protocol::messages::IncrementalAlterConfigsResponse| r.responses[0].error_code;
+    assert_eq!(
+        code(
+            conn.send(&alter(0, "retention.ms", Some("5000")), 1)
+                .await
+                .unwrap()
+        ),
+        0
+    );
+    let mut admin = Admin::connect(&b.addr).await.unwrap();
+    let get = |cfg: &[strata_client::ConfigEntry], k: &str| {
+        cfg.iter().find(|c| c.name == k).unwrap().clone()
+    };
+    let described = admin.describe_configs("t").await.unwrap();
+    assert_eq!(
+        (
+            get(&described, "retention.ms").value.as_str(),
+            get(&described, "retention.ms").source
+        ),
+        ("5000", "topic")
+    );
+    // DELETE returns the key to its default; bad values and unknown keys are INVALID_CONFIG
+    assert_eq!(
+        code(conn.send(&alter(1, "retention.ms", None), 1).await.unwrap()),
+        0
+    );
+    assert_eq!(
+        get(&admin.describe_configs("t").await.unwrap(), "retention.ms").source,
+        "default"
+    );
+    assert_eq!(
+        code(
+            conn.send(&alter(0, "retention.ms", Some("soon")), 1)
+                .await
+                .unwrap()
+        ),
+        40
+    );
+    assert_eq!(
+        code(conn.send(&alter(0, "no.such", Some("1")), 1).await.unwrap()),
+        40
+    );
+    assert_eq!(
+        code(
+            conn.send(&alter(2, "cleanup.policy", Some("delete")), 1)
+                .await
+                .unwrap()
+        ),
+        40
+    );
+    // the topic survives a restart of the store with its configs: checked through describe
+    let grow = |count: i32| {
+        CreatePartitionsRequest::default().with_topics(vec![CreatePartitionsTopic::default()
+            .with_name(TopicName(s("t")))
+            .with_count(count)
+            .with_assignments(None)])
+    };
+    assert_eq!(
+        conn.send(&grow(5), 3).await.unwrap().results[0].error_code,
+        0
+    );
+    assert_eq!(admin.list_topics(&["t"]).await.unwrap()[0].partitions, 5);
+    assert_eq!(
+        conn.send(&grow(3), 3).await.unwrap().results[0].error_code,
+        37
+    );
+    // the new partitions take writes; the old ones kept their data
+    produce(&mut conn, "t", 0, records(2, 0, ProducerIds::NONE), -1)
+        .await
+        .unwrap();
+    assert_eq!(
+        produce(&mut conn, "t", 4, records(2, 0, ProducerIds::NONE), -1)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(list_offset(&mut conn, "t", 0, -1).await.unwrap(), 2);
 }

@@ -426,14 +426,7 @@ impl Broker {
             })?;
         // Answer once this broker's metadata shows the topic, so the client's next Metadata
         // request (to this broker) sees it.
-        let mut applied = self.metadata_version.subscribe();
-        let wait = applied.wait_for(|v| *v >= created.version);
-        if tokio::time::timeout(std::time::Duration::from_secs(10), wait)
-            .await
-            .is_err()
-        {
-            tracing::warn!(topic = %req.name, version = created.version, "topic created, but this broker has not seen it yet");
-        }
+        self.wait_for_metadata(created.version).await;
         let id = Uuid::parse_str(&created.topic_id).unwrap_or_default();
         Ok(TopicSpec {
             name: req.name,
@@ -483,6 +476,127 @@ impl Broker {
         .map_err(io::Error::other)?;
         tracing::info!(topic = name, "deleted topic");
         Ok(())
+    }
+
+    /// Sets and removes topic config overrides (Kafka's IncrementalAlterConfigs).
+    pub async fn alter_topic_configs(
+        &self,
+        name: &str,
+        set: BTreeMap<String, String>,
+        remove: Vec<String>,
+        validate_only: bool,
+    ) -> Result<(), AdminError> {
+        let topic = self
+            .topic(name)
+            .ok_or_else(|| AdminError::UnknownTopic(name.to_string()))?;
+        let mut configs = topic.spec.configs.clone();
+        for k in &remove {
+            configs.remove(k);
+        }
+        configs.extend(set.clone());
+        let config = self.log_config(&configs)?;
+        if validate_only {
+            return Ok(());
+        }
+        if let Some(link) = &self.cluster {
+            let version = link
+                .alter_topic_configs(name, &set, &remove)
+                .await
+                .map_err(|e| controller_error(name, e))?;
+            self.wait_for_metadata(version).await;
+            return Ok(());
+        }
+        let mut store = self.store.lock().await;
+        let mut spec = topic.spec.clone();
+        spec.configs = configs;
+        store.insert(spec.clone())?;
+        for p in topic.local() {
+            p.set_config(config.clone());
+        }
+        let updated = Topic {
+            spec,
+            partitions: topic.partitions.clone(),
+            layout: topic.layout.clone(),
+        };
+        self.topics_write()
+            .insert(name.to_string(), Arc::new(updated));
+        tracing::info!(topic = name, "altered topic configs");
+        Ok(())
+    }
+
+    /// Grows a topic to `total` partitions (Kafka's CreatePartitions).
+    pub async fn create_partitions(
+        &self,
+        name: &str,
+        total: u32,
+        validate_only: bool,
+    ) -> Result<(), AdminError> {
+        let topic = self
+            .topic(name)
+            .ok_or_else(|| AdminError::UnknownTopic(name.to_string()))?;
+        let current = topic.spec.partitions;
+        if total <= current || total > MAX_PARTITIONS {
+            return Err(AdminError::InvalidPartitions(format!(
+                "topic '{name}' has {current} partitions; the new count {total} must be larger (at most {MAX_PARTITIONS})"
+            )));
+        }
+        if validate_only {
+            return Ok(());
+        }
+        if let Some(link) = &self.cluster {
+            let version = link
+                .create_partitions(name, total)
+                .await
+                .map_err(|e| controller_error(name, e))?;
+            self.wait_for_metadata(version).await;
+            return Ok(());
+        }
+        let mut store = self.store.lock().await;
+        let mut spec = topic.spec.clone();
+        spec.partitions = total;
+        let grown = self.open_topic(spec.clone()).await?;
+        store.insert(spec)?;
+        // Keep the partitions already open; the new ones come from `grown`.
+        let partitions = grown
+            .partitions
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                topic
+                    .partitions
+                    .get(i)
+                    .cloned()
+                    .flatten()
+                    .or_else(|| p.clone())
+            })
+            .collect();
+        for p in grown.partitions.iter().take(current as usize).flatten() {
+            p.stop();
+        }
+        let updated = Topic {
+            spec: grown.spec.clone(),
+            partitions,
+            layout: grown.layout.clone(),
+        };
+        self.topics_write()
+            .insert(name.to_string(), Arc::new(updated));
+        tracing::info!(topic = name, from = current, to = total, "added partitions");
+        Ok(())
+    }
+
+    /// Waits (bounded) until this broker's topics reflect metadata `version`.
+    async fn wait_for_metadata(&self, version: u64) {
+        let mut applied = self.metadata_version.subscribe();
+        let wait = applied.wait_for(|v| *v >= version);
+        if tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                version,
+                "the controllers applied a change this broker has not seen yet"
+            );
+        }
     }
 
     /// Hands out a new producer id, reserving blocks durably so ids never repeat.
@@ -578,6 +692,18 @@ impl Broker {
             }
         }
         Ok(())
+    }
+}
+
+/// Maps a controller's refusal of a topic change to the admin error Kafka clients expect.
+fn controller_error(topic: &str, e: tonic::Status) -> AdminError {
+    match e.code() {
+        tonic::Code::NotFound => AdminError::UnknownTopic(topic.to_string()),
+        tonic::Code::InvalidArgument => AdminError::InvalidPartitions(e.message().to_string()),
+        _ => AdminError::Io(io::Error::other(format!(
+            "the controllers refused the change: {}",
+            e.message()
+        ))),
     }
 }
 

@@ -129,6 +129,14 @@ impl Partition {
         Ok((plan, progress))
     }
 
+    /// Applies a changed topic config (retention, segment and flush settings).
+    pub fn set_config(&self, config: crate::log::LogConfig) {
+        let mut log = self.lock();
+        if *log.config() != config {
+            log.set_config(config);
+        }
+    }
+
     /// Applies retention; publishes the new log start.
     pub fn apply_retention(&self, now_ms: i64) -> std::io::Result<usize> {
         let mut log = self.lock();

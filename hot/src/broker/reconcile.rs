@@ -125,7 +125,10 @@ impl Broker {
                 }
                 let existing = prev.and_then(|p| p.partitions.get(i).cloned().flatten());
                 let partition = match existing {
-                    Some(p) => p,
+                    Some(p) => {
+                        p.set_config(config.clone());
+                        p
+                    }
                     None => {
                         let dir = self.partition_dir(&t.name, i as u32);
                         let (id, cfg) = (t.id, config.clone());

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kafka_protocol::messages::create_topics_response::{
     CreatableTopicConfigs, CreatableTopicResult,
 };
@@ -9,12 +10,15 @@ use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::describe_configs_response::{
     DescribeConfigsResourceResult, DescribeConfigsResult,
 };
+use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
 use kafka_protocol::messages::{
-    BrokerId, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
-    DescribeConfigsRequest, DescribeConfigsResponse, MetadataRequest, MetadataResponse, TopicName,
+    BrokerId, CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest,
+    CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeConfigsRequest,
+    DescribeConfigsResponse, IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse,
+    MetadataRequest, MetadataResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
@@ -29,6 +33,7 @@ const SOURCE_TOPIC: i8 = 1;
 const SOURCE_STATIC_BROKER: i8 = 4;
 const SOURCE_DEFAULT: i8 = 5;
 /// DescribeConfigs config types.
+const TYPE_BOOLEAN: i8 = 1;
 const TYPE_STRING: i8 = 2;
 const TYPE_INT: i8 = 3;
 const TYPE_LONG: i8 = 5;
@@ -337,6 +342,8 @@ fn config_type(key: &str) -> i8 {
         "cleanup.policy" => TYPE_LIST,
         "index.interval.bytes" | "max.message.bytes" | "segment.bytes" => TYPE_INT,
         "flush.messages" | "retention.bytes" | "retention.ms" | "segment.ms" => TYPE_LONG,
+        "min.insync.replicas" => TYPE_INT,
+        "unclean.leader.election.enable" => TYPE_BOOLEAN,
         _ => TYPE_STRING,
     }
 }
@@ -392,4 +399,103 @@ pub(super) fn describe_configs(
         })
         .collect();
     DescribeConfigsResponse::default().with_results(results)
+}
+
+pub(super) async fn create_partitions(
+    ctx: Request,
+    req: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
+    let broker = ctx.broker().clone();
+    let mut results = Vec::with_capacity(req.topics.len());
+    for t in req.topics {
+        let name = t.name.0.to_string();
+        let result = CreatePartitionsTopicResult::default().with_name(t.name.clone());
+        if t.assignments.as_ref().is_some_and(|a| !a.is_empty()) {
+            results.push(
+                result
+                    .with_error_code(codes::INVALID_REPLICA_ASSIGNMENT)
+                    .with_error_message(Some(s(
+                        "manual replica assignment is not supported; placement is automatic",
+                    ))),
+            );
+            continue;
+        }
+        let total = u32::try_from(t.count).unwrap_or(0);
+        match broker
+            .create_partitions(&name, total, req.validate_only)
+            .await
+        {
+            Ok(()) => results.push(result),
+            Err(e) => {
+                let (code, msg) = codes::admin(&e);
+                results.push(
+                    result
+                        .with_error_code(code)
+                        .with_error_message(Some(s(msg))),
+                );
+            }
+        }
+    }
+    CreatePartitionsResponse::default().with_results(results)
+}
+
+/// IncrementalAlterConfigs operations (Kafka's numbers).
+const OP_SET: i8 = 0;
+const OP_DELETE: i8 = 1;
+
+pub(super) async fn alter_configs(
+    ctx: Request,
+    req: IncrementalAlterConfigsRequest,
+) -> IncrementalAlterConfigsResponse {
+    let broker = ctx.broker().clone();
+    let mut responses = Vec::with_capacity(req.resources.len());
+    for r in req.resources {
+        let resp = AlterConfigsResourceResponse::default()
+            .with_resource_type(r.resource_type)
+            .with_resource_name(r.resource_name.clone());
+        if r.resource_type != RESOURCE_TOPIC {
+            responses.push(
+                resp.with_error_code(codes::INVALID_REQUEST)
+                    .with_error_message(Some(s(
+                    "only topic configs can be altered; broker configs come from the config file",
+                ))),
+            );
+            continue;
+        }
+        let mut set = BTreeMap::new();
+        let mut remove = Vec::new();
+        let mut refused = None;
+        for c in &r.configs {
+            match (c.config_operation, &c.value) {
+                (OP_SET, Some(v)) => {
+                    set.insert(c.name.to_string(), v.to_string());
+                }
+                (OP_DELETE, _) => remove.push(c.name.to_string()),
+                (op, _) => {
+                    refused = Some(format!(
+                        "operation {op} on '{}' is not supported (only SET and DELETE)",
+                        c.name.as_str()
+                    ))
+                }
+            }
+        }
+        if let Some(msg) = refused {
+            responses.push(
+                resp.with_error_code(codes::INVALID_CONFIG)
+                    .with_error_message(Some(s(msg))),
+            );
+            continue;
+        }
+        match broker
+            .alter_topic_configs(r.resource_name.as_str(), set, remove, req.validate_only)
+            .await
+        {
+            Ok(()) => responses.push(resp),
+            Err(e) => {
+                let (code, msg) = codes::admin(&e);
+                responses.push(resp.with_error_code(code).with_error_message(Some(s(msg))));
+            }
+        }
+    }
+    IncrementalAlterConfigsResponse::default().with_responses(responses)
 }

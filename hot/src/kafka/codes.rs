@@ -9,6 +9,7 @@ use crate::log::{AppendError, ReadError};
 pub const NONE: i16 = 0;
 pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();
 pub const UNSUPPORTED_VERSION: i16 = E::UnsupportedVersion.code();
+pub const INVALID_CONFIG: i16 = E::InvalidConfig.code();
 pub const LEADER_NOT_AVAILABLE: i16 = E::LeaderNotAvailable.code();
 pub const NOT_LEADER_OR_FOLLOWER: i16 = E::NotLeaderOrFollower.code();
 pub const NOT_ENOUGH_REPLICAS: i16 = E::NotEnoughReplicas.code();

@@ -18,9 +18,9 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
     api_versions_response::ApiVersion, ApiKey, ApiVersionsRequest, ApiVersionsResponse,
-    CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest, FetchRequest,
-    InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest, RequestHeader,
-    ResponseHeader,
+    CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
+    FetchRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest, ListOffsetsRequest,
+    MetadataRequest, ProduceRequest, RequestHeader, ResponseHeader,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -41,6 +41,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::InitProducerId, 0, 4),
     (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::IncrementalAlterConfigs, 0, 1),
 ];
 
 /// Requests read ahead of the response being written, per connection.
@@ -211,6 +213,8 @@ impl KafkaServer {
             Body::DeleteTopics(req) => ctx.later(admin::delete_topics(ctx.clone(), req)),
             Body::DescribeConfigs(req) => ctx.respond_now(&admin::describe_configs(&ctx, req)),
             Body::InitProducerId(req) => ctx.later(produce::init_producer_id(ctx.clone(), req)),
+            Body::CreatePartitions(req) => ctx.later(admin::create_partitions(ctx.clone(), req)),
+            Body::IncrementalAlterConfigs(req) => ctx.later(admin::alter_configs(ctx.clone(), req)),
         }
     }
 }
@@ -236,6 +240,8 @@ pub enum Body {
     DeleteTopics(DeleteTopicsRequest),
     DescribeConfigs(DescribeConfigsRequest),
     InitProducerId(InitProducerIdRequest),
+    CreatePartitions(CreatePartitionsRequest),
+    IncrementalAlterConfigs(IncrementalAlterConfigsRequest),
 }
 
 /// Decodes a request frame (without its length prefix). Never panics on any input; the
@@ -285,6 +291,10 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::DeleteTopics => Body::DeleteTopics(decode_body(&mut frame, version)?),
         ApiKey::DescribeConfigs => Body::DescribeConfigs(decode_body(&mut frame, version)?),
         ApiKey::InitProducerId => Body::InitProducerId(decode_body(&mut frame, version)?),
+        ApiKey::CreatePartitions => Body::CreatePartitions(decode_body(&mut frame, version)?),
+        ApiKey::IncrementalAlterConfigs => {
+            Body::IncrementalAlterConfigs(decode_body(&mut frame, version)?)
+        }
         other => {
             return Err(Refusal::UnsupportedVersion {
                 key: other,

@@ -41,6 +41,10 @@ pub struct LogConfig {
     pub max_message_bytes: u32,
     pub index_interval_bytes: u32,
     pub cleanup_policy: String,
+    /// In-sync replicas an acks=all produce needs (enforced with replication).
+    pub min_insync_replicas: u16,
+    /// Whether a replica outside the ISR may become leader (the controller reads this).
+    pub unclean_leader_election: bool,
 }
 
 /// Topic configs this broker knows, with Kafka's defaults except `flush.messages`, which
@@ -50,10 +54,12 @@ pub const TOPIC_CONFIG_KEYS: &[(&str, &str)] = &[
     ("flush.messages", "1"),
     ("index.interval.bytes", "4096"),
     ("max.message.bytes", "1048588"),
+    ("min.insync.replicas", "1"),
     ("retention.bytes", "-1"),
     ("retention.ms", "604800000"),
     ("segment.bytes", "1073741824"),
     ("segment.ms", "604800000"),
+    ("unclean.leader.election.enable", "false"),
 ];
 
 impl Default for LogConfig {
@@ -134,6 +140,23 @@ impl LogConfig {
                 i32::MAX as i64,
             )? as u32,
             cleanup_policy,
+            min_insync_replicas: int(
+                "min.insync.replicas",
+                get("min.insync.replicas"),
+                1,
+                i16::MAX as i64,
+            )? as u16,
+            unclean_leader_election: match get("unclean.leader.election.enable").trim() {
+                "true" => true,
+                "false" => false,
+                other => {
+                    return Err(ConfigError::InvalidValue {
+                        key: "unclean.leader.election.enable".into(),
+                        value: other.to_string(),
+                        reason: "must be true or false".into(),
+                    })
+                }
+            },
         })
     }
 
