@@ -3,6 +3,7 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
+        "proto/strata/v1/broker.proto",
         "proto/strata/v1/controller.proto",
         "proto/strata/v1/raft.proto",
     ];

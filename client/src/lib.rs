@@ -4,6 +4,7 @@
 //! cluster (gRPC) work.
 
 pub mod controller;
+pub mod native;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

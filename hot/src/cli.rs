@@ -200,3 +200,114 @@ pub async fn topic_via_controller(controller: &str, command: TopicCommand) -> an
     }
     Ok(())
 }
+
+/// `strata produce`: lines from stdin to a topic through the gRPC data plane.
+#[derive(clap::Args)]
+pub struct ProduceArgs {
+    /// Any broker's gRPC listener.
+    #[arg(long, default_value = "127.0.0.1:9095")]
+    pub grpc: String,
+    #[arg(long, short)]
+    pub topic: String,
+    /// Split each line into key and value at the first occurrence of this string.
+    #[arg(long, short = 'K')]
+    pub key_separator: Option<String>,
+    /// -1 (all), 1 or 0.
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub acks: i16,
+    /// Print "partition offset" for every record.
+    #[arg(long)]
+    pub print_offsets: bool,
+}
+
+/// `strata consume`: a topic's records through the gRPC data plane.
+#[derive(clap::Args)]
+pub struct ConsumeArgs {
+    #[arg(long, default_value = "127.0.0.1:9095")]
+    pub grpc: String,
+    #[arg(long, short)]
+    pub topic: String,
+    /// Stop after this many records.
+    #[arg(long)]
+    pub count: Option<usize>,
+    /// Stop when nothing arrives for this long (e.g. "5s").
+    #[arg(long, default_value = "5s")]
+    pub idle: humantime::Duration,
+}
+
+pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
+    use std::io::BufRead;
+    use strata_client::native::{Cluster, Producer, ProducerConfig};
+    let cluster = Cluster::connect(std::slice::from_ref(&args.grpc))
+        .await
+        .with_context(|| format!("connecting to {}", args.grpc))?;
+    let config = ProducerConfig {
+        acks: args.acks,
+        idempotent: args.acks == -1,
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::new(cluster, config)
+        .await
+        .context("starting the producer")?;
+    let mut waiting = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.context("reading stdin")?;
+        let (key, value) = match &args.key_separator {
+            Some(sep) => match line.split_once(sep.as_str()) {
+                Some((k, v)) => (Some(bytes::Bytes::from(k.to_string())), v.to_string()),
+                None => (None, line.clone()),
+            },
+            None => (None, line.clone()),
+        };
+        waiting.push(
+            producer
+                .send(&args.topic, key, bytes::Bytes::from(value))
+                .await?,
+        );
+    }
+    let total = waiting.len();
+    for w in waiting {
+        let delivered = w.await.context("the producer stopped")??;
+        if args.print_offsets {
+            println!("{} {}", delivered.partition, delivered.offset);
+        }
+    }
+    eprintln!("produced {total} records to {}", args.topic);
+    Ok(())
+}
+
+pub async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
+    use strata_client::native::{Cluster, Consumer};
+    let cluster = Cluster::connect(std::slice::from_ref(&args.grpc))
+        .await
+        .with_context(|| format!("connecting to {}", args.grpc))?;
+    let mut consumer = Consumer::from_offset(cluster, &args.topic, 0).await?;
+    let idle: std::time::Duration = args.idle.into();
+    let mut seen = 0usize;
+    let mut last = std::time::Instant::now();
+    while args.count.is_none_or(|c| seen < c) && last.elapsed() < idle {
+        let records = consumer.poll(std::time::Duration::from_millis(200)).await?;
+        if !records.is_empty() {
+            last = std::time::Instant::now();
+        }
+        for r in records {
+            if args.count.is_some_and(|c| seen >= c) {
+                break;
+            }
+            let text = |b: &Option<bytes::Bytes>| {
+                b.as_ref()
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+                    .unwrap_or_default()
+            };
+            println!(
+                "{} {} {} {}",
+                r.partition,
+                r.offset,
+                text(&r.key),
+                text(&r.value)
+            );
+            seen += 1;
+        }
+    }
+    Ok(())
+}

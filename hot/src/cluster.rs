@@ -27,6 +27,8 @@ pub struct LinkConfig {
     pub controllers: Vec<String>,
     pub kafka_host: String,
     pub kafka_port: u16,
+    /// The broker's gRPC data-plane port, when it serves one.
+    pub grpc_port: Option<u16>,
     pub rack: Option<String>,
     /// What Kafka clients are told the cluster is called.
     pub cluster_id: String,
@@ -213,11 +215,14 @@ impl ClusterLink {
             .register_broker(RegisterBrokerRequest {
                 broker_id: self.config.broker_id,
                 incarnation: self.incarnation.to_string(),
-                endpoints: vec![Endpoint {
-                    name: "kafka".into(),
-                    host: self.config.kafka_host.clone(),
-                    port: u32::from(self.config.kafka_port),
-                }],
+                endpoints: std::iter::once(("kafka", self.config.kafka_port))
+                    .chain(self.config.grpc_port.map(|p| ("grpc", p)))
+                    .map(|(name, port)| Endpoint {
+                        name: name.into(),
+                        host: self.config.kafka_host.clone(),
+                        port: u32::from(port),
+                    })
+                    .collect(),
                 rack: self.config.rack.clone(),
             })
             .await?

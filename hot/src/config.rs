@@ -29,6 +29,14 @@ pub struct ServerConfig {
     pub controller: Option<ControllerSection>,
     /// Where the controllers are, for a broker in a cluster; absent for a single node.
     pub cluster: Option<ClusterSection>,
+    /// The broker's native gRPC data plane; absent: not served.
+    pub grpc: Option<GrpcSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcSection {
+    pub listen: SocketAddr,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -115,6 +123,7 @@ impl Default for ServerConfig {
             topics: TopicsSection::default(),
             controller: None,
             cluster: None,
+            grpc: None,
         }
     }
 }

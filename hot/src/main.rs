@@ -29,6 +29,10 @@ enum Command {
         /// Kafka listener address.
         #[arg(long)]
         listen: Option<String>,
+        /// gRPC data-plane address (default 127.0.0.1:9095 when the Kafka listener is the
+        /// default 127.0.0.1:9092; otherwise off unless given).
+        #[arg(long)]
+        grpc: Option<String>,
         /// Optional config file (see strata.example.toml); flags override it.
         #[arg(long)]
         config: Option<PathBuf>,
@@ -49,6 +53,10 @@ enum Command {
         #[command(subcommand)]
         command: cli::TopicCommand,
     },
+    /// Produce lines from stdin through the gRPC data plane (the native Rust producer).
+    Produce(cli::ProduceArgs),
+    /// Print a topic's records through the gRPC data plane (the native Rust consumer).
+    Consume(cli::ConsumeArgs),
     /// Inspect the controller quorum.
     Quorum {
         /// Any controller's gRPC listener.
@@ -78,14 +86,28 @@ fn main() -> anyhow::Result<()> {
         Command::Dev {
             data_dir,
             listen,
+            grpc,
             config,
         } => {
             let mut overrides: BTreeMap<String, String> = env.collect();
             if let Some(d) = data_dir {
                 overrides.insert("STRATA__DATA_DIR".into(), d.display().to_string());
             }
+            let default_listen =
+                listen.is_none() && !overrides.contains_key("STRATA__KAFKA__LISTEN");
             if let Some(l) = listen {
                 overrides.insert("STRATA__KAFKA__LISTEN".into(), l);
+            }
+            match grpc {
+                Some(g) => {
+                    overrides.insert("STRATA__GRPC__LISTEN".into(), g);
+                }
+                None if default_listen && config.is_none() => {
+                    overrides
+                        .entry("STRATA__GRPC__LISTEN".into())
+                        .or_insert_with(|| "127.0.0.1:9095".into());
+                }
+                None => {}
             }
             let config = ServerConfig::load(config.as_deref(), overrides.into_iter())?;
             runtime.block_on(strata_hot::server::run(config))
@@ -111,5 +133,7 @@ fn main() -> anyhow::Result<()> {
             controller,
             command,
         } => runtime.block_on(cli::quorum(&controller, command)),
+        Command::Produce(args) => runtime.block_on(cli::produce(args)),
+        Command::Consume(args) => runtime.block_on(cli::consume(args)),
     }
 }

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use crate::broker::{Broker, SystemClock};
 use crate::cluster::{ClusterLink, LinkConfig};
 use crate::config::{Role, ServerConfig};
+use crate::grpc::GrpcService;
 use crate::kafka::KafkaServer;
 
 /// Runs the configured roles until a shutdown signal arrives.
@@ -51,6 +52,18 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         })?;
     let bound = listener.local_addr()?;
     let listener_config = config.listener(bound);
+    let grpc_listener = match &config.grpc {
+        Some(g) => Some(
+            TcpListener::bind(g.listen)
+                .await
+                .with_context(|| format!("binding the gRPC listener on {}", g.listen))?,
+        ),
+        None => None,
+    };
+    let grpc_port = grpc_listener
+        .as_ref()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .transpose()?;
     let (link_stop, link_stop_rx) = watch::channel(false);
     let link = config.cluster.as_ref().map(|c| {
         ClusterLink::start(
@@ -59,6 +72,7 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
                 controllers: c.controllers.clone(),
                 kafka_host: listener_config.advertised_host.clone(),
                 kafka_port: listener_config.advertised_port,
+                grpc_port,
                 rack: c.rack.clone(),
                 cluster_id: c.cluster_id.clone(),
             },
@@ -82,6 +96,31 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
     );
     broker.spawn_retention();
     let (listener_stop_tx, listener_stop_rx) = watch::channel(false);
+    if let Some(grpc) = grpc_listener {
+        let me = strata_proto::v1::BrokerEndpoint {
+            id: config.node_id,
+            host: listener_config.advertised_host.clone(),
+            kafka_port: u32::from(listener_config.advertised_port),
+            grpc_port: u32::from(grpc_port.unwrap_or(0)),
+        };
+        tracing::info!(grpc = %grpc.local_addr()?, "serving the gRPC data plane");
+        let service = GrpcService::server(broker.clone(), me);
+        let mut stop = listener_stop_rx.clone();
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            let serving = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(grpc),
+                    stopped,
+                );
+            if let Err(e) = serving.await {
+                tracing::error!(error = %e, "gRPC data plane failed");
+            }
+        });
+    }
     let server = KafkaServer::new(broker.clone(), listener_config);
     let serving = tokio::spawn(server.serve(listener, listener_stop_rx));
     let mut stop_rx = stop_rx;

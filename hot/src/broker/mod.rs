@@ -93,6 +93,53 @@ impl Topic {
     }
 }
 
+/// Why a produce to one partition was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ProduceError {
+    #[error("{topic}-{partition} does not exist")]
+    UnknownTopicOrPartition { topic: String, partition: i32 },
+    #[error("this broker does not lead {topic}-{partition}")]
+    NotLeader {
+        topic: String,
+        partition: i32,
+        leader: Option<i32>,
+    },
+    #[error("{0}")]
+    NotEnoughReplicas(String),
+    #[error(transparent)]
+    Batch(#[from] strata_core::batch::BatchError),
+    #[error(transparent)]
+    Append(#[from] crate::log::AppendError),
+}
+
+/// A batch appended on the leader, with what it takes for it to become durable.
+pub struct PendingAppend {
+    partition: Arc<Partition>,
+    base_offset: u64,
+    /// The high watermark must reach this for the write to be durable; `None` when the
+    /// producer asked for less than acks=all or it already is.
+    durable_at: Option<u64>,
+    log_start: u64,
+}
+
+impl PendingAppend {
+    pub fn base_offset(&self) -> u64 {
+        self.base_offset
+    }
+
+    pub fn log_start(&self) -> u64 {
+        self.log_start
+    }
+
+    /// Waits until the write is durable per the topic's policy (acks=all only).
+    pub async fn durable(&self, timeout: std::time::Duration) -> Result<(), WaitError> {
+        match self.durable_at {
+            Some(end) => self.partition.wait_durable(end, timeout).await,
+            None => Ok(()),
+        }
+    }
+}
+
 /// Where a produce or fetch for a partition goes.
 pub enum Route {
     /// This broker leads the partition.
@@ -215,6 +262,66 @@ impl Broker {
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
             .cloned()
+    }
+
+    /// Validates and appends one produced batch on this broker, the partition's leader. The
+    /// append happens now (callers keep request order); waiting for durability is left to
+    /// the returned [`PendingAppend`].
+    pub fn append(
+        &self,
+        topic: &str,
+        index: i32,
+        records: bytes::Bytes,
+        acks: i16,
+        now_ms: i64,
+    ) -> Result<PendingAppend, ProduceError> {
+        let partition = match self.route(topic, index) {
+            Route::Leader(p) => p,
+            Route::NotLeader => {
+                let leader = self
+                    .topic(topic)
+                    .and_then(|t| t.layout.get(index as usize).and_then(|l| l.leader));
+                return Err(ProduceError::NotLeader {
+                    topic: topic.to_string(),
+                    partition: index,
+                    leader,
+                });
+            }
+            Route::UnknownTopicOrPartition => {
+                return Err(ProduceError::UnknownTopicOrPartition {
+                    topic: topic.to_string(),
+                    partition: index,
+                })
+            }
+        };
+        if acks == -1
+            && self
+                .topic(topic)
+                .is_some_and(|t| t.spec.replication_factor > 1)
+        {
+            // Replication between brokers is not built yet: acks=all cannot be honoured on a
+            // replicated topic, so it is refused rather than silently downgraded.
+            return Err(ProduceError::NotEnoughReplicas(
+                "replication between brokers is not built yet; acks=all needs a topic with replication factor 1 for now"
+                    .into(),
+            ));
+        }
+        let batch = crate::log::ValidBatch::new(records).inspect_err(|e| {
+            tracing::debug!(topic, partition = index, error = %e, "refused produced batch");
+        })?;
+        let appended = partition.append(&batch, now_ms).inspect_err(|e| {
+            if matches!(e, crate::log::AppendError::Io(_)) {
+                tracing::error!(topic, partition = index, error = %e, "append failed");
+            }
+        })?;
+        let progress = partition.progress();
+        let durable = progress.high_watermark > appended.last_offset;
+        Ok(PendingAppend {
+            base_offset: appended.base_offset,
+            durable_at: (acks == -1 && !durable).then_some(appended.last_offset + 1),
+            log_start: progress.log_start,
+            partition,
+        })
     }
 
     /// Where requests for a partition go: here if this broker leads it.

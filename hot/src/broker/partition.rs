@@ -12,6 +12,11 @@ use tokio::sync::{watch, Notify};
 
 use crate::log::{AppendError, Appended, PartitionLog, ReadError, ReadPlan, ValidBatch};
 
+/// Kafka's special ListOffsets timestamps.
+const LATEST: i64 = -1;
+const EARLIEST: i64 = -2;
+const MAX_TIMESTAMP: i64 = -3;
+
 /// What consumers and producers may rely on, published after every change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
@@ -129,11 +134,63 @@ impl Partition {
         Ok((plan, progress))
     }
 
+    /// Reads whole batches at `offset` below the high watermark, waiting up to `max_wait`
+    /// for some to arrive (a long poll for one partition).
+    pub async fn read_waiting(
+        &self,
+        offset: u64,
+        max_bytes: usize,
+        max_wait: Duration,
+    ) -> Result<(bytes::Bytes, Progress), ReadError> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let mut rx = self.progress.subscribe();
+        loop {
+            rx.borrow_and_update();
+            let (plan, progress) = self.plan_read(offset)?;
+            if let Some(plan) = plan {
+                let bytes = tokio::task::spawn_blocking(move || plan.read(max_bytes))
+                    .await
+                    .map_err(|e| ReadError::Io(std::io::Error::other(e)))??;
+                if !bytes.is_empty() {
+                    return Ok((bytes, progress));
+                }
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                return Ok((bytes::Bytes::new(), self.progress()));
+            }
+        }
+    }
+
     /// Applies a changed topic config (retention, segment and flush settings).
     pub fn set_config(&self, config: crate::log::LogConfig) {
         let mut log = self.lock();
         if *log.config() != config {
             log.set_config(config);
+        }
+    }
+
+    /// (timestamp, offset) for a ListOffsets query: -1 latest (the high watermark), -2
+    /// earliest, -3 the largest timestamp, or the first record at or after a timestamp;
+    /// (-1, -1) when no record below the high watermark qualifies.
+    pub fn offset_for(&self, timestamp: i64) -> std::io::Result<(i64, i64)> {
+        let progress = self.progress();
+        let hw = progress.high_watermark;
+        match timestamp {
+            LATEST => Ok((-1, hw as i64)),
+            EARLIEST => Ok((-1, progress.log_start as i64)),
+            MAX_TIMESTAMP => Ok(self
+                .lock()
+                .max_timestamp()
+                .filter(|(_, o)| *o < hw)
+                .map_or((-1, -1), |(ts, o)| (ts, o as i64))),
+            ts => Ok(self
+                .lock()
+                .offset_for_timestamp(ts)?
+                .filter(|(o, _)| *o < hw)
+                .map_or((-1, -1), |(o, found)| (found, o as i64))),
         }
     }
 

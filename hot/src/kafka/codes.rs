@@ -3,7 +3,7 @@
 use kafka_protocol::ResponseError as E;
 use strata_core::batch::BatchError;
 
-use crate::broker::{AdminError, Route, WaitError};
+use crate::broker::{AdminError, ProduceError, Route, WaitError};
 use crate::log::{AppendError, ReadError};
 
 pub const NONE: i16 = 0;
@@ -45,6 +45,16 @@ pub fn append(e: &AppendError) -> Coded {
         AppendError::Io(_) => E::KafkaStorageError.code(),
     };
     (code, e.to_string())
+}
+
+pub fn produce(e: &ProduceError) -> Coded {
+    match e {
+        ProduceError::UnknownTopicOrPartition { .. } => (UNKNOWN_TOPIC_OR_PARTITION, e.to_string()),
+        ProduceError::NotLeader { .. } => (NOT_LEADER_OR_FOLLOWER, e.to_string()),
+        ProduceError::NotEnoughReplicas(_) => (NOT_ENOUGH_REPLICAS, e.to_string()),
+        ProduceError::Batch(b) => batch(b),
+        ProduceError::Append(a) => append(a),
+    }
 }
 
 pub fn wait(e: &WaitError) -> Coded {

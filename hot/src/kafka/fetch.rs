@@ -21,11 +21,6 @@ use tokio::sync::watch;
 use super::{codes, Request};
 use crate::broker::{Partition, Progress, Route};
 
-/// Kafka's special ListOffsets timestamps.
-const LATEST: i64 = -1;
-const EARLIEST: i64 = -2;
-const MAX_TIMESTAMP: i64 = -3;
-
 struct Target {
     index: i32,
     offset: i64,
@@ -207,7 +202,7 @@ pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListO
                             Ok(part) => part,
                             Err(code) => return resp.with_error_code(code),
                         };
-                        match lookup(&part, p.timestamp) {
+                        match part.offset_for(p.timestamp) {
                             Ok((ts, offset)) => resp.with_timestamp(ts).with_offset(offset).with_leader_epoch(epoch),
                             Err(e) => {
                                 tracing::error!(topic = %name, partition = p.partition_index, error = %e, "offset lookup failed");
@@ -226,25 +221,5 @@ pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListO
             tracing::error!(error = %e, "list offsets task failed");
             ListOffsetsResponse::default()
         }
-    }
-}
-
-/// (timestamp, offset) for one ListOffsets query; (-1, -1) when no record qualifies.
-fn lookup(p: &Partition, timestamp: i64) -> std::io::Result<(i64, i64)> {
-    let progress = p.progress();
-    let hw = progress.high_watermark;
-    match timestamp {
-        LATEST => Ok((-1, hw as i64)),
-        EARLIEST => Ok((-1, progress.log_start as i64)),
-        MAX_TIMESTAMP => Ok(p
-            .lock()
-            .max_timestamp()
-            .filter(|(_, o)| *o < hw)
-            .map_or((-1, -1), |(ts, o)| (ts, o as i64))),
-        ts => Ok(p
-            .lock()
-            .offset_for_timestamp(ts)?
-            .filter(|(o, _)| *o < hw)
-            .map_or((-1, -1), |(o, found)| (found, o as i64))),
     }
 }

@@ -8,7 +8,7 @@
 //! do; it never panics the broker or leaves the connection hanging.
 
 mod admin;
-mod codes;
+pub(crate) mod codes;
 mod fetch;
 mod produce;
 

@@ -4,7 +4,6 @@
 //! request is dispatched, in connection order; only the wait for durability (acks=all) runs
 //! later. acks=0 gets no response at all, as in Kafka.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
@@ -14,8 +13,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 
 use super::{codes, Refusal, Reply, Request};
-use crate::broker::{Partition, Route};
-use crate::log::ValidBatch;
+use crate::broker::PendingAppend;
 
 /// One partition's outcome so far: a final answer, or an append waiting to become durable.
 struct PartitionOutcome {
@@ -23,7 +21,7 @@ struct PartitionOutcome {
     base_offset: i64,
     log_start: i64,
     error: Option<codes::Coded>,
-    wait: Option<(Arc<Partition>, u64)>,
+    wait: Option<PendingAppend>,
 }
 
 impl PartitionOutcome {
@@ -68,74 +66,25 @@ pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal
                 outcomes.push(PartitionOutcome::failed(pd.index, e.clone()));
                 continue;
             }
-            let partition = match broker.route(&name, pd.index) {
-                Route::Leader(p) => p,
-                other => {
-                    let code = codes::route(&other).expect("not the leader route");
-                    let msg = if code == codes::NOT_LEADER_OR_FOLLOWER {
-                        format!("this broker does not lead {name}-{}", pd.index)
-                    } else {
-                        format!("{name}-{} does not exist", pd.index)
-                    };
-                    outcomes.push(PartitionOutcome::failed(pd.index, (code, msg)));
-                    continue;
-                }
-            };
-            if acks == -1
-                && broker
-                    .topic(&name)
-                    .is_some_and(|t| t.spec.replication_factor > 1)
-            {
-                // Replication between brokers is not built yet: acks=all cannot be honoured
-                // on a replicated topic, so it is refused rather than silently downgraded.
+            let Some(records) = pd.records else {
                 outcomes.push(PartitionOutcome::failed(
                     pd.index,
                     (
-                        codes::NOT_ENOUGH_REPLICAS,
-                        "replication between brokers is not built yet; acks=all needs a topic \
-                         with replication factor 1 for now"
-                            .into(),
+                        codes::CORRUPT_MESSAGE,
+                        "produce request carries no records".into(),
                     ),
                 ));
                 continue;
-            }
-            let batch = match pd.records.map(ValidBatch::new) {
-                Some(Ok(b)) => b,
-                Some(Err(e)) => {
-                    tracing::debug!(topic = %name, partition = pd.index, error = %e, "refused produced batch");
-                    outcomes.push(PartitionOutcome::failed(pd.index, codes::batch(&e)));
-                    continue;
-                }
-                None => {
-                    outcomes.push(PartitionOutcome::failed(
-                        pd.index,
-                        (
-                            codes::CORRUPT_MESSAGE,
-                            "produce request carries no records".into(),
-                        ),
-                    ));
-                    continue;
-                }
             };
-            match partition.append(&batch, now) {
-                Ok(a) => {
-                    let progress = partition.progress();
-                    let durable = progress.high_watermark > a.last_offset;
-                    outcomes.push(PartitionOutcome {
-                        index: pd.index,
-                        base_offset: a.base_offset as i64,
-                        log_start: progress.log_start as i64,
-                        error: None,
-                        wait: (acks == -1 && !durable)
-                            .then(|| (partition.clone(), a.last_offset + 1)),
-                    });
-                }
-                Err(e) => {
-                    if matches!(e, crate::log::AppendError::Io(_)) {
-                        tracing::error!(topic = %name, partition = pd.index, error = %e, "append failed");
-                    }
-                    outcomes.push(PartitionOutcome::failed(pd.index, codes::append(&e)));
-                }
+            match broker.append(&name, pd.index, records, acks, now) {
+                Ok(pending) => outcomes.push(PartitionOutcome {
+                    index: pd.index,
+                    base_offset: pending.base_offset() as i64,
+                    log_start: pending.log_start() as i64,
+                    error: None,
+                    wait: Some(pending),
+                }),
+                Err(e) => outcomes.push(PartitionOutcome::failed(pd.index, codes::produce(&e))),
             }
         }
         topics.push((topic.name, outcomes));
@@ -149,8 +98,8 @@ pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal
         for (name, outcomes) in topics {
             let mut partition_responses = Vec::with_capacity(outcomes.len());
             for mut o in outcomes {
-                if let Some((partition, end)) = o.wait.take() {
-                    if let Err(e) = partition.wait_durable(end, timeout).await {
+                if let Some(pending) = o.wait.take() {
+                    if let Err(e) = pending.durable(timeout).await {
                         o.error = Some(codes::wait(&e));
                     }
                 }

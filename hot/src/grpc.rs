@@ -1,0 +1,294 @@
+//! The native data plane over gRPC (`strata.v1.Broker`): metadata, produce, fetch, list
+//! offsets and producer ids, with the same validation, append path and durability waits as
+//! the Kafka listener, and Kafka's error codes in the answers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_proto::v1::broker_server::{Broker as BrokerApi, BrokerServer};
+use strata_proto::v1::{
+    BrokerEndpoint, ClusterMetadataRequest, ClusterMetadataResponse, Error, FetchRequest,
+    FetchResponse, InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest,
+    ListOffsetsResponse, PartitionInfo, ProduceRequest, ProduceResponse, TopicInfo,
+};
+use tonic::{Request, Response, Status};
+
+use crate::broker::{Broker, ProduceError, Route};
+use crate::kafka::codes;
+
+/// Longest long poll a fetch may ask for.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+
+pub struct GrpcService {
+    broker: Arc<Broker>,
+    /// This broker's own endpoint, for single-node metadata.
+    me: BrokerEndpoint,
+}
+
+impl GrpcService {
+    pub fn server(broker: Arc<Broker>, me: BrokerEndpoint) -> BrokerServer<GrpcService> {
+        BrokerServer::new(GrpcService { broker, me })
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20)
+    }
+
+    fn route_error(&self, topic: &str, partition: u32, route: &Route) -> Error {
+        let code = codes::route(route).expect("not the leader route");
+        let leader = self
+            .broker
+            .topic(topic)
+            .and_then(|t| t.layout.get(partition as usize).and_then(|l| l.leader));
+        Error {
+            code: i32::from(code),
+            message: if code == codes::NOT_LEADER_OR_FOLLOWER {
+                format!(
+                    "broker {} does not lead {topic}-{partition}",
+                    self.broker.config().node_id
+                )
+            } else {
+                format!("{topic}-{partition} does not exist")
+            },
+            leader,
+        }
+    }
+}
+
+fn error(code: i16, message: impl Into<String>) -> Option<Error> {
+    Some(Error {
+        code: i32::from(code),
+        message: message.into(),
+        leader: None,
+    })
+}
+
+#[tonic::async_trait]
+impl BrokerApi for GrpcService {
+    async fn metadata(
+        &self,
+        req: Request<ClusterMetadataRequest>,
+    ) -> Result<Response<ClusterMetadataResponse>, Status> {
+        let req = req.into_inner();
+        let brokers = match self.broker.cluster() {
+            Some(link) => {
+                let m = link.metadata().borrow().clone();
+                m.brokers
+                    .values()
+                    .filter(|b| !b.fenced)
+                    .map(|b| {
+                        let port = |name: &str| {
+                            b.endpoints
+                                .iter()
+                                .find(|e| e.name == name)
+                                .map(|e| (e.host.clone(), e.port))
+                        };
+                        let kafka = port("kafka");
+                        BrokerEndpoint {
+                            id: b.id,
+                            host: kafka.as_ref().map(|(h, _)| h.clone()).unwrap_or_default(),
+                            kafka_port: kafka.map_or(0, |(_, p)| u32::from(p)),
+                            grpc_port: port("grpc").map_or(0, |(_, p)| u32::from(p)),
+                        }
+                    })
+                    .collect()
+            }
+            None => vec![self.me.clone()],
+        };
+        let all = self.broker.topics();
+        let mut unknown = Vec::new();
+        let wanted: Vec<_> = if req.topics.is_empty() {
+            all
+        } else {
+            req.topics
+                .iter()
+                .filter_map(|n| {
+                    let t = self.broker.topic(n);
+                    if t.is_none() {
+                        unknown.push(n.clone());
+                    }
+                    t
+                })
+                .collect()
+        };
+        let topics = wanted
+            .iter()
+            .map(|t| TopicInfo {
+                name: t.spec.name.clone(),
+                id: t.spec.id.to_string(),
+                partitions: t
+                    .layout
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| PartitionInfo {
+                        index: i as u32,
+                        leader: l.leader,
+                        leader_epoch: l.leader_epoch,
+                        replicas: l.replicas.clone(),
+                        isr: l.isr.clone(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let version = self
+            .broker
+            .cluster()
+            .map_or(0, |l| l.metadata().borrow().version);
+        Ok(Response::new(ClusterMetadataResponse {
+            version,
+            brokers,
+            topics,
+            unknown_topics: unknown,
+        }))
+    }
+
+    async fn produce(
+        &self,
+        req: Request<ProduceRequest>,
+    ) -> Result<Response<ProduceResponse>, Status> {
+        let r = req.into_inner();
+        let acks = i16::try_from(r.acks).ok().filter(|a| matches!(a, -1..=1));
+        let Some(acks) = acks else {
+            return Ok(Response::new(ProduceResponse {
+                error: error(
+                    codes::INVALID_REQUIRED_ACKS,
+                    format!("acks={} is not one of -1, 0, 1", r.acks),
+                ),
+                ..Default::default()
+            }));
+        };
+        let index = r.partition as i32;
+        let now = self.broker.now_ms();
+        let pending = match self
+            .broker
+            .append(&r.topic, index, r.records.into(), acks, now)
+        {
+            Ok(p) => p,
+            Err(e) => {
+                let (code, message) = codes::produce(&e);
+                let leader = match &e {
+                    ProduceError::NotLeader { leader, .. } => *leader,
+                    _ => None,
+                };
+                return Ok(Response::new(ProduceResponse {
+                    error: Some(Error {
+                        code: i32::from(code),
+                        message,
+                        leader,
+                    }),
+                    base_offset: -1,
+                    log_start_offset: -1,
+                }));
+            }
+        };
+        let timeout = Duration::from_millis(u64::from(r.timeout_ms.max(1)));
+        let error = match pending.durable(timeout).await {
+            Ok(()) => None,
+            Err(e) => {
+                let (code, message) = codes::wait(&e);
+                error(code, message)
+            }
+        };
+        Ok(Response::new(ProduceResponse {
+            base_offset: if error.is_none() {
+                pending.base_offset() as i64
+            } else {
+                -1
+            },
+            log_start_offset: pending.log_start() as i64,
+            error,
+        }))
+    }
+
+    async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
+        let r = req.into_inner();
+        let partition = match self.broker.route(&r.topic, r.partition as i32) {
+            Route::Leader(p) => p,
+            other => {
+                return Ok(Response::new(FetchResponse {
+                    error: Some(self.route_error(&r.topic, r.partition, &other)),
+                    ..Default::default()
+                }))
+            }
+        };
+        if r.offset < 0 {
+            return Ok(Response::new(FetchResponse {
+                error: error(
+                    codes::OFFSET_OUT_OF_RANGE,
+                    format!("offset {} is negative", r.offset),
+                ),
+                ..Default::default()
+            }));
+        }
+        let wait = Duration::from_millis(u64::from(r.max_wait_ms)).min(MAX_WAIT);
+        let max_bytes = (r.max_bytes as usize).clamp(1, 64 << 20);
+        match partition
+            .read_waiting(r.offset as u64, max_bytes, wait)
+            .await
+        {
+            Ok((records, progress)) => Ok(Response::new(FetchResponse {
+                error: None,
+                high_watermark: progress.high_watermark as i64,
+                log_start_offset: progress.log_start as i64,
+                records: records.into(),
+            })),
+            Err(e) => {
+                let progress = partition.progress();
+                Ok(Response::new(FetchResponse {
+                    error: error(codes::read(&e), e.to_string()),
+                    high_watermark: progress.high_watermark as i64,
+                    log_start_offset: progress.log_start as i64,
+                    records: Default::default(),
+                }))
+            }
+        }
+    }
+
+    async fn list_offsets(
+        &self,
+        req: Request<ListOffsetsRequest>,
+    ) -> Result<Response<ListOffsetsResponse>, Status> {
+        let r = req.into_inner();
+        let partition = match self.broker.route(&r.topic, r.partition as i32) {
+            Route::Leader(p) => p,
+            other => {
+                return Ok(Response::new(ListOffsetsResponse {
+                    error: Some(self.route_error(&r.topic, r.partition, &other)),
+                    offset: -1,
+                }))
+            }
+        };
+        let ts = r.timestamp;
+        let found = tokio::task::spawn_blocking(move || partition.offset_for(ts))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(match found {
+            Ok((_, offset)) => ListOffsetsResponse {
+                error: None,
+                offset,
+            },
+            Err(e) => ListOffsetsResponse {
+                error: error(codes::KAFKA_STORAGE_ERROR, e.to_string()),
+                offset: -1,
+            },
+        }))
+    }
+
+    async fn init_producer_id(
+        &self,
+        _req: Request<InitProducerIdRequest>,
+    ) -> Result<Response<InitProducerIdResponse>, Status> {
+        Ok(Response::new(
+            match self.broker.allocate_producer_id().await {
+                Ok(id) => InitProducerIdResponse {
+                    error: None,
+                    producer_id: id,
+                    producer_epoch: 0,
+                },
+                Err(e) => InitProducerIdResponse {
+                    error: error(codes::KAFKA_STORAGE_ERROR, e.to_string()),
+                    producer_id: -1,
+                    producer_epoch: -1,
+                },
+            },
+        ))
+    }
+}
