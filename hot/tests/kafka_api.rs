@@ -793,3 +793,45 @@ async fn configs_can_be_altered_and_partitions_added() {
     );
     assert_eq!(list_offset(&mut conn, "t", 0, -1).await.unwrap(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_epoch_the_broker_does_not_know_is_refused() {
+    let b = start().await;
+    with_topic(&b, "e", 1).await;
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    produce(&mut conn, "e", 0, records(1, 0, ProducerIds::NONE), -1)
+        .await
+        .unwrap();
+    let fetch_at = |epoch: i32| {
+        FetchRequest::default()
+            .with_max_wait_ms(10)
+            .with_max_bytes(1 << 20)
+            .with_topics(vec![FetchTopic::default()
+                .with_topic(TopicName(s("e")))
+                .with_partitions(vec![FetchPartition::default()
+                    .with_partition(0)
+                    .with_current_leader_epoch(epoch)
+                    .with_partition_max_bytes(1 << 20)])])
+    };
+    let code = |r: kafka_protocol::messages::FetchResponse| r.responses[0].partitions[0].error_code;
+    // this single node leads at epoch 0: 0 and "not given" (-1) are served, a newer one is not
+    assert_eq!(code(conn.send(&fetch_at(0), 12).await.unwrap()), 0);
+    assert_eq!(code(conn.send(&fetch_at(-1), 12).await.unwrap()), 0);
+    assert_eq!(
+        code(conn.send(&fetch_at(3), 12).await.unwrap()),
+        75,
+        "UNKNOWN_LEADER_EPOCH"
+    );
+    let list_at = |epoch: i32| {
+        ListOffsetsRequest::default()
+            .with_replica_id((-1).into())
+            .with_topics(vec![ListOffsetsTopic::default()
+                .with_name(TopicName(s("e")))
+                .with_partitions(vec![ListOffsetsPartition::default()
+                    .with_partition_index(0)
+                    .with_current_leader_epoch(epoch)
+                    .with_timestamp(-1)])])
+    };
+    let resp = conn.send(&list_at(9), 7).await.unwrap();
+    assert_eq!(resp.topics[0].partitions[0].error_code, 75);
+}

@@ -140,6 +140,16 @@ impl PendingAppend {
     }
 }
 
+/// How a client's leader epoch compares with the broker's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochCheck {
+    Current,
+    /// The client knows an older leader epoch: it talks to a leadership that is gone.
+    Fenced,
+    /// The client knows a newer epoch than this broker has seen yet.
+    Unknown,
+}
+
 /// Where a produce or fetch for a partition goes.
 pub enum Route {
     /// This broker leads the partition.
@@ -322,6 +332,22 @@ impl Broker {
             log_start: progress.log_start,
             partition,
         })
+    }
+
+    /// Compares a client's view of a partition's leader epoch with this broker's (Kafka's
+    /// `current_leader_epoch`; negative means the client did not say).
+    pub fn leader_epoch_check(&self, topic: &str, index: i32, requested: i32) -> EpochCheck {
+        if requested < 0 {
+            return EpochCheck::Current;
+        }
+        let current = self
+            .topic(topic)
+            .and_then(|t| t.layout.get(index as usize).map(|l| l.leader_epoch));
+        match current {
+            Some(c) if requested < c => EpochCheck::Fenced,
+            Some(c) if requested > c => EpochCheck::Unknown,
+            _ => EpochCheck::Current,
+        }
     }
 
     /// Where requests for a partition go: here if this broker leads it.

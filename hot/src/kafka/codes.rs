@@ -3,7 +3,7 @@
 use kafka_protocol::ResponseError as E;
 use strata_core::batch::BatchError;
 
-use crate::broker::{AdminError, ProduceError, Route, WaitError};
+use crate::broker::{AdminError, EpochCheck, ProduceError, Route, WaitError};
 use crate::log::{AppendError, ReadError};
 
 pub const NONE: i16 = 0;
@@ -63,6 +63,15 @@ pub fn wait(e: &WaitError) -> Coded {
         WaitError::StorageFailed => E::KafkaStorageError.code(),
     };
     (code, e.to_string())
+}
+
+/// FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH for a mismatched client epoch.
+pub fn epoch(check: EpochCheck) -> Option<i16> {
+    match check {
+        EpochCheck::Current => None,
+        EpochCheck::Fenced => Some(E::FencedLeaderEpoch.code()),
+        EpochCheck::Unknown => Some(E::UnknownLeaderEpoch.code()),
+    }
 }
 
 /// The error code for a partition this broker cannot serve.

@@ -29,13 +29,21 @@ struct Target {
     partition: Result<Arc<Partition>, i16>,
 }
 
+/// The local leader replica of a partition, or the error to answer with: not here, or the
+/// client's `current_leader_epoch` is stale or ahead of this broker's.
 fn lookup_partition(
     broker: &crate::broker::Broker,
     topic: &str,
     index: i32,
+    client_epoch: i32,
 ) -> Result<Arc<Partition>, i16> {
     match broker.route(topic, index) {
-        Route::Leader(p) => Ok(p),
+        Route::Leader(p) => {
+            match codes::epoch(broker.leader_epoch_check(topic, index, client_epoch)) {
+                None => Ok(p),
+                Some(code) => Err(code),
+            }
+        }
         other => Err(codes::route(&other).expect("not the leader route")),
     }
 }
@@ -54,7 +62,12 @@ pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
                         index: p.partition,
                         offset: p.fetch_offset,
                         max_bytes: p.partition_max_bytes.max(0) as usize,
-                        partition: lookup_partition(broker, &name, p.partition),
+                        partition: lookup_partition(
+                            broker,
+                            &name,
+                            p.partition,
+                            p.current_leader_epoch,
+                        ),
                     })
                     .collect();
                 (t.topic, targets)
@@ -198,7 +211,7 @@ pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListO
                     .into_iter()
                     .map(|p| {
                         let resp = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
-                        let part = match lookup_partition(&broker, &name, p.partition_index) {
+                        let part = match lookup_partition(&broker, &name, p.partition_index, p.current_leader_epoch) {
                             Ok(part) => part,
                             Err(code) => return resp.with_error_code(code),
                         };
