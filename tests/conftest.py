@@ -57,6 +57,7 @@ class Broker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.stderr_path = workdir / "broker.stderr"
         self.port = free_port()
+        self.controller_port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.proc = None
         # Run in the child before exec (e.g. resource limits for disk-full tests).
@@ -85,6 +86,8 @@ class Broker:
                 str(self.data_dir),
                 "--listen",
                 self.bootstrap,
+                "--controller-listen",
+                f"127.0.0.1:{self.controller_port}",
             ],
             stdin=subprocess.DEVNULL,
             stdout=self._stderr_file,

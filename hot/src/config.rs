@@ -161,7 +161,71 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     })
 }
 
+/// `strata dev` command-line flags.
+#[derive(Debug, Default)]
+pub struct DevFlags {
+    pub data_dir: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub grpc: Option<String>,
+    pub controller_listen: Option<String>,
+}
+
 impl ServerConfig {
+    /// The `strata dev` configuration: without a config file, one process runs both roles (a
+    /// single-voter controller quorum and a broker registered with it), like KRaft's combined
+    /// mode; flags and `STRATA__*` variables override.
+    pub fn dev(
+        path: Option<&Path>,
+        flags: DevFlags,
+        env: impl Iterator<Item = (String, String)>,
+    ) -> anyhow::Result<Self> {
+        let mut overrides: BTreeMap<String, String> = env.collect();
+        if let Some(d) = &flags.data_dir {
+            overrides.insert("STRATA__DATA_DIR".into(), d.display().to_string());
+        }
+        let default_listen =
+            flags.listen.is_none() && !overrides.contains_key("STRATA__KAFKA__LISTEN");
+        if let Some(l) = flags.listen {
+            overrides.insert("STRATA__KAFKA__LISTEN".into(), l);
+        }
+        match flags.grpc {
+            Some(g) => {
+                overrides.insert("STRATA__GRPC__LISTEN".into(), g);
+            }
+            None if default_listen && path.is_none() => {
+                overrides
+                    .entry("STRATA__GRPC__LISTEN".into())
+                    .or_insert_with(|| "127.0.0.1:9095".into());
+            }
+            None => {}
+        }
+        let mut config = ServerConfig::load(path, overrides.into_iter())?;
+        if path.is_none() && config.controller.is_none() && config.cluster.is_none() {
+            let listen: SocketAddr = flags
+                .controller_listen
+                .as_deref()
+                .unwrap_or("127.0.0.1:9093")
+                .parse()
+                .context("--controller-listen is not HOST:PORT")?;
+            config.roles = vec![Role::Broker, Role::Controller];
+            config.node_id = 1;
+            config.controller = Some(ControllerSection {
+                node_id: 1,
+                listen,
+                voters: BTreeMap::from([("1".to_string(), listen.to_string())]),
+                broker_lease: default_broker_lease(),
+                raft_heartbeat: default_raft_heartbeat(),
+            });
+            config.cluster = Some(ClusterSection {
+                controllers: vec![listen.to_string()],
+                rack: None,
+                cluster_id: default_cluster_id(),
+            });
+            config.validate()?;
+        }
+        Ok(config)
+    }
+
     /// Reads `path` (if given), applies `STRATA__*` environment overrides, and validates.
     pub fn load(
         path: Option<&Path>,

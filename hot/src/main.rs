@@ -1,12 +1,11 @@
 //! `strata`: run a broker (`dev`, `server`) or administer topics (`topic`).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use strata_hot::cli;
-use strata_hot::config::ServerConfig;
+use strata_hot::config::{DevFlags, ServerConfig};
 
 #[derive(Parser)]
 #[command(
@@ -21,7 +20,8 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run an embedded single-node cluster for development (data in ./strata-data).
+    /// Run an embedded single-node cluster for development: one process with the controller
+    /// and broker roles (data in ./strata-data).
     Dev {
         /// Data directory.
         #[arg(long)]
@@ -33,6 +33,9 @@ enum Command {
         /// default 127.0.0.1:9092; otherwise off unless given).
         #[arg(long)]
         grpc: Option<String>,
+        /// The embedded controller's gRPC address (default 127.0.0.1:9093).
+        #[arg(long)]
+        controller_listen: Option<String>,
         /// Optional config file (see strata.example.toml); flags override it.
         #[arg(long)]
         config: Option<PathBuf>,
@@ -87,29 +90,16 @@ fn main() -> anyhow::Result<()> {
             data_dir,
             listen,
             grpc,
+            controller_listen,
             config,
         } => {
-            let mut overrides: BTreeMap<String, String> = env.collect();
-            if let Some(d) = data_dir {
-                overrides.insert("STRATA__DATA_DIR".into(), d.display().to_string());
-            }
-            let default_listen =
-                listen.is_none() && !overrides.contains_key("STRATA__KAFKA__LISTEN");
-            if let Some(l) = listen {
-                overrides.insert("STRATA__KAFKA__LISTEN".into(), l);
-            }
-            match grpc {
-                Some(g) => {
-                    overrides.insert("STRATA__GRPC__LISTEN".into(), g);
-                }
-                None if default_listen && config.is_none() => {
-                    overrides
-                        .entry("STRATA__GRPC__LISTEN".into())
-                        .or_insert_with(|| "127.0.0.1:9095".into());
-                }
-                None => {}
-            }
-            let config = ServerConfig::load(config.as_deref(), overrides.into_iter())?;
+            let flags = DevFlags {
+                data_dir,
+                listen,
+                grpc,
+                controller_listen,
+            };
+            let config = ServerConfig::dev(config.as_deref(), flags, env)?;
             runtime.block_on(strata_hot::server::run(config))
         }
         Command::Server { config } => {

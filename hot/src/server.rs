@@ -86,6 +86,10 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
     )
     .await
     .with_context(|| format!("opening data directory {}", config.data_dir.display()))?;
+    broker
+        .wait_until_registered(std::time::Duration::from_secs(60))
+        .await
+        .context("joining the cluster")?;
     tracing::info!(
         kafka = %bound,
         advertised = %format!("{}:{}", listener_config.advertised_host, listener_config.advertised_port),

@@ -717,6 +717,40 @@ impl Broker {
         Ok(())
     }
 
+    /// In cluster mode, waits until this broker is registered, unfenced, and its topics
+    /// reflect the metadata that says so; a broker serves nothing before that.
+    pub async fn wait_until_registered(&self, timeout: std::time::Duration) -> io::Result<()> {
+        let Some(link) = &self.cluster else {
+            return Ok(());
+        };
+        let id = self.config.node_id;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut applied = self.metadata_version.subscribe();
+        loop {
+            let ready = link.epoch().is_some_and(|epoch| {
+                let m = link.metadata().borrow().clone();
+                m.brokers
+                    .get(&id)
+                    .is_some_and(|b| b.epoch == epoch && !b.fenced)
+                    && *applied.borrow() >= m.version
+            });
+            if ready {
+                return Ok(());
+            }
+            let wait = tokio::time::sleep(std::time::Duration::from_millis(50));
+            tokio::select! {
+                _ = wait => {}
+                _ = applied.changed() => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("broker {id} did not register with the controllers within {timeout:?}; are they running and reachable?"),
+                ));
+            }
+        }
+    }
+
     /// Waits (bounded) until this broker's topics reflect metadata `version`.
     async fn wait_for_metadata(&self, version: u64) {
         let mut applied = self.metadata_version.subscribe();
