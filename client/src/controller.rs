@@ -12,13 +12,6 @@ use tonic::transport::Channel;
 
 use crate::{ClientError, Result};
 
-fn grpc(status: tonic::Status) -> ClientError {
-    ClientError::Grpc {
-        code: format!("{:?}", status.code()),
-        message: status.message().to_string(),
-    }
-}
-
 pub struct ControllerAdmin {
     client: ControllerClient<Channel>,
 }
@@ -43,7 +36,7 @@ impl ControllerAdmin {
             .client
             .describe_quorum(DescribeQuorumRequest {})
             .await
-            .map_err(grpc)?
+            .map_err(ClientError::from)?
             .into_inner())
     }
 
@@ -65,7 +58,7 @@ impl ControllerAdmin {
                 configs: configs.clone().into_iter().collect(),
             })
             .await
-            .map_err(grpc)?
+            .map_err(ClientError::from)?
             .into_inner();
         Ok((resp.topic_id, resp.created))
     }
@@ -76,7 +69,7 @@ impl ControllerAdmin {
                 name: name.to_string(),
             })
             .await
-            .map_err(grpc)?;
+            .map_err(ClientError::from)?;
         Ok(())
     }
 
@@ -86,11 +79,15 @@ impl ControllerAdmin {
             .client
             .watch(WatchRequest { from_version: 0 })
             .await
-            .map_err(grpc)?
+            .map_err(ClientError::from)?
             .into_inner();
-        let snap = stream.message().await.map_err(grpc)?.ok_or_else(|| {
-            ClientError::Protocol("the metadata stream ended before its first snapshot".into())
-        })?;
+        let snap = stream
+            .message()
+            .await
+            .map_err(ClientError::from)?
+            .ok_or_else(|| {
+                ClientError::Protocol("the metadata stream ended before its first snapshot".into())
+            })?;
         Ok((snap.version, snap.metadata_json))
     }
 }

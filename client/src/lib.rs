@@ -60,6 +60,15 @@ impl ClientError {
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+impl From<tonic::Status> for ClientError {
+    fn from(status: tonic::Status) -> Self {
+        ClientError::Grpc {
+            code: format!("{:?}", status.code()),
+            message: status.message().to_string(),
+        }
+    }
+}
+
 /// One Kafka-protocol connection; requests are sent one at a time.
 pub struct Connection {
     stream: TcpStream,

@@ -160,10 +160,7 @@ impl Cluster {
                 }
                 Err(status) => {
                     state.channels.remove(&addr);
-                    last = ClientError::Grpc {
-                        code: format!("{:?}", status.code()),
-                        message: status.message().to_string(),
-                    };
+                    last = status.into();
                 }
             }
         }
@@ -276,10 +273,7 @@ impl Producer {
                 .await?
                 .init_producer_id(InitProducerIdRequest {})
                 .await
-                .map_err(|s| ClientError::Grpc {
-                    code: format!("{:?}", s.code()),
-                    message: s.message().to_string(),
-                })?
+                .map_err(ClientError::from)?
                 .into_inner();
             if let Some(e) = resp.error {
                 return Err(broker_error(e.code, e.message));
@@ -412,10 +406,7 @@ async fn send_batch(
                     records: records.to_vec(),
                 })
                 .await
-                .map_err(|s| ClientError::Grpc {
-                    code: format!("{:?}", s.code()),
-                    message: s.message().to_string(),
-                })?
+                .map_err(ClientError::from)?
                 .into_inner();
             match resp.error {
                 Some(e) => Err(broker_error(e.code, e.message)),
@@ -487,10 +478,7 @@ impl Consumer {
                         max_wait_ms: max_wait.as_millis() as u32,
                     })
                     .await
-                    .map_err(|s| ClientError::Grpc {
-                        code: format!("{:?}", s.code()),
-                        message: s.message().to_string(),
-                    })?
+                    .map_err(ClientError::from)?
                     .into_inner();
                 match resp.error {
                     Some(e) => Err(broker_error(e.code, e.message)),
