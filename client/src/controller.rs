@@ -75,19 +75,26 @@ impl ControllerAdmin {
 
     /// The controller's current metadata as JSON, with its version.
     pub async fn metadata_json(&mut self) -> Result<(u64, Vec<u8>)> {
+        use strata_proto::v1::metadata_update::Update;
         let mut stream = self
             .client
             .watch(WatchRequest { from_version: 0 })
             .await
             .map_err(ClientError::from)?
             .into_inner();
-        let snap = stream
+        match stream
             .message()
             .await
             .map_err(ClientError::from)?
-            .ok_or_else(|| {
-                ClientError::Protocol("the metadata stream ended before its first snapshot".into())
-            })?;
-        Ok((snap.version, snap.metadata_json))
+            .and_then(|u| u.update)
+        {
+            Some(Update::Snapshot(snap)) => Ok((snap.version, snap.metadata_json)),
+            Some(Update::Entry(_)) => Err(ClientError::Protocol(
+                "the metadata stream did not start with a snapshot".into(),
+            )),
+            None => Err(ClientError::Protocol(
+                "the metadata stream ended before its first snapshot".into(),
+            )),
+        }
     }
 }

@@ -276,12 +276,27 @@ impl Controller {
 
 struct ControllerService(Arc<Controller>);
 
-type WatchStream = Pin<Box<dyn Stream<Item = Result<MetadataSnapshot, Status>> + Send>>;
+type WatchStream = Pin<Box<dyn Stream<Item = Result<MetadataUpdate, Status>> + Send>>;
 
-fn snapshot_message(m: &ClusterMetadata) -> Result<MetadataSnapshot, Status> {
-    Ok(MetadataSnapshot {
-        version: m.version,
-        metadata_json: serde_json::to_vec(m).map_err(|e| Status::internal(e.to_string()))?,
+fn snapshot_update(m: &ClusterMetadata) -> Result<MetadataUpdate, Status> {
+    Ok(MetadataUpdate {
+        update: Some(metadata_update::Update::Snapshot(MetadataSnapshot {
+            version: m.version,
+            metadata_json: serde_json::to_vec(m).map_err(|e| Status::internal(e.to_string()))?,
+        })),
+    })
+}
+
+fn entry_update(index: u64, command: &Option<Command>) -> Result<MetadataUpdate, Status> {
+    let command_json = match command {
+        Some(c) => serde_json::to_vec(c).map_err(|e| Status::internal(e.to_string()))?,
+        None => Vec::new(),
+    };
+    Ok(MetadataUpdate {
+        update: Some(metadata_update::Update::Entry(MetadataEntry {
+            index,
+            command_json,
+        })),
     })
 }
 
@@ -394,22 +409,35 @@ impl ControllerApi for ControllerService {
 
     async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
         let from = req.into_inner().from_version;
-        let mut rx = self.0.metadata();
-        let (tx, out) = tokio::sync::mpsc::channel(4);
+        let controller = self.0.clone();
+        let mut rx = controller.metadata();
+        let (tx, out) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
-            // A watcher starting from 0 gets the current state even if it is empty.
-            let mut sent: Option<u64> = None;
+            // `sent`: the version the watcher holds. From 0 it gets a snapshot (even of an empty
+            // state); afterwards the log entries after it, or a snapshot when they are gone.
+            let mut sent: Option<u64> = (from > 0).then_some(from);
             loop {
                 let current = rx.borrow_and_update().clone();
-                let newer = match sent {
-                    None => from == 0 || current.version > from,
-                    Some(v) => current.version > v,
+                let updates: Vec<Result<MetadataUpdate, Status>> = match sent {
+                    Some(v) if v >= current.version => Vec::new(),
+                    Some(v) => match controller.state.entries_since(v) {
+                        Some(entries) => entries.iter().map(|(i, c)| entry_update(*i, c)).collect(),
+                        None => vec![snapshot_update(&current)],
+                    },
+                    None => vec![snapshot_update(&current)],
                 };
-                if newer {
-                    if tx.send(snapshot_message(&current)).await.is_err() {
+                for u in updates {
+                    if let Ok(MetadataUpdate {
+                        update: Some(metadata_update::Update::Entry(e)),
+                    }) = &u
+                    {
+                        sent = Some(e.index);
+                    } else {
+                        sent = Some(current.version);
+                    }
+                    if tx.send(u).await.is_err() {
                         return;
                     }
-                    sent = Some(current.version);
                 }
                 if rx.changed().await.is_err() {
                     return;

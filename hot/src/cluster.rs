@@ -8,12 +8,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use strata_controller::metadata::ClusterMetadata;
+use strata_controller::metadata::{ClusterMetadata, Command};
 use strata_proto::v1::controller_client::ControllerClient;
+use strata_proto::v1::metadata_update;
 use strata_proto::v1::{
     AllocateProducerIdsRequest, AlterTopicConfigsRequest, ControlledShutdownRequest,
     CreatePartitionsRequest, CreateTopicRequest, CreateTopicResponse, DeleteTopicRequest, Endpoint,
-    HeartbeatRequest, RegisterBrokerRequest, WatchRequest,
+    HeartbeatRequest, MetadataUpdate, RegisterBrokerRequest, WatchRequest,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -301,6 +302,44 @@ impl ClusterLink {
         }
     }
 
+    /// Applies one update of the metadata stream to the cache: a snapshot replaces it; a log
+    /// entry must be the next one and goes through the controllers' own state machine.
+    fn apply_update(&self, update: MetadataUpdate) -> Result<(), String> {
+        match update.update {
+            Some(metadata_update::Update::Snapshot(snap)) => {
+                let m: ClusterMetadata = serde_json::from_slice(&snap.metadata_json)
+                    .map_err(|e| format!("undecodable metadata snapshot: {e}"))?;
+                self.metadata.send_replace(Arc::new(m));
+                Ok(())
+            }
+            Some(metadata_update::Update::Entry(entry)) => {
+                let current = self.metadata.borrow().clone();
+                if entry.index <= current.version {
+                    return Ok(()); // already applied
+                }
+                if entry.index != current.version + 1 {
+                    return Err(format!(
+                        "entry {} does not follow version {}",
+                        entry.index, current.version
+                    ));
+                }
+                let mut next = (*current).clone();
+                if entry.command_json.is_empty() {
+                    next.version = entry.index;
+                } else {
+                    let cmd: Command = serde_json::from_slice(&entry.command_json)
+                        .map_err(|e| format!("undecodable metadata entry {}: {e}", entry.index))?;
+                    // A refused command changes nothing but the version, exactly as on the
+                    // controllers.
+                    let _ = next.apply(entry.index, &cmd);
+                }
+                self.metadata.send_replace(Arc::new(next));
+                Ok(())
+            }
+            None => Err("empty metadata update".into()),
+        }
+    }
+
     async fn watch_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut which = 0usize;
         loop {
@@ -322,15 +361,10 @@ impl ClusterLink {
                     _ = shutdown.wait_for(|s| *s) => return,
                 };
                 match next {
-                    Ok(Some(snap)) => {
-                        match serde_json::from_slice::<ClusterMetadata>(&snap.metadata_json) {
-                            Ok(m) if m.version >= self.metadata.borrow().version => {
-                                self.metadata.send_replace(Arc::new(m));
-                            }
-                            Ok(_) => {}
-                            Err(e) => {
-                                tracing::error!(error = %e, "undecodable metadata from the controller")
-                            }
+                    Ok(Some(update)) => {
+                        if let Err(e) = self.apply_update(update) {
+                            tracing::warn!(error = %e, "metadata stream out of step; resubscribing");
+                            break;
                         }
                     }
                     Ok(None) | Err(_) => break,

@@ -6,6 +6,7 @@
 //! The applied state itself is not persisted: after a restart it is the snapshot plus the
 //! committed log entries openraft re-applies.
 
+use std::collections::VecDeque;
 use std::io::{self, Cursor};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,7 +21,7 @@ use tokio::sync::watch;
 
 use super::log_store::write_json;
 use super::{Entry, NodeId, Reply, TypeConfig};
-use crate::metadata::{Applied, ClusterMetadata};
+use crate::metadata::{Applied, ClusterMetadata, Command};
 
 const SNAPSHOT_FILE: &str = "snapshot";
 
@@ -31,8 +32,14 @@ struct StoredSnapshot {
     data: Vec<u8>,
 }
 
+/// Applied entries kept for watchers that are only a little behind.
+const RECENT_ENTRIES: usize = 10_000;
+
 struct SmInner {
     metadata: ClusterMetadata,
+    /// The most recent applied entries, oldest first: (index, command; `None` for Raft's own
+    /// entries). Continuous up to `metadata.version`.
+    recent: VecDeque<(u64, Option<Command>)>,
     last_applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, BasicNode>,
     snapshot: Option<StoredSnapshot>,
@@ -83,6 +90,7 @@ impl StateMachine {
             dir: dir.to_path_buf(),
             inner: Arc::new(Mutex::new(SmInner {
                 metadata,
+                recent: VecDeque::new(),
                 last_applied,
                 membership,
                 snapshot: stored,
@@ -103,6 +111,27 @@ impl StateMachine {
 
     pub fn current(&self) -> Arc<ClusterMetadata> {
         self.published.borrow().clone()
+    }
+
+    /// The applied entries after `version`, if they are all still retained; `None` when the
+    /// watcher must start from a snapshot instead.
+    pub fn entries_since(&self, version: u64) -> Option<Vec<(u64, Option<Command>)>> {
+        let inner = self.lock();
+        if version >= inner.metadata.version {
+            return Some(Vec::new());
+        }
+        let oldest = inner.recent.front()?.0;
+        if version + 1 < oldest {
+            return None;
+        }
+        Some(
+            inner
+                .recent
+                .iter()
+                .filter(|(i, _)| *i > version)
+                .cloned()
+                .collect(),
+        )
     }
 
     fn publish(&self, metadata: ClusterMetadata) {
@@ -164,8 +193,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let mut replies = Vec::new();
             for entry in entries {
                 inner.last_applied = Some(entry.log_id);
+                let index = entry.log_id.index;
+                let command = match &entry.payload {
+                    EntryPayload::Normal(cmd) => Some(cmd.clone()),
+                    _ => None,
+                };
+                if inner.recent.len() == RECENT_ENTRIES {
+                    inner.recent.pop_front();
+                }
+                inner.recent.push_back((index, command));
                 let reply = match entry.payload {
-                    EntryPayload::Blank => Ok(Applied::Done),
+                    EntryPayload::Blank => {
+                        inner.metadata.version = index;
+                        Ok(Applied::Done)
+                    }
                     EntryPayload::Normal(cmd) => {
                         let result = inner.metadata.apply(entry.log_id.index, &cmd);
                         if let Err(e) = &result {
@@ -175,6 +216,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     }
                     EntryPayload::Membership(m) => {
                         inner.membership = StoredMembership::new(Some(entry.log_id), m);
+                        inner.metadata.version = index;
                         Ok(Applied::Done)
                     }
                 };
@@ -218,6 +260,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         {
             let mut inner = self.lock();
             inner.metadata = metadata.clone();
+            inner.recent.clear();
             inner.last_applied = meta.last_log_id;
             inner.membership = meta.last_membership.clone();
             inner.snapshot = Some(stored);

@@ -110,6 +110,44 @@ mod durability {
     }
 
     #[tokio::test]
+    async fn watchers_get_entries_after_their_version_or_need_a_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = StateMachine::open(dir.path()).unwrap();
+        sm.apply(vec![
+            entry(1, EntryPayload::Blank),
+            entry(2, register(1)),
+            entry(3, register(2)),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(sm.current().version, 3);
+        let since1 = sm.entries_since(1).unwrap();
+        assert_eq!(
+            since1.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
+        assert!(since1.iter().all(|(_, c)| c.is_some()));
+        assert_eq!(sm.entries_since(0).unwrap().len(), 3);
+        assert!(sm.entries_since(3).unwrap().is_empty());
+        // Replaying the entries on a copy gives the controller's state (what brokers do).
+        let mut replica = crate::metadata::ClusterMetadata::default();
+        for (i, c) in sm.entries_since(0).unwrap() {
+            match c {
+                Some(c) => {
+                    let _ = replica.apply(i, &c);
+                }
+                None => replica.version = i,
+            }
+        }
+        assert_eq!(replica, *sm.current());
+        // After a restart the old entries are gone: a watcher needs a snapshot.
+        sm.build_snapshot().await.unwrap();
+        drop(sm);
+        let sm = StateMachine::open(dir.path()).unwrap();
+        assert!(sm.entries_since(1).is_none());
+    }
+
+    #[tokio::test]
     async fn state_machine_restarts_from_its_snapshot() {
         let dir = tempfile::tempdir().unwrap();
         let mut sm = StateMachine::open(dir.path()).unwrap();
