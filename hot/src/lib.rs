@@ -8,4 +8,5 @@ pub mod config;
 pub mod grpc;
 pub mod kafka;
 pub mod log;
+pub mod replication;
 pub mod server;

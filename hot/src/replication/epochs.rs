@@ -1,0 +1,327 @@
+//! The leader-epoch history of a partition (Kafka's `leader-epoch-checkpoint`): for every
+//! leader epoch, the first offset written in it. It answers OffsetsForLeaderEpoch and tells a
+//! follower (or a deposed leader) where its log diverges from the new leader's, so that it
+//! truncates there before fetching (KIP-101, KIP-279). Pure logic plus a text codec.
+
+/// One epoch and the first offset its leader wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochEntry {
+    pub epoch: i32,
+    pub start_offset: u64,
+}
+
+/// Why a checkpoint file cannot be used; the log rebuilds the history from batch headers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("leader-epoch checkpoint is invalid: {0}")]
+pub struct CheckpointError(String);
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaderEpochCache {
+    /// Epochs strictly increasing, start offsets never decreasing.
+    entries: Vec<EpochEntry>,
+}
+
+impl LeaderEpochCache {
+    pub fn entries(&self) -> &[EpochEntry] {
+        &self.entries
+    }
+
+    pub fn latest(&self) -> Option<EpochEntry> {
+        self.entries.last().copied()
+    }
+
+    /// Records that `epoch` starts at `start_offset` (a leader taking over, or a follower
+    /// appending the first batch of a new epoch). An older or equal epoch is ignored; an
+    /// entry that starts at or after `start_offset` is replaced, as its data is gone.
+    pub fn assign(&mut self, epoch: i32, start_offset: u64) {
+        if self.latest().is_some_and(|l| l.epoch >= epoch) {
+            return;
+        }
+        self.entries.retain(|e| e.start_offset < start_offset);
+        self.entries.push(EpochEntry {
+            epoch,
+            start_offset,
+        });
+    }
+
+    /// OffsetsForLeaderEpoch: the largest epoch `<= requested` this log knows, and the offset
+    /// where it ended (the start of the next epoch, or `log_end` for the latest). `None` when
+    /// `requested` is older than every epoch here (Kafka's UNDEFINED_EPOCH answer).
+    pub fn end_offset_for(&self, requested: i32, log_end: u64) -> Option<(i32, u64)> {
+        let i = self.entries.partition_point(|e| e.epoch <= requested);
+        if i == 0 {
+            return None;
+        }
+        let found = self.entries[i - 1];
+        let end = self
+            .entries
+            .get(i)
+            .map_or(log_end, |next| next.start_offset);
+        Some((found.epoch, end))
+    }
+
+    /// Forgets epochs that start at or after `end` (the log was truncated there).
+    pub fn truncate_from_end(&mut self, end: u64) {
+        self.entries.retain(|e| e.start_offset < end);
+    }
+
+    /// Moves the history's start to `start` (retention removed older segments): the epoch
+    /// that covers `start` now starts there.
+    pub fn truncate_from_start(&mut self, start: u64) {
+        let covering = self.entries.iter().rposition(|e| e.start_offset <= start);
+        if let Some(i) = covering {
+            self.entries.drain(..i);
+            self.entries[0].start_offset = start;
+        }
+    }
+
+    /// Kafka's checkpoint text: a version line, a count line, then `epoch offset` lines.
+    pub fn encode(&self) -> String {
+        let mut out = format!("0\n{}\n", self.entries.len());
+        for e in &self.entries {
+            out.push_str(&format!("{} {}\n", e.epoch, e.start_offset));
+        }
+        out
+    }
+
+    pub fn decode(text: &str) -> Result<Self, CheckpointError> {
+        let bad = |m: &str| CheckpointError(m.to_string());
+        let mut lines = text.lines();
+        if lines.next() != Some("0") {
+            return Err(bad("unknown version"));
+        }
+        let count: usize = lines
+            .next()
+            .and_then(|l| l.parse().ok())
+            .ok_or_else(|| bad("no entry count"))?;
+        let mut cache = LeaderEpochCache::default();
+        for _ in 0..count {
+            let line = lines
+                .next()
+                .ok_or_else(|| bad("fewer entries than counted"))?;
+            let (e, o) = line
+                .split_once(' ')
+                .ok_or_else(|| bad("entry is not 'epoch offset'"))?;
+            let entry = EpochEntry {
+                epoch: e.parse().map_err(|_| bad("epoch is not a number"))?,
+                start_offset: o.parse().map_err(|_| bad("offset is not a number"))?,
+            };
+            if cache
+                .latest()
+                .is_some_and(|l| l.epoch >= entry.epoch || l.start_offset > entry.start_offset)
+            {
+                return Err(bad("entries out of order"));
+            }
+            cache.entries.push(entry);
+        }
+        Ok(cache)
+    }
+}
+
+/// Where a follower must truncate before fetching from a new leader. It asked the leader
+/// for the end of its own latest epoch and got `leader_answer`: the leader's largest epoch not
+/// above it and where that epoch ended (`None`: the leader knows no such epoch, and the
+/// follower falls back to its high watermark, as Kafka does). The follower keeps only what
+/// both logs agree on: up to the smaller of the two logs' ends for that epoch (KIP-101, and
+/// KIP-279 for a follower holding an epoch the leader never saw).
+pub fn follower_truncation_offset(
+    local: &LeaderEpochCache,
+    local_end: u64,
+    high_watermark: u64,
+    leader_answer: Option<(i32, u64)>,
+) -> u64 {
+    let Some((leader_epoch, leader_end)) = leader_answer else {
+        return high_watermark.min(local_end);
+    };
+    let local_epoch_end = local
+        .end_offset_for(leader_epoch, local_end)
+        .map_or(0, |(_, end)| end);
+    leader_end.min(local_epoch_end).min(local_end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(pairs: &[(i32, u64)]) -> LeaderEpochCache {
+        let mut c = LeaderEpochCache::default();
+        for (e, o) in pairs {
+            c.assign(*e, *o);
+        }
+        c
+    }
+
+    #[test]
+    fn end_offsets_per_epoch() {
+        let c = cache(&[(0, 0), (2, 10), (5, 25)]);
+        assert_eq!(c.end_offset_for(0, 40), Some((0, 10)));
+        assert_eq!(
+            c.end_offset_for(1, 40),
+            Some((0, 10)),
+            "an unknown epoch answers with the one below"
+        );
+        assert_eq!(c.end_offset_for(2, 40), Some((2, 25)));
+        assert_eq!(
+            c.end_offset_for(9, 40),
+            Some((5, 40)),
+            "the latest epoch ends at the log end"
+        );
+        assert_eq!(cache(&[(3, 7)]).end_offset_for(2, 40), None);
+    }
+
+    #[test]
+    fn assign_replaces_epochs_whose_data_is_gone_and_ignores_old_ones() {
+        let mut c = cache(&[(0, 0), (1, 10)]);
+        c.assign(1, 50);
+        assert_eq!(
+            c.latest(),
+            Some(EpochEntry {
+                epoch: 1,
+                start_offset: 10
+            })
+        );
+        c.assign(3, 5); // a new leader took over at 5: epoch 1 never really started at 10
+        assert_eq!(
+            c.entries(),
+            &[
+                EpochEntry {
+                    epoch: 0,
+                    start_offset: 0
+                },
+                EpochEntry {
+                    epoch: 3,
+                    start_offset: 5
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn truncation_and_retention_trim_the_history() {
+        let mut c = cache(&[(0, 0), (2, 10), (5, 25)]);
+        c.truncate_from_end(25);
+        assert_eq!(c.latest().unwrap().epoch, 2);
+        c.truncate_from_start(12);
+        assert_eq!(
+            c.entries(),
+            &[EpochEntry {
+                epoch: 2,
+                start_offset: 12
+            }]
+        );
+    }
+
+    #[test]
+    fn checkpoint_round_trips_and_garbage_is_refused() {
+        let c = cache(&[(0, 0), (2, 10), (5, 25)]);
+        assert_eq!(LeaderEpochCache::decode(&c.encode()).unwrap(), c);
+        assert!(LeaderEpochCache::decode("0\n2\n1 5\n").is_err());
+        assert!(LeaderEpochCache::decode("0\n2\n3 5\n2 9\n").is_err());
+        assert!(LeaderEpochCache::decode("7\n0\n").is_err());
+        assert!(LeaderEpochCache::decode("").is_err());
+    }
+
+    /// A log of (epoch of each offset) to test divergence end to end.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Log(Vec<i32>);
+
+    impl Log {
+        fn epochs(&self) -> LeaderEpochCache {
+            let mut c = LeaderEpochCache::default();
+            for (o, e) in self.0.iter().enumerate() {
+                c.assign(*e, o as u64);
+            }
+            c
+        }
+        fn end(&self) -> u64 {
+            self.0.len() as u64
+        }
+        /// Follower catch-up: truncate at the divergence point, then copy the leader's tail.
+        fn follow(&mut self, leader: &Log) {
+            let mine = self.epochs();
+            let asked = mine.latest().map_or(-1, |l| l.epoch);
+            let answer = leader.epochs().end_offset_for(asked, leader.end());
+            let cut = if asked < 0 {
+                0
+            } else {
+                follower_truncation_offset(&mine, self.end(), 0, answer)
+            };
+            self.0.truncate(cut as usize);
+            self.0.extend_from_slice(&leader.0[cut as usize..]);
+        }
+    }
+
+    /// KIP-101 scenario 1: the old leader A had offsets 0..2 (epoch 0) but only 0..1 were
+    /// replicated; B became leader (epoch 1) and wrote offset 1. A must drop its offset 1 and
+    /// take B's, instead of keeping its own and diverging (the HW-based truncation bug).
+    #[test]
+    fn kip101_deposed_leader_truncates_to_the_new_leaders_epoch_start() {
+        let mut a = Log(vec![0, 0]);
+        let b = Log(vec![0, 1]);
+        a.follow(&b);
+        assert_eq!(a, b);
+    }
+
+    /// KIP-101 scenario 2: both replicas crash; B restarts first and leads epoch 1 with
+    /// different data at the same offsets A holds from epoch 0. They must converge on B's.
+    #[test]
+    fn kip101_replicas_with_different_data_at_the_same_offsets_converge() {
+        let mut a = Log(vec![0, 0, 0, 0]);
+        let b = Log(vec![0, 0, 1, 1, 1]);
+        a.follow(&b);
+        assert_eq!(a, b);
+    }
+
+    /// KIP-279: a follower whose latest epoch the leader never had (it led briefly, wrote,
+    /// and was deposed) keeps only what the leader's older epoch covers.
+    #[test]
+    fn kip279_follower_with_an_epoch_the_leader_never_saw() {
+        let mut a = Log(vec![0, 0, 2, 2, 2]); // A led epoch 2, unreplicated
+        let b = Log(vec![0, 0, 0, 3, 3]); // B had more of epoch 0, then led epoch 3
+        a.follow(&b);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn a_follower_that_is_only_behind_truncates_nothing() {
+        let mut a = Log(vec![0, 0, 1]);
+        let b = Log(vec![0, 0, 1, 1, 2, 2]);
+        a.follow(&b);
+        assert_eq!(a, b);
+        let mut empty = Log(vec![]);
+        empty.follow(&b);
+        assert_eq!(empty, b);
+    }
+
+    fn climb(start: i32, steps: &[u8]) -> Vec<i32> {
+        let mut e = start;
+        steps
+            .iter()
+            .map(|s| {
+                e += i32::from(*s % 3 == 0);
+                e
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        /// Whatever a follower appended after the last offset it shares with the leader (in
+        /// epochs the leader then superseded), following the leader makes the logs equal.
+        #[test]
+        fn followers_converge_on_the_leader(
+            prefix in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..20),
+            follower in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..20),
+            leader in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..20),
+        ) {
+            let p = climb(0, &prefix);
+            let last = *p.last().unwrap();
+            let f = climb(last, &follower);
+            let top = f.iter().copied().max().unwrap_or(last);
+            let l = climb(top + 1, &leader);
+            let mut follower_log = Log([p.clone(), f].concat());
+            let leader_log = Log(if l.is_empty() { p } else { [p, vec![top + 1], l].concat() });
+            follower_log.follow(&leader_log);
+            proptest::prop_assert_eq!(follower_log, leader_log);
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! The leader's view of a partition's replicas: each follower's log end offset (learned from
+//! its fetch offset), the high watermark, and when to propose ISR changes to the controller.
+//! Pure logic with an injected clock: events in, decisions out.
+//!
+//! Rules (DESIGN, Replication):
+//! - HW = min LEO over the ISR, where the leader's LEO is its durable end; while an ISR
+//!   expansion is pending, the HW is taken over the larger set; the HW never moves back.
+//! - A follower that has not caught up to the leader's LEO for `lag_max_ms` is proposed for
+//!   removal; one whose LEO reached the HW is proposed for re-addition. A change counts only
+//!   once the controller committed it (with the partition epoch as CAS token).
+//! - acks=all is refused before append when the committed ISR is smaller than
+//!   `min.insync.replicas`.
+
+use std::collections::BTreeMap;
+
+pub type BrokerId = i32;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Follower {
+    leo: u64,
+    /// Whether it fetched since this broker became leader (its LEO is known).
+    fetched: bool,
+    /// Last time the follower's fetch reached the leader's LEO (ms).
+    caught_up_ms: i64,
+}
+
+/// The controller's view of a partition this broker now leads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub me: BrokerId,
+    pub replicas: Vec<BrokerId>,
+    pub isr: Vec<BrokerId>,
+    pub partition_epoch: i32,
+}
+
+/// The topic's replication settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// `min.insync.replicas`.
+    pub min_insync_replicas: usize,
+    /// `replica.lag.time.max.ms`.
+    pub replica_lag_max_ms: i64,
+}
+
+/// An ISR change to propose to the controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IsrProposal {
+    pub isr: Vec<BrokerId>,
+    /// The partition epoch the proposal is based on (the controller's CAS token).
+    pub partition_epoch: i32,
+}
+
+/// Why a produce with acks=all is refused before append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{isr} in-sync replicas, but min.insync.replicas is {min}")]
+pub struct NotEnoughReplicas {
+    pub isr: usize,
+    pub min: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct LeaderState {
+    me: BrokerId,
+    replicas: Vec<BrokerId>,
+    isr: Vec<BrokerId>,
+    partition_epoch: i32,
+    pending: Option<IsrProposal>,
+    followers: BTreeMap<BrokerId, Follower>,
+    leader_end: u64,
+    hw: u64,
+    min_isr: usize,
+    lag_max_ms: i64,
+}
+
+impl LeaderState {
+    /// A broker becoming leader with the controller's view of the partition. Followers start
+    /// as caught up at `now` with an unknown LEO until they fetch.
+    pub fn new(
+        assignment: Assignment,
+        leader_end: u64,
+        hw: u64,
+        policy: Policy,
+        now_ms: i64,
+    ) -> Self {
+        let Assignment {
+            me,
+            replicas,
+            isr,
+            partition_epoch,
+        } = assignment;
+        let followers = replicas
+            .iter()
+            .filter(|r| **r != me)
+            .map(|r| {
+                (
+                    *r,
+                    Follower {
+                        leo: 0,
+                        fetched: false,
+                        caught_up_ms: now_ms,
+                    },
+                )
+            })
+            .collect();
+        LeaderState {
+            me,
+            replicas,
+            isr,
+            partition_epoch,
+            pending: None,
+            followers,
+            leader_end,
+            hw,
+            min_isr: policy.min_insync_replicas,
+            lag_max_ms: policy.replica_lag_max_ms,
+        }
+    }
+
+    pub fn high_watermark(&self) -> u64 {
+        self.hw
+    }
+
+    pub fn isr(&self) -> &[BrokerId] {
+        &self.isr
+    }
+
+    /// The committed ISR plus any member a pending change would add.
+    fn maximal_isr(&self) -> Vec<BrokerId> {
+        let mut set = self.isr.clone();
+        if let Some(p) = &self.pending {
+            for r in &p.isr {
+                if !set.contains(r) {
+                    set.push(*r);
+                }
+            }
+        }
+        set
+    }
+
+    fn leo_of(&self, r: BrokerId) -> u64 {
+        if r == self.me {
+            self.leader_end
+        } else {
+            self.followers.get(&r).map_or(0, |f| f.leo)
+        }
+    }
+
+    /// Recomputes the HW; returns it when it moved.
+    fn advance_hw(&mut self) -> Option<u64> {
+        let candidate = self
+            .maximal_isr()
+            .into_iter()
+            .map(|r| self.leo_of(r))
+            .min()
+            .unwrap_or(self.leader_end);
+        (candidate > self.hw).then(|| {
+            self.hw = candidate;
+            candidate
+        })
+    }
+
+    /// The leader's own log became durable up to `end`.
+    pub fn on_leader_durable(&mut self, end: u64) -> Option<u64> {
+        self.leader_end = self.leader_end.max(end);
+        self.advance_hw()
+    }
+
+    /// A follower fetched from `fetch_offset`, so everything before it is in its log.
+    pub fn on_follower_fetch(
+        &mut self,
+        follower: BrokerId,
+        fetch_offset: u64,
+        now_ms: i64,
+    ) -> Option<u64> {
+        let leader_end = self.leader_end;
+        let f = self.followers.get_mut(&follower)?;
+        f.leo = fetch_offset;
+        f.fetched = true;
+        if fetch_offset >= leader_end {
+            f.caught_up_ms = now_ms;
+        }
+        self.advance_hw()
+    }
+
+    /// Checks an acks=all produce before append.
+    pub fn check_acks_all(&self) -> Result<(), NotEnoughReplicas> {
+        if self.isr.len() < self.min_isr {
+            return Err(NotEnoughReplicas {
+                isr: self.isr.len(),
+                min: self.min_isr,
+            });
+        }
+        Ok(())
+    }
+
+    /// The ISR change to propose now, if any (one at a time): drop lagging followers first,
+    /// else add caught-up ones.
+    pub fn tick(&mut self, now_ms: i64) -> Option<IsrProposal> {
+        if self.pending.is_some() {
+            return None;
+        }
+        let lagging: Vec<BrokerId> = self
+            .isr
+            .iter()
+            .copied()
+            .filter(|r| *r != self.me)
+            .filter(|r| {
+                self.followers
+                    .get(r)
+                    .is_some_and(|f| now_ms - f.caught_up_ms > self.lag_max_ms)
+            })
+            .collect();
+        let proposal = if !lagging.is_empty() {
+            self.isr
+                .iter()
+                .copied()
+                .filter(|r| !lagging.contains(r))
+                .collect::<Vec<_>>()
+        } else {
+            let joining: Vec<BrokerId> = self
+                .replicas
+                .iter()
+                .copied()
+                .filter(|r| !self.isr.contains(r))
+                .filter(|r| {
+                    self.followers
+                        .get(r)
+                        .is_some_and(|f| f.fetched && f.leo >= self.hw)
+                })
+                .collect();
+            if joining.is_empty() {
+                return None;
+            }
+            let mut isr = self.isr.clone();
+            isr.extend(joining);
+            isr
+        };
+        let p = IsrProposal {
+            isr: proposal,
+            partition_epoch: self.partition_epoch,
+        };
+        self.pending = Some(p.clone());
+        Some(p)
+    }
+
+    /// The controller committed an ISR (ours or one it decided), at `partition_epoch`.
+    pub fn on_isr_committed(&mut self, isr: Vec<BrokerId>, partition_epoch: i32) -> Option<u64> {
+        self.isr = isr;
+        self.partition_epoch = partition_epoch;
+        self.pending = None;
+        self.advance_hw()
+    }
+
+    /// The controller refused the pending proposal (a stale partition epoch): drop it and
+    /// propose again from the next metadata.
+    pub fn on_isr_refused(&mut self) {
+        self.pending = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Leader 1 with followers 2 and 3, all in sync, min.insync.replicas 2, lag 10 s.
+    const POLICY: Policy = Policy {
+        min_insync_replicas: 2,
+        replica_lag_max_ms: 10_000,
+    };
+
+    fn assignment(isr: Vec<BrokerId>, partition_epoch: i32) -> Assignment {
+        Assignment {
+            me: 1,
+            replicas: vec![1, 2, 3],
+            isr,
+            partition_epoch,
+        }
+    }
+
+    fn three() -> LeaderState {
+        LeaderState::new(assignment(vec![1, 2, 3], 0), 0, 0, POLICY, 0)
+    }
+
+    #[test]
+    fn hw_is_the_minimum_over_the_isr_and_never_moves_back() {
+        let mut s = three();
+        assert_eq!(s.on_leader_durable(10), None, "followers are still at 0");
+        assert_eq!(s.on_follower_fetch(2, 10, 1), None);
+        assert_eq!(s.on_follower_fetch(3, 7, 1), Some(7));
+        assert_eq!(s.on_follower_fetch(3, 10, 2), Some(10));
+        // a follower reporting an older offset (a retried fetch) does not lower the HW
+        assert_eq!(s.on_follower_fetch(2, 5, 3), None);
+        assert_eq!(s.high_watermark(), 10);
+    }
+
+    #[test]
+    fn a_lagging_follower_is_proposed_for_removal_and_the_hw_moves_once_committed() {
+        let mut s = three();
+        s.on_leader_durable(100);
+        s.on_follower_fetch(2, 100, 1_000);
+        s.on_follower_fetch(3, 40, 1_000);
+        assert_eq!(s.high_watermark(), 40);
+        assert_eq!(s.tick(5_000), None, "not lagging long enough");
+        let p = s.tick(10_001).expect("follower 3 lags");
+        assert_eq!(
+            p,
+            IsrProposal {
+                isr: vec![1, 2],
+                partition_epoch: 0
+            }
+        );
+        // pending shrink: the HW still waits for 3 (the committed ISR has it)
+        assert_eq!(s.on_follower_fetch(2, 100, 10_002), None);
+        assert_eq!(s.tick(10_003), None, "one change at a time");
+        assert_eq!(s.on_isr_committed(vec![1, 2], 1), Some(100));
+        assert_eq!(s.check_acks_all(), Ok(()));
+    }
+
+    #[test]
+    fn min_insync_replicas_refuses_acks_all_below_it() {
+        let mut s = three();
+        s.on_isr_committed(vec![1], 3);
+        assert_eq!(
+            s.check_acks_all(),
+            Err(NotEnoughReplicas { isr: 1, min: 2 })
+        );
+    }
+
+    #[test]
+    fn a_caught_up_follower_is_re_added_and_the_hw_uses_the_larger_set_while_pending() {
+        let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, POLICY, 0);
+        s.on_follower_fetch(2, 50, 1);
+        s.on_follower_fetch(3, 30, 1);
+        assert_eq!(s.tick(2), None, "3 has not reached the HW");
+        s.on_follower_fetch(3, 50, 3);
+        let p = s.tick(4).expect("3 caught up");
+        assert_eq!(
+            p,
+            IsrProposal {
+                isr: vec![1, 2, 3],
+                partition_epoch: 4
+            }
+        );
+        // while the expansion is pending, new writes wait for 3 as well
+        s.on_leader_durable(60);
+        s.on_follower_fetch(2, 60, 5);
+        assert_eq!(
+            s.high_watermark(),
+            50,
+            "the pending member 3 is still at 50"
+        );
+        assert_eq!(s.on_follower_fetch(3, 60, 6), Some(60));
+        s.on_isr_committed(vec![1, 2, 3], 5);
+        assert_eq!(s.isr(), &[1, 2, 3]);
+    }
+
+    #[test]
+    fn a_refused_proposal_can_be_made_again() {
+        let mut s = three();
+        s.on_leader_durable(10);
+        assert!(s.tick(20_000).is_some());
+        s.on_isr_refused();
+        assert!(s.tick(20_001).is_some());
+    }
+}
