@@ -17,11 +17,14 @@ use kafka_protocol::messages::incremental_alter_configs_request::{
 };
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::offset_for_leader_epoch_request::{
+    OffsetForLeaderPartition, OffsetForLeaderTopic,
+};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     ApiVersionsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest,
     DescribeConfigsRequest, FetchRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest,
-    ListOffsetsRequest, MetadataRequest, ProduceRequest, TopicName,
+    ListOffsetsRequest, MetadataRequest, OffsetForLeaderEpochRequest, ProduceRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use strata_client::{fetch, list_offset, produce, Admin, ClientError, Connection};
@@ -281,6 +284,24 @@ async fn every_served_api_answers_at_every_served_version() {
                             "v{v}: {:?}",
                             r.responses[0].error_message
                         )
+                    }),
+                OffsetForLeaderEpoch => conn
+                    .send(
+                        &OffsetForLeaderEpochRequest::default()
+                            .with_replica_id((-1).into())
+                            .with_topics(vec![OffsetForLeaderTopic::default()
+                                .with_topic(topic())
+                                .with_partitions(vec![OffsetForLeaderPartition::default()
+                                    .with_partition(0)
+                                    .with_current_leader_epoch(0)
+                                    .with_leader_epoch(0)])]),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        let p = &r.topics[0].partitions[0];
+                        assert_eq!((p.error_code, p.leader_epoch), (0, 0), "v{v}");
+                        assert!(p.end_offset > 0, "v{v}");
                     }),
                 other => panic!("no sweep case for {other:?}"),
             };
@@ -834,4 +855,35 @@ async fn a_leader_epoch_the_broker_does_not_know_is_refused() {
     };
     let resp = conn.send(&list_at(9), 7).await.unwrap();
     assert_eq!(resp.topics[0].partitions[0].error_code, 75);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_for_leader_epoch_answers_where_each_epoch_ended() {
+    let b = start().await;
+    with_topic(&b, "oe", 1).await;
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    for _ in 0..3 {
+        produce(&mut conn, "oe", 0, records(2, 0, ProducerIds::NONE), -1)
+            .await
+            .unwrap();
+    }
+    let ask = |epoch: i32, current: i32| {
+        OffsetForLeaderEpochRequest::default()
+            .with_replica_id((-1).into())
+            .with_topics(vec![OffsetForLeaderTopic::default()
+                .with_topic(TopicName(s("oe")))
+                .with_partitions(vec![OffsetForLeaderPartition::default()
+                    .with_partition(0)
+                    .with_current_leader_epoch(current)
+                    .with_leader_epoch(epoch)])])
+    };
+    let answer = |r: kafka_protocol::messages::OffsetForLeaderEpochResponse| {
+        let p = &r.topics[0].partitions[0];
+        (p.error_code, p.leader_epoch, p.end_offset)
+    };
+    // a single node leads epoch 0 from offset 0: epoch 0 (and any later one) ends at the log end
+    assert_eq!(answer(conn.send(&ask(0, 0), 4).await.unwrap()), (0, 0, 6));
+    assert_eq!(answer(conn.send(&ask(7, -1), 4).await.unwrap()), (0, 0, 6));
+    // a current epoch the broker has not reached is refused
+    assert_eq!(answer(conn.send(&ask(0, 2), 4).await.unwrap()).0, 75);
 }

@@ -13,8 +13,12 @@ use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, Partition
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
 };
+use kafka_protocol::messages::offset_for_leader_epoch_response::{
+    EpochEndOffset, OffsetForLeaderTopicResult,
+};
 use kafka_protocol::messages::{
-    FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse, TopicName,
+    FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse,
+    OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, TopicName,
 };
 use tokio::sync::watch;
 
@@ -235,4 +239,52 @@ pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListO
             ListOffsetsResponse::default()
         }
     }
+}
+
+/// OffsetForLeaderEpoch: for each partition, the largest leader epoch not above the one asked
+/// about and the offset where it ended. Followers use it to find where to truncate; consumers
+/// (replica id -1) to detect that the log they read was truncated (KIP-320), so their answer
+/// never goes past the high watermark.
+pub(super) async fn offsets_for_leader_epoch(
+    ctx: Request,
+    req: OffsetForLeaderEpochRequest,
+) -> OffsetForLeaderEpochResponse {
+    let broker = ctx.broker().clone();
+    let from_consumer = req.replica_id.0 < 0;
+    let topics = req
+        .topics
+        .into_iter()
+        .map(|t| {
+            let name = t.topic.0.to_string();
+            let partitions = t
+                .partitions
+                .into_iter()
+                .map(|p| {
+                    let resp = EpochEndOffset::default()
+                        .with_partition(p.partition)
+                        .with_leader_epoch(-1)
+                        .with_end_offset(-1);
+                    let part =
+                        match lookup_partition(&broker, &name, p.partition, p.current_leader_epoch)
+                        {
+                            Ok(part) => part,
+                            Err(code) => return resp.with_error_code(code),
+                        };
+                    let hw = part.progress().high_watermark;
+                    let found = part.lock().epoch_end_offset(p.leader_epoch);
+                    match found {
+                        Some((epoch, end)) => {
+                            let end = if from_consumer { end.min(hw) } else { end };
+                            resp.with_leader_epoch(epoch).with_end_offset(end as i64)
+                        }
+                        None => resp,
+                    }
+                })
+                .collect();
+            OffsetForLeaderTopicResult::default()
+                .with_topic(t.topic)
+                .with_partitions(partitions)
+        })
+        .collect();
+    OffsetForLeaderEpochResponse::default().with_topics(topics)
 }

@@ -20,7 +20,7 @@ use kafka_protocol::messages::{
     api_versions_response::ApiVersion, ApiKey, ApiVersionsRequest, ApiVersionsResponse,
     CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
     FetchRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest, ListOffsetsRequest,
-    MetadataRequest, ProduceRequest, RequestHeader, ResponseHeader,
+    MetadataRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,6 +43,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
+    (ApiKey::OffsetForLeaderEpoch, 2, 4),
 ];
 
 /// Requests read ahead of the response being written, per connection.
@@ -214,6 +215,9 @@ impl KafkaServer {
             Body::DescribeConfigs(req) => ctx.respond_now(&admin::describe_configs(&ctx, req)),
             Body::InitProducerId(req) => ctx.later(produce::init_producer_id(ctx.clone(), req)),
             Body::CreatePartitions(req) => ctx.later(admin::create_partitions(ctx.clone(), req)),
+            Body::OffsetForLeaderEpoch(req) => {
+                ctx.later(fetch::offsets_for_leader_epoch(ctx.clone(), req))
+            }
             Body::IncrementalAlterConfigs(req) => ctx.later(admin::alter_configs(ctx.clone(), req)),
         }
     }
@@ -242,6 +246,7 @@ pub enum Body {
     InitProducerId(InitProducerIdRequest),
     CreatePartitions(CreatePartitionsRequest),
     IncrementalAlterConfigs(IncrementalAlterConfigsRequest),
+    OffsetForLeaderEpoch(OffsetForLeaderEpochRequest),
 }
 
 /// Decodes a request frame (without its length prefix). Never panics on any input; the
@@ -292,6 +297,9 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::DescribeConfigs => Body::DescribeConfigs(decode_body(&mut frame, version)?),
         ApiKey::InitProducerId => Body::InitProducerId(decode_body(&mut frame, version)?),
         ApiKey::CreatePartitions => Body::CreatePartitions(decode_body(&mut frame, version)?),
+        ApiKey::OffsetForLeaderEpoch => {
+            Body::OffsetForLeaderEpoch(decode_body(&mut frame, version)?)
+        }
         ApiKey::IncrementalAlterConfigs => {
             Body::IncrementalAlterConfigs(decode_body(&mut frame, version)?)
         }

@@ -9,6 +9,7 @@
 //! - `<base>.log`, `<base>.index`, `<base>.timeindex`: segments (see `strata_core::segment`);
 //! - `<offset>.snapshot`: producer state as of `offset`, written at each roll and at close;
 //! - `recovery-point`: every segment wholly below this offset is synced and trusted;
+//! - `leader-epoch-checkpoint`: the first offset of every leader epoch in the log;
 //! - `clean-shutdown`: present only while the log is closed cleanly; its log end offset lets
 //!   the next open skip the CRC scan.
 
@@ -28,6 +29,7 @@ use bytes::Bytes;
 use strata_core::batch::{self, BatchError, BatchHeader, BatchIter, HEADER_LEN};
 use strata_core::segment::{self as fmt, LOG_SUFFIX, SNAPSHOT_SUFFIX};
 
+use crate::replication::epochs::LeaderEpochCache;
 pub use config::{ConfigError, FlushPolicy, LogConfig};
 use producer_state::{ProducerStateTable, SequenceCheck};
 pub use segment::Corruption;
@@ -35,6 +37,7 @@ use segment::{remove_if_exists, write_file, Segment};
 
 const RECOVERY_POINT_FILE: &str = "recovery-point";
 const CLEAN_SHUTDOWN_FILE: &str = "clean-shutdown";
+const EPOCH_CHECKPOINT_FILE: &str = "leader-epoch-checkpoint";
 /// Producer snapshots kept besides the newest.
 const SNAPSHOTS_KEPT: usize = 2;
 
@@ -202,6 +205,8 @@ pub struct PartitionLog {
     messages_since_flush: u64,
     /// Set by [`PartitionLog::close`]; a closed log refuses appends.
     closed: bool,
+    /// Which leader epoch wrote which offsets (`leader-epoch-checkpoint`).
+    epochs: LeaderEpochCache,
 }
 
 impl PartitionLog {
@@ -270,9 +275,11 @@ impl PartitionLog {
             pending_recovery_point: None,
             messages_since_flush: 0,
             closed: false,
+            epochs: LeaderEpochCache::default(),
         };
         log.sync_handed_out = log.end_offset();
         log.rebuild_producer_state()?;
+        log.load_epochs()?;
         if report.clean {
             remove_if_exists(&dir.join(CLEAN_SHUTDOWN_FILE))?;
             File::open(dir)?.sync_all()?;
@@ -375,6 +382,12 @@ impl PartitionLog {
         self.maybe_roll(batch.len() as u64, now_ms)?;
         let base = self.end_offset();
         let epoch = self.leader_epoch;
+        if self.epochs.latest().is_none_or(|l| l.epoch < epoch) {
+            // Recorded before the batch is written, so the checkpoint always covers every
+            // epoch in the log (an entry past the end is trimmed at the next open).
+            self.epochs.assign(epoch, base);
+            self.persist_epochs()?;
+        }
         let prefix = batch::stamped_prefix(&batch.bytes, base as i64, epoch);
         let mut stamped = h;
         stamped.base_offset = base as i64;
@@ -534,6 +547,8 @@ impl PartitionLog {
         }
         if !deleted.is_empty() {
             self.prune_snapshots()?;
+            self.epochs.truncate_from_start(self.start_offset());
+            self.persist_epochs()?;
             tracing::info!(dir = %self.dir.display(), segments = deleted.len(), log_start = self.start_offset(), "retention deleted segments");
         }
         Ok(deleted)
@@ -581,6 +596,18 @@ impl PartitionLog {
             tracing::warn!(dir = %self.dir.display(), offset, "ignoring damaged producer snapshot");
         }
         let mut replayed = 0usize;
+        let mut producers = std::mem::take(&mut self.producers);
+        self.for_each_header(from, |h| {
+            producers.record(h);
+            replayed += 1;
+        })?;
+        self.producers = producers;
+        tracing::debug!(dir = %self.dir.display(), from, replayed, producers = self.producers.len(), "rebuilt producer state");
+        Ok(())
+    }
+
+    /// Calls `f` with the header of every batch whose base offset is at or after `from`.
+    fn for_each_header(&self, from: u64, mut f: impl FnMut(&BatchHeader)) -> io::Result<()> {
         for seg in self.segments.values() {
             if seg.next_offset <= from {
                 continue;
@@ -594,14 +621,63 @@ impl PartitionLog {
                 let h = BatchHeader::parse(&header)
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
                 if h.base_offset as u64 >= from {
-                    self.producers.record(&h);
-                    replayed += 1;
+                    f(&h);
                 }
                 pos += h.total_len() as u64;
             }
         }
-        tracing::debug!(dir = %self.dir.display(), from, replayed, producers = self.producers.len(), "rebuilt producer state");
         Ok(())
+    }
+
+    /// Loads the leader-epoch history, rebuilding it from batch headers when the checkpoint
+    /// is missing or damaged, and trims it to the log's current range.
+    fn load_epochs(&mut self) -> io::Result<()> {
+        let path = self.dir.join(EPOCH_CHECKPOINT_FILE);
+        let loaded = match fs::read_to_string(&path) {
+            Ok(text) => LeaderEpochCache::decode(&text)
+                .inspect_err(|e| tracing::warn!(file = %path.display(), error = %e, "rebuilding the leader-epoch history"))
+                .ok(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        let rebuilt = loaded.is_none();
+        let mut epochs = match loaded {
+            Some(c) => c,
+            None => {
+                let mut c = LeaderEpochCache::default();
+                self.for_each_header(self.start_offset(), |h| {
+                    c.assign(h.leader_epoch, h.base_offset as u64)
+                })?;
+                c
+            }
+        };
+        let before = epochs.clone();
+        epochs.truncate_from_end(self.end_offset());
+        epochs.truncate_from_start(self.start_offset());
+        let changed = rebuilt || epochs != before;
+        self.epochs = epochs;
+        if changed && !self.epochs.entries().is_empty() {
+            self.persist_epochs()?;
+        }
+        Ok(())
+    }
+
+    fn persist_epochs(&self) -> io::Result<()> {
+        write_atomically(
+            &self.dir,
+            EPOCH_CHECKPOINT_FILE,
+            self.epochs.encode().as_bytes(),
+        )
+    }
+
+    /// The leader-epoch history (for OffsetsForLeaderEpoch and follower truncation).
+    pub fn epochs(&self) -> &LeaderEpochCache {
+        &self.epochs
+    }
+
+    /// OffsetsForLeaderEpoch: the largest epoch `<= epoch` in this log and where it ends.
+    pub fn epoch_end_offset(&self, epoch: i32) -> Option<(i32, u64)> {
+        self.epochs.end_offset_for(epoch, self.end_offset())
     }
 
     fn snapshot_offsets(&self) -> io::Result<Vec<u64>> {

@@ -416,3 +416,63 @@ fn seg_offset(seg: &[u8]) -> u64 {
         .map(|i| i.unwrap().0.record_count as u64)
         .sum()
 }
+
+#[test]
+fn leader_epoch_history_is_kept_rebuilt_and_trimmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    append_many(&mut log, 5);
+    let first_end = log.end_offset();
+    log.set_leader_epoch(3);
+    append_many(&mut log, 5);
+    let end = log.end_offset();
+    assert_eq!(log.epoch_end_offset(0), Some((0, first_end)));
+    assert_eq!(log.epoch_end_offset(2), Some((0, first_end)));
+    assert_eq!(log.epoch_end_offset(3), Some((3, end)));
+    // stamped into the batches too
+    let bytes = log
+        .plan_read(first_end, u64::MAX)
+        .unwrap()
+        .unwrap()
+        .read(1 << 20)
+        .unwrap();
+    assert_eq!(
+        BatchIter::new(&bytes)
+            .next()
+            .unwrap()
+            .unwrap()
+            .0
+            .leader_epoch,
+        3
+    );
+    drop(log);
+    let (log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    assert_eq!(log.epoch_end_offset(0), Some((0, first_end)));
+    drop(log);
+    // a lost checkpoint is rebuilt from the batch headers
+    fs::remove_file(dir.path().join(EPOCH_CHECKPOINT_FILE)).unwrap();
+    let (log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    assert_eq!(log.epochs().entries().len(), 2);
+    assert_eq!(log.epoch_end_offset(3), Some((3, end)));
+    drop(log);
+    // a torn tail that removes all of epoch 3 removes it from the history
+    let path = last_segment_path(dir.path());
+    let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let pos = {
+        let (log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+        let p = log
+            .segments
+            .values()
+            .next()
+            .unwrap()
+            .position_of(first_end)
+            .unwrap()
+            .unwrap();
+        p
+    };
+    f.set_len(pos + 10).unwrap();
+    let (log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    assert_eq!(log.end_offset(), first_end);
+    assert_eq!(log.epochs().latest().unwrap().epoch, 0);
+    assert_eq!(log.epoch_end_offset(3), Some((0, first_end)));
+}
