@@ -43,6 +43,7 @@ pub fn append(e: &AppendError) -> Coded {
         AppendError::InvalidProducerEpoch { .. } => E::InvalidProducerEpoch.code(),
         AppendError::Unsupported(_) => E::InvalidRecord.code(),
         AppendError::Io(_) => E::KafkaStorageError.code(),
+        AppendError::NotContiguous { .. } => E::UnknownServerError.code(),
     };
     (code, e.to_string())
 }

@@ -79,6 +79,8 @@ pub enum AppendError {
     InvalidProducerEpoch { current: i16 },
     #[error("{0}")]
     Unsupported(&'static str),
+    #[error("replicated batch starts at offset {got}, but the log ends at {expected}")]
+    NotContiguous { expected: u64, got: u64 },
     #[error("log i/o failed: {0}")]
     Io(#[from] io::Error),
 }
@@ -406,6 +408,72 @@ impl PartitionLog {
             duplicate: false,
             flush_now,
         })
+    }
+
+    /// Appends a batch copied from the leader as it is: its base offset must be this log's
+    /// end, and its offsets and leader epoch are kept (a follower never stamps).
+    pub fn append_replicated(
+        &mut self,
+        batch: &ValidBatch,
+        now_ms: i64,
+    ) -> Result<Appended, AppendError> {
+        let h = batch.header;
+        if self.closed {
+            return Err(AppendError::Io(io::Error::other("the log is closed")));
+        }
+        let end = self.end_offset();
+        if h.base_offset < 0 || h.base_offset as u64 != end {
+            return Err(AppendError::NotContiguous {
+                expected: end,
+                got: h.base_offset.max(0) as u64,
+            });
+        }
+        self.maybe_roll(batch.len() as u64, now_ms)?;
+        if self
+            .epochs
+            .latest()
+            .is_none_or(|l| l.epoch < h.leader_epoch)
+        {
+            self.epochs.assign(h.leader_epoch, end);
+            self.persist_epochs()?;
+        }
+        let mut prefix = [0u8; batch::STAMP_LEN];
+        prefix.copy_from_slice(&batch.bytes[..batch::STAMP_LEN]);
+        self.active_mut().append(&prefix, &batch.bytes, &h)?;
+        self.producers.record(&h);
+        self.messages_since_flush += h.record_count as u64;
+        Ok(Appended {
+            base_offset: end,
+            last_offset: h.last_offset() as u64,
+            duplicate: false,
+            flush_now: self.config.flush != FlushPolicy::Os,
+        })
+    }
+
+    /// Removes everything at and after `offset` (a follower truncating to where it agrees
+    /// with the leader). An offset below the log start empties the log, which then starts at
+    /// `offset`.
+    pub fn truncate_to(&mut self, offset: u64, now_ms: i64) -> io::Result<()> {
+        if offset >= self.end_offset() {
+            return Ok(());
+        }
+        tracing::info!(dir = %self.dir.display(), from = self.end_offset(), to = offset, "truncating log");
+        // Segments starting after `offset` go whole; the one holding it is cut.
+        for (_, seg) in self.segments.split_off(&(offset + 1)) {
+            seg.delete_files()?;
+        }
+        if let Some((_, seg)) = self.segments.range_mut(..=offset).next_back() {
+            seg.truncate_to_offset(offset)?;
+        }
+        if self.segments.is_empty() {
+            let seg = Segment::create(&self.dir, offset, now_ms, self.config.index_interval_bytes)?;
+            self.segments.insert(offset, seg);
+        }
+        self.producers.truncate_to(offset);
+        self.epochs.truncate_from_end(offset);
+        self.persist_epochs()?;
+        self.sync_handed_out = self.sync_handed_out.min(self.end_offset());
+        File::open(&self.dir)?.sync_all()
     }
 
     fn maybe_roll(&mut self, incoming: u64, now_ms: i64) -> io::Result<()> {

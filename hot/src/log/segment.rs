@@ -165,6 +165,32 @@ impl Segment {
         Ok((seg, corruption))
     }
 
+    /// Cuts the segment before the batch holding `offset` (replication truncation) and
+    /// rebuilds its indexes from the batches that remain.
+    pub fn truncate_to_offset(&mut self, offset: u64) -> io::Result<()> {
+        let Some(pos) = self.position_of(offset)? else {
+            return Ok(());
+        };
+        self.file.set_len(pos)?;
+        self.file.sync_all()?;
+        self.size = 0;
+        self.next_offset = self.base;
+        self.max_timestamp = None;
+        self.offset_index.clear();
+        self.time_index.clear();
+        self.bytes_since_entry = 0;
+        if let Some(c) = self.scan_from(0, pos, false, true)? {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "segment damaged at byte {} while truncating: {}",
+                    c.position, c.reason
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn truncate_tail(&mut self, at: u64) -> io::Result<()> {
         tracing::warn!(segment = %self.path(LOG_SUFFIX).display(), position = at, "truncating segment tail");
         self.file.set_len(at)?;

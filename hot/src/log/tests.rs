@@ -476,3 +476,102 @@ fn leader_epoch_history_is_kept_rebuilt_and_trimmed() {
     assert_eq!(log.epochs().latest().unwrap().epoch, 0);
     assert_eq!(log.epoch_end_offset(3), Some((0, first_end)));
 }
+
+/// Splits concatenated batches into validated single batches, as a follower receives them.
+fn batches_of(bytes: &Bytes) -> Vec<ValidBatch> {
+    BatchIter::new(bytes)
+        .map(|i| ValidBatch::new(bytes.slice(i.unwrap().1)).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_follower_copy_is_byte_identical_and_keeps_epochs() {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let follower_dir = tempfile::tempdir().unwrap();
+    let (mut leader, _) = PartitionLog::open(leader_dir.path(), small_config(2048), 0).unwrap();
+    append_many(&mut leader, 20);
+    leader.set_leader_epoch(4);
+    append_many(&mut leader, 20);
+    let (mut follower, _) = PartitionLog::open(follower_dir.path(), small_config(2048), 0).unwrap();
+    while follower.end_offset() < leader.end_offset() {
+        let bytes = leader
+            .plan_read(follower.end_offset(), u64::MAX)
+            .unwrap()
+            .unwrap()
+            .read(1 << 20)
+            .unwrap();
+        for b in batches_of(&bytes) {
+            follower.append_replicated(&b, 0).unwrap();
+        }
+    }
+    assert_eq!(read_all(&follower, 0), read_all(&leader, 0));
+    assert_eq!(follower.epochs(), leader.epochs());
+    let a = leader
+        .plan_read(0, u64::MAX)
+        .unwrap()
+        .unwrap()
+        .read(1 << 20)
+        .unwrap();
+    let b = follower
+        .plan_read(0, u64::MAX)
+        .unwrap()
+        .unwrap()
+        .read(1 << 20)
+        .unwrap();
+    assert_eq!(a, b, "the same bytes, not re-encoded");
+    // a batch that does not start at the follower's end is refused
+    let again = batches_of(&a).remove(0);
+    assert!(matches!(
+        follower.append_replicated(&again, 0),
+        Err(AppendError::NotContiguous { .. })
+    ));
+}
+
+#[test]
+fn truncation_cuts_the_log_at_an_offset_and_appends_continue_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let written = append_many(&mut log, 60);
+    log.set_leader_epoch(2);
+    let later = append_many(&mut log, 10);
+    let cut = written[30].0;
+    let segments_before = log.segment_count();
+    log.truncate_to(cut, 0).unwrap();
+    assert_eq!(log.end_offset(), cut);
+    assert!(log.segment_count() < segments_before);
+    assert_eq!(read_all(&log, 0), written[..30].to_vec());
+    assert_eq!(
+        log.epochs().latest().unwrap().epoch,
+        0,
+        "epoch 2 started after the cut"
+    );
+    assert!(log
+        .epoch_end_offset(2)
+        .is_some_and(|(e, end)| e == 0 && end == cut));
+    let _ = later;
+    let a = log.append(&make(99, 2, 0, ProducerIds::NONE), 0).unwrap();
+    assert_eq!(a.base_offset, cut);
+    drop(log);
+    let (log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    assert_eq!(log.end_offset(), cut + 2);
+    assert_eq!(read_all(&log, 0).len(), 31);
+}
+
+#[test]
+fn truncating_below_the_log_start_empties_the_log_at_that_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    append_many(&mut log, 30);
+    let mut config = small_config(2048);
+    config.retention_bytes = Some(2048);
+    log.set_config(config);
+    log.apply_retention(0).unwrap();
+    let start = log.start_offset();
+    assert!(start > 0);
+    log.truncate_to(start - 1, 0).unwrap();
+    assert_eq!(
+        (log.start_offset(), log.end_offset()),
+        (start - 1, start - 1)
+    );
+    assert!(log.plan_read(start - 1, u64::MAX).unwrap().is_none());
+}
