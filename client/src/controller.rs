@@ -18,14 +18,7 @@ pub struct ControllerAdmin {
 
 impl ControllerAdmin {
     pub async fn connect(addr: &str) -> Result<ControllerAdmin> {
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .map_err(|e| ClientError::Protocol(e.to_string()))?
-            .connect()
-            .await
-            .map_err(|e| ClientError::Connect {
-                addr: addr.to_string(),
-                source: std::io::Error::other(e),
-            })?;
+        let channel = crate::grpc_channel(addr).await?;
         Ok(ControllerAdmin {
             client: ControllerClient::new(channel),
         })

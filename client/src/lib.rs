@@ -60,6 +60,19 @@ impl ClientError {
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+/// Opens a gRPC channel to `addr` (host:port), with a connect timeout.
+pub(crate) async fn grpc_channel(addr: &str) -> Result<tonic::transport::Channel> {
+    tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .map_err(|e| ClientError::Protocol(e.to_string()))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| ClientError::Connect {
+            addr: addr.to_string(),
+            source: std::io::Error::other(e),
+        })
+}
+
 impl From<tonic::Status> for ClientError {
     fn from(status: tonic::Status) -> Self {
         ClientError::Grpc {

@@ -93,15 +93,7 @@ struct ClusterState {
 }
 
 async fn connect(addr: &str) -> Result<BrokerClient<Channel>> {
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .map_err(|e| ClientError::Protocol(e.to_string()))?
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .map_err(|e| ClientError::Connect {
-            addr: addr.to_string(),
-            source: std::io::Error::other(e),
-        })?;
+    let channel = crate::grpc_channel(addr).await?;
     Ok(BrokerClient::new(channel).max_decoding_message_size(64 << 20))
 }
 
