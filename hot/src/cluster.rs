@@ -289,9 +289,9 @@ impl ClusterLink {
                 broker_id: self.config.broker_id,
                 broker_epoch: epoch,
             };
-            match tokio::time::timeout(Duration::from_secs(5), client.controlled_shutdown(req))
-                .await
-            {
+            // Any live controller will do (the one heartbeats used may be gone).
+            let shutdown = self.call(|mut c| async move { c.controlled_shutdown(req).await });
+            match tokio::time::timeout(Duration::from_secs(8), shutdown).await {
                 Ok(Ok(_)) => tracing::info!(
                     broker = self.config.broker_id,
                     "controlled shutdown: leaderships moved away"
