@@ -58,6 +58,7 @@ class Broker:
         self.stderr_path = workdir / "broker.stderr"
         self.port = free_port()
         self.controller_port = free_port()
+        self.metrics_port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.proc = None
         # Run in the child before exec (e.g. resource limits for disk-full tests).
@@ -88,6 +89,8 @@ class Broker:
                 self.bootstrap,
                 "--controller-listen",
                 f"127.0.0.1:{self.controller_port}",
+                "--metrics",
+                f"127.0.0.1:{self.metrics_port}",
             ],
             stdin=subprocess.DEVNULL,
             stdout=self._stderr_file,

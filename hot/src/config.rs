@@ -31,6 +31,14 @@ pub struct ServerConfig {
     pub cluster: Option<ClusterSection>,
     /// The broker's native gRPC data plane; absent: not served.
     pub grpc: Option<GrpcSection>,
+    /// The Prometheus endpoint (`GET /metrics`); absent: not served.
+    pub metrics: Option<MetricsSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    pub listen: SocketAddr,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -124,6 +132,7 @@ impl Default for ServerConfig {
             controller: None,
             cluster: None,
             grpc: None,
+            metrics: None,
         }
     }
 }
@@ -168,6 +177,7 @@ pub struct DevFlags {
     pub listen: Option<String>,
     pub grpc: Option<String>,
     pub controller_listen: Option<String>,
+    pub metrics: Option<String>,
 }
 
 impl ServerConfig {
@@ -196,6 +206,17 @@ impl ServerConfig {
                 overrides
                     .entry("STRATA__GRPC__LISTEN".into())
                     .or_insert_with(|| "127.0.0.1:9095".into());
+            }
+            None => {}
+        }
+        match flags.metrics {
+            Some(m) => {
+                overrides.insert("STRATA__METRICS__LISTEN".into(), m);
+            }
+            None if default_listen && path.is_none() => {
+                overrides
+                    .entry("STRATA__METRICS__LISTEN".into())
+                    .or_insert_with(|| "127.0.0.1:9096".into());
             }
             None => {}
         }

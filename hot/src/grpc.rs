@@ -53,6 +53,105 @@ impl GrpcService {
     }
 }
 
+impl GrpcService {
+    async fn produce_inner(&self, r: ProduceRequest) -> Result<Response<ProduceResponse>, Status> {
+        let acks = i16::try_from(r.acks).ok().filter(|a| matches!(a, -1..=1));
+        let Some(acks) = acks else {
+            return Ok(Response::new(ProduceResponse {
+                error: error(
+                    codes::INVALID_REQUIRED_ACKS,
+                    format!("acks={} is not one of -1, 0, 1", r.acks),
+                ),
+                ..Default::default()
+            }));
+        };
+        let index = r.partition as i32;
+        let now = self.broker.now_ms();
+        let pending = match self
+            .broker
+            .append(&r.topic, index, r.records.into(), acks, now)
+        {
+            Ok(p) => p,
+            Err(e) => {
+                let (code, message) = codes::produce(&e);
+                let leader = match &e {
+                    ProduceError::NotLeader { leader, .. } => *leader,
+                    _ => None,
+                };
+                return Ok(Response::new(ProduceResponse {
+                    error: Some(Error {
+                        code: i32::from(code),
+                        message,
+                        leader,
+                    }),
+                    base_offset: -1,
+                    log_start_offset: -1,
+                }));
+            }
+        };
+        let timeout = Duration::from_millis(u64::from(r.timeout_ms.max(1)));
+        let error = match pending.durable(timeout).await {
+            Ok(()) => None,
+            Err(e) => {
+                let (code, message) = codes::wait(&e);
+                error(code, message)
+            }
+        };
+        Ok(Response::new(ProduceResponse {
+            base_offset: if error.is_none() {
+                pending.base_offset() as i64
+            } else {
+                -1
+            },
+            log_start_offset: pending.log_start() as i64,
+            error,
+        }))
+    }
+
+    async fn fetch_inner(&self, r: FetchRequest) -> Result<Response<FetchResponse>, Status> {
+        let partition = match self.broker.route(&r.topic, r.partition as i32) {
+            Route::Leader(p) => p,
+            other => {
+                return Ok(Response::new(FetchResponse {
+                    error: Some(self.route_error(&r.topic, r.partition, &other)),
+                    ..Default::default()
+                }))
+            }
+        };
+        if r.offset < 0 {
+            return Ok(Response::new(FetchResponse {
+                error: error(
+                    codes::OFFSET_OUT_OF_RANGE,
+                    format!("offset {} is negative", r.offset),
+                ),
+                ..Default::default()
+            }));
+        }
+        let wait = Duration::from_millis(u64::from(r.max_wait_ms)).min(MAX_WAIT);
+        let max_bytes = (r.max_bytes as usize).clamp(1, 64 << 20);
+        match partition
+            .read_waiting(r.offset as u64, max_bytes, wait)
+            .await
+        {
+            Ok((records, progress)) => Ok(Response::new(FetchResponse {
+                error: None,
+                high_watermark: progress.high_watermark as i64,
+                log_start_offset: progress.log_start as i64,
+                records: records.into(),
+            })),
+            Err(e) => {
+                let progress = partition.progress();
+                Ok(Response::new(FetchResponse {
+                    error: error(codes::read(&e), e.to_string()),
+                    high_watermark: progress.high_watermark as i64,
+                    log_start_offset: progress.log_start as i64,
+                    records: Default::default(),
+                }))
+            }
+        }
+    }
+}
+
 fn error(code: i16, message: impl Into<String>) -> Option<Error> {
     Some(Error {
         code: i32::from(code),
@@ -144,102 +243,27 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<ProduceRequest>,
     ) -> Result<Response<ProduceResponse>, Status> {
-        let r = req.into_inner();
-        let acks = i16::try_from(r.acks).ok().filter(|a| matches!(a, -1..=1));
-        let Some(acks) = acks else {
-            return Ok(Response::new(ProduceResponse {
-                error: error(
-                    codes::INVALID_REQUIRED_ACKS,
-                    format!("acks={} is not one of -1, 0, 1", r.acks),
-                ),
-                ..Default::default()
-            }));
-        };
-        let index = r.partition as i32;
-        let now = self.broker.now_ms();
-        let pending = match self
-            .broker
-            .append(&r.topic, index, r.records.into(), acks, now)
-        {
-            Ok(p) => p,
-            Err(e) => {
-                let (code, message) = codes::produce(&e);
-                let leader = match &e {
-                    ProduceError::NotLeader { leader, .. } => *leader,
-                    _ => None,
-                };
-                return Ok(Response::new(ProduceResponse {
-                    error: Some(Error {
-                        code: i32::from(code),
-                        message,
-                        leader,
-                    }),
-                    base_offset: -1,
-                    log_start_offset: -1,
-                }));
-            }
-        };
-        let timeout = Duration::from_millis(u64::from(r.timeout_ms.max(1)));
-        let error = match pending.durable(timeout).await {
-            Ok(()) => None,
-            Err(e) => {
-                let (code, message) = codes::wait(&e);
-                error(code, message)
-            }
-        };
-        Ok(Response::new(ProduceResponse {
-            base_offset: if error.is_none() {
-                pending.base_offset() as i64
-            } else {
-                -1
-            },
-            log_start_offset: pending.log_start() as i64,
-            error,
-        }))
+        let started = std::time::Instant::now();
+        let resp = self.produce_inner(req.into_inner()).await;
+        self.broker
+            .metrics()
+            .produce_latency
+            .observe(started.elapsed());
+        resp
     }
 
     async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
-        let r = req.into_inner();
-        let partition = match self.broker.route(&r.topic, r.partition as i32) {
-            Route::Leader(p) => p,
-            other => {
-                return Ok(Response::new(FetchResponse {
-                    error: Some(self.route_error(&r.topic, r.partition, &other)),
-                    ..Default::default()
-                }))
-            }
-        };
-        if r.offset < 0 {
-            return Ok(Response::new(FetchResponse {
-                error: error(
-                    codes::OFFSET_OUT_OF_RANGE,
-                    format!("offset {} is negative", r.offset),
-                ),
-                ..Default::default()
-            }));
+        use std::sync::atomic::Ordering::Relaxed;
+        let started = std::time::Instant::now();
+        let resp = self.fetch_inner(req.into_inner()).await;
+        let m = self.broker.metrics();
+        m.fetch_requests.fetch_add(1, Relaxed);
+        if let Ok(r) = &resp {
+            m.fetched_bytes
+                .fetch_add(r.get_ref().records.len() as u64, Relaxed);
         }
-        let wait = Duration::from_millis(u64::from(r.max_wait_ms)).min(MAX_WAIT);
-        let max_bytes = (r.max_bytes as usize).clamp(1, 64 << 20);
-        match partition
-            .read_waiting(r.offset as u64, max_bytes, wait)
-            .await
-        {
-            Ok((records, progress)) => Ok(Response::new(FetchResponse {
-                error: None,
-                high_watermark: progress.high_watermark as i64,
-                log_start_offset: progress.log_start as i64,
-                records: records.into(),
-            })),
-            Err(e) => {
-                let progress = partition.progress();
-                Ok(Response::new(FetchResponse {
-                    error: error(codes::read(&e), e.to_string()),
-                    high_watermark: progress.high_watermark as i64,
-                    log_start_offset: progress.log_start as i64,
-                    records: Default::default(),
-                }))
-            }
-        }
+        m.fetch_latency.observe(started.elapsed());
+        resp
     }
 
     async fn list_offsets(

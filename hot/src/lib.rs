@@ -8,5 +8,6 @@ pub mod config;
 pub mod grpc;
 pub mod kafka;
 pub mod log;
+pub mod metrics;
 pub mod replication;
 pub mod server;

@@ -36,6 +36,9 @@ enum Command {
         /// The embedded controller's gRPC address (default 127.0.0.1:9093).
         #[arg(long)]
         controller_listen: Option<String>,
+        /// Prometheus endpoint address (default 127.0.0.1:9096 with the default listener).
+        #[arg(long)]
+        metrics: Option<String>,
         /// Optional config file (see strata.example.toml); flags override it.
         #[arg(long)]
         config: Option<PathBuf>,
@@ -91,6 +94,7 @@ fn main() -> anyhow::Result<()> {
             listen,
             grpc,
             controller_listen,
+            metrics,
             config,
         } => {
             let flags = DevFlags {
@@ -98,6 +102,7 @@ fn main() -> anyhow::Result<()> {
                 listen,
                 grpc,
                 controller_listen,
+                metrics,
             };
             let config = ServerConfig::dev(config.as_deref(), flags, env)?;
             runtime.block_on(strata_hot::server::run(config))

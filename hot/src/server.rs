@@ -125,6 +125,9 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
             }
         });
     }
+    if let Some(m) = &config.metrics {
+        serve_metrics(broker.clone(), m.listen, listener_stop_rx.clone()).await?;
+    }
     let server = KafkaServer::new(broker.clone(), listener_config);
     let serving = tokio::spawn(server.serve(listener, listener_stop_rx));
     let mut stop_rx = stop_rx;
@@ -141,5 +144,44 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
     }
     tokio::task::spawn_blocking(move || broker.shutdown()).await?;
     tracing::info!("closed cleanly");
+    Ok(())
+}
+
+/// Serves `GET /metrics` (Prometheus text) until `stop` turns true.
+async fn serve_metrics(
+    broker: Arc<Broker>,
+    addr: std::net::SocketAddr,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics listener on {addr}"))?;
+    tracing::info!(metrics = %listener.local_addr()?, "serving Prometheus metrics on /metrics");
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let broker = broker.clone();
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4",
+                    )],
+                    broker.metrics().render(&broker),
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(stopped)
+            .await
+        {
+            tracing::error!(error = %e, "metrics endpoint failed");
+        }
+    });
     Ok(())
 }

@@ -115,6 +115,8 @@ pub enum ProduceError {
 /// A batch appended on the leader, with what it takes for it to become durable.
 pub struct PendingAppend {
     partition: Arc<Partition>,
+    records: u64,
+    bytes: u64,
     base_offset: u64,
     /// The high watermark must reach this for the write to be durable; `None` when the
     /// producer asked for less than acks=all or it already is.
@@ -187,6 +189,7 @@ pub struct Broker {
     cluster: Option<Arc<ClusterLink>>,
     /// The cluster metadata version the topics above reflect (cluster mode).
     metadata_version: tokio::sync::watch::Sender<u64>,
+    metrics: crate::metrics::Metrics,
 }
 
 impl Broker {
@@ -220,6 +223,7 @@ impl Broker {
             producer_ids: Mutex::new((0, 0)),
             cluster,
             metadata_version: tokio::sync::watch::channel(0).0,
+            metrics: crate::metrics::Metrics::default(),
         });
         remove_deleted_dirs(&logs)?;
         for spec in specs {
@@ -235,6 +239,10 @@ impl Broker {
             broker.warn_orphans(&logs)?;
         }
         Ok(broker)
+    }
+
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
     }
 
     /// The controller link, in cluster mode.
@@ -285,6 +293,29 @@ impl Broker {
         acks: i16,
         now_ms: i64,
     ) -> Result<PendingAppend, ProduceError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.metrics.produce_requests.fetch_add(1, Relaxed);
+        let appended = self.append_inner(topic, index, records, acks, now_ms);
+        match &appended {
+            Ok(p) => {
+                self.metrics.produced_records.fetch_add(p.records, Relaxed);
+                self.metrics.produced_bytes.fetch_add(p.bytes, Relaxed);
+            }
+            Err(_) => {
+                self.metrics.produce_errors.fetch_add(1, Relaxed);
+            }
+        }
+        appended
+    }
+
+    fn append_inner(
+        &self,
+        topic: &str,
+        index: i32,
+        records: bytes::Bytes,
+        acks: i16,
+        now_ms: i64,
+    ) -> Result<PendingAppend, ProduceError> {
         let partition = match self.route(topic, index) {
             Route::Leader(p) => p,
             Route::NotLeader => {
@@ -327,6 +358,16 @@ impl Broker {
         let progress = partition.progress();
         let durable = progress.high_watermark > appended.last_offset;
         Ok(PendingAppend {
+            records: if appended.duplicate {
+                0
+            } else {
+                u64::from(batch.header().record_count.max(0) as u32)
+            },
+            bytes: if appended.duplicate {
+                0
+            } else {
+                batch.len() as u64
+            },
             base_offset: appended.base_offset,
             durable_at: (acks == -1 && !durable).then_some(appended.last_offset + 1),
             log_start: progress.log_start,

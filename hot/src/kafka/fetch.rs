@@ -53,6 +53,24 @@ fn lookup_partition(
 }
 
 pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
+    use std::sync::atomic::Ordering::Relaxed;
+    let started = std::time::Instant::now();
+    let broker = ctx.broker().clone();
+    let resp = handle_inner(ctx, req).await;
+    let bytes: u64 = resp
+        .responses
+        .iter()
+        .flat_map(|t| t.partitions.iter())
+        .map(|p| p.records.as_ref().map_or(0, |r| r.len() as u64))
+        .sum();
+    let m = broker.metrics();
+    m.fetch_requests.fetch_add(1, Relaxed);
+    m.fetched_bytes.fetch_add(bytes, Relaxed);
+    m.fetch_latency.observe(started.elapsed());
+    resp
+}
+
+async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
     let broker = ctx.broker();
     let topics: Arc<Vec<(TopicName, Vec<Target>)>> = Arc::new(
         req.topics

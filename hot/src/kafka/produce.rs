@@ -38,6 +38,7 @@ impl PartitionOutcome {
 
 pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal> {
     let broker = ctx.broker().clone();
+    let started = std::time::Instant::now();
     let now = broker.now_ms();
     let acks = req.acks;
     let refuse_all: Option<codes::Coded> = if !matches!(acks, -1..=1) {
@@ -90,6 +91,7 @@ pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal
         topics.push((topic.name, outcomes));
     }
     if acks == 0 {
+        broker.metrics().produce_latency.observe(started.elapsed());
         return Ok(Reply::Nothing);
     }
     let timeout = Duration::from_millis(req.timeout_ms.max(0) as u64);
@@ -126,6 +128,7 @@ pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal
                     .with_partition_responses(partition_responses),
             );
         }
+        broker.metrics().produce_latency.observe(started.elapsed());
         ProduceResponse::default().with_responses(responses)
     })
 }

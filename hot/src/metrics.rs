@@ -1,0 +1,221 @@
+//! Prometheus metrics of one broker: request counters and latency histograms recorded on the
+//! request paths (atomics only, nothing blocks), and partition gauges computed from the
+//! broker's state when `/metrics` is scraped.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::broker::Broker;
+
+/// Upper bounds of the latency buckets, in seconds.
+const BOUNDS: [f64; 13] = [
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// A cumulative latency histogram in Prometheus' shape.
+#[derive(Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; BOUNDS.len()],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (i, b) in BOUNDS.iter().enumerate() {
+            if secs <= *b {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, b) in BOUNDS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{b}\"}} {}",
+                self.buckets[i].load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// Counters and histograms the request paths update.
+#[derive(Default)]
+pub struct Metrics {
+    pub produce_requests: AtomicU64,
+    pub produce_errors: AtomicU64,
+    pub produced_records: AtomicU64,
+    pub produced_bytes: AtomicU64,
+    pub fetch_requests: AtomicU64,
+    pub fetched_bytes: AtomicU64,
+    /// Produce request received -> response ready (includes the acks=all wait).
+    pub produce_latency: Histogram,
+    pub fetch_latency: Histogram,
+}
+
+fn counter(out: &mut String, name: &str, help: &str, v: &AtomicU64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+        v.load(Ordering::Relaxed)
+    );
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+}
+
+impl Metrics {
+    /// The Prometheus text exposition of this broker.
+    pub fn render(&self, broker: &Broker) -> String {
+        let mut out = String::new();
+        counter(
+            &mut out,
+            "strata_produce_requests_total",
+            "Partition produce requests received.",
+            &self.produce_requests,
+        );
+        counter(
+            &mut out,
+            "strata_produce_errors_total",
+            "Partition produce requests answered with an error.",
+            &self.produce_errors,
+        );
+        counter(
+            &mut out,
+            "strata_produced_records_total",
+            "Records appended by this broker as leader.",
+            &self.produced_records,
+        );
+        counter(
+            &mut out,
+            "strata_produced_bytes_total",
+            "Batch bytes appended by this broker as leader.",
+            &self.produced_bytes,
+        );
+        counter(
+            &mut out,
+            "strata_fetch_requests_total",
+            "Fetch requests served.",
+            &self.fetch_requests,
+        );
+        counter(
+            &mut out,
+            "strata_fetched_bytes_total",
+            "Record bytes returned by fetches.",
+            &self.fetched_bytes,
+        );
+        self.produce_latency.render(
+            &mut out,
+            "strata_produce_latency_seconds",
+            "Produce request to response, acks wait included.",
+        );
+        self.fetch_latency.render(
+            &mut out,
+            "strata_fetch_latency_seconds",
+            "Fetch request to response, long-poll wait included.",
+        );
+
+        let node = broker.config().node_id;
+        let (mut local, mut leading, mut offline, mut under_replicated) = (0, 0, 0, 0);
+        let mut partitions = String::new();
+        for t in broker.topics() {
+            for (i, layout) in t.layout.iter().enumerate() {
+                if layout.leader.is_none() {
+                    offline += 1;
+                }
+                let Some(p) = t.partitions.get(i).and_then(|p| p.as_ref()) else {
+                    continue;
+                };
+                local += 1;
+                if layout.leader != Some(node) {
+                    continue;
+                }
+                leading += 1;
+                if layout.isr.len() < layout.replicas.len() {
+                    under_replicated += 1;
+                }
+                let pr = p.progress();
+                let labels = format!("topic=\"{}\",partition=\"{i}\"", t.spec.name);
+                let _ = writeln!(
+                    partitions,
+                    "strata_partition_high_watermark{{{labels}}} {}",
+                    pr.high_watermark
+                );
+                let _ = writeln!(
+                    partitions,
+                    "strata_partition_log_end_offset{{{labels}}} {}",
+                    pr.log_end
+                );
+                let _ = writeln!(
+                    partitions,
+                    "strata_partition_log_start_offset{{{labels}}} {}",
+                    pr.log_start
+                );
+            }
+        }
+        gauge(
+            &mut out,
+            "strata_local_partitions",
+            "Partition replicas held by this broker.",
+            local,
+        );
+        gauge(
+            &mut out,
+            "strata_leader_partitions",
+            "Partitions this broker leads.",
+            leading,
+        );
+        gauge(
+            &mut out,
+            "strata_offline_partitions",
+            "Partitions of the cluster with no leader.",
+            offline,
+        );
+        gauge(
+            &mut out,
+            "strata_under_replicated_partitions",
+            "Partitions this broker leads whose ISR is smaller than their replica set.",
+            under_replicated,
+        );
+        let _ = writeln!(out, "# HELP strata_partition_high_watermark Offsets below it are durable and visible.\n# TYPE strata_partition_high_watermark gauge");
+        let _ = writeln!(out, "# TYPE strata_partition_log_end_offset gauge\n# TYPE strata_partition_log_start_offset gauge");
+        out.push_str(&partitions);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(300));
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(10));
+        let mut out = String::new();
+        h.render(&mut out, "x", "test");
+        assert!(out.contains("x_bucket{le=\"0.0005\"} 1\n"));
+        assert!(out.contains("x_bucket{le=\"0.005\"} 2\n"));
+        assert!(out.contains("x_bucket{le=\"5\"} 2\n"));
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"));
+        assert!(out.contains("x_count 3\n"));
+    }
+}
