@@ -34,12 +34,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         c = Cluster(args.binary, Path(tmp))
         try:
-            for i in (1, 2, 3):
-                c.start(f"controller-{i}")
-            c.leader()
-            for i in (1, 2, 3):
-                c.start(f"broker-{i}")
-            c.wait_for(lambda m: len([b for b in m["brokers"].values() if not b["fenced"]]) == 3, "3 brokers")
+            c.start_all()
             admins = {i: AdminClient({"bootstrap.servers": f"127.0.0.1:{c.broker_ports[i]}"}) for i in (1, 2, 3)}
             for a in admins.values():
                 a.list_topics(timeout=10)

@@ -70,6 +70,15 @@ class Cluster:
             assert time.monotonic() < deadline, f"{name} did not start:\n{self.log_tail(name)}"
             time.sleep(0.05)
 
+    def start_all(self):
+        """3 controllers with an elected leader, then 3 registered, unfenced brokers."""
+        for i in (1, 2, 3):
+            self.start(f"controller-{i}")
+        self.leader()
+        for i in (1, 2, 3):
+            self.start(f"broker-{i}")
+        self.wait_for(lambda m: len([b for b in m["brokers"].values() if not b["fenced"]]) == 3, "3 live brokers")
+
     def kill(self, name):
         p = self.procs.pop(name)
         p.send_signal(signal.SIGKILL)
@@ -134,12 +143,7 @@ class Cluster:
 def cluster(tmp_path):
     c = Cluster(strata_bin(), tmp_path)
     try:
-        for i in (1, 2, 3):
-            c.start(f"controller-{i}")
-        c.leader()
-        for i in (1, 2, 3):
-            c.start(f"broker-{i}")
-        c.wait_for(lambda m: len([b for b in m["brokers"].values() if not b["fenced"]]) == 3, "3 live brokers")
+        c.start_all()
         yield c
     finally:
         c.stop_all()

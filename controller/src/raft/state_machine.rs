@@ -134,6 +134,16 @@ impl StateMachine {
         )
     }
 
+    /// Writes a snapshot to disk (on the blocking pool) before it becomes the current one.
+    async fn persist_snapshot(&self, stored: &StoredSnapshot) -> Result<(), StorageError<NodeId>> {
+        let dir = self.dir.clone();
+        let to_write = stored.clone();
+        tokio::task::spawn_blocking(move || write_json(&dir, SNAPSHOT_FILE, &to_write))
+            .await
+            .map_err(sm_err)?
+            .map_err(|e| StorageIOError::write_snapshot(Some(stored.meta.signature()), &e).into())
+    }
+
     fn publish(&self, metadata: ClusterMetadata) {
         self.published.send_replace(Arc::new(metadata));
     }
@@ -158,12 +168,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                 data,
             }
         };
-        let dir = self.dir.clone();
-        let to_write = stored.clone();
-        tokio::task::spawn_blocking(move || write_json(&dir, SNAPSHOT_FILE, &to_write))
-            .await
-            .map_err(sm_err)?
-            .map_err(|e| StorageIOError::write_snapshot(Some(stored.meta.signature()), &e))?;
+        self.persist_snapshot(&stored).await?;
         self.lock().snapshot = Some(stored.clone());
         Ok(Snapshot {
             meta: stored.meta,
@@ -251,12 +256,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta: meta.clone(),
             data,
         };
-        let dir = self.dir.clone();
-        let to_write = stored.clone();
-        tokio::task::spawn_blocking(move || write_json(&dir, SNAPSHOT_FILE, &to_write))
-            .await
-            .map_err(sm_err)?
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        self.persist_snapshot(&stored).await?;
         {
             let mut inner = self.lock();
             inner.metadata = metadata.clone();
