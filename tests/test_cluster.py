@@ -140,13 +140,21 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(request, tmp_path):
     c = Cluster(strata_bin(), tmp_path)
     try:
         c.start_all()
         yield c
     finally:
         c.stop_all()
+        failed = any(
+            getattr(request.node, "rep_" + when, None) is not None and getattr(request.node, "rep_" + when).failed
+            for when in ("setup", "call")
+        )
+        if failed:
+            # Every process's log tail, so a failure seen once (in CI) can be diagnosed.
+            for log in sorted(tmp_path.glob("*.log")):
+                request.node.add_report_section("teardown", log.stem, c.log_tail(log.stem, 60))
 
 
 def leaders(m, topic):
