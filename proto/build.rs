@@ -11,6 +11,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={p}");
     }
     let fds = protox::compile(protos, ["proto"])?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    tonic_prost_build::configure()
+        // Replicated records go from the socket to the log without a copy.
+        .bytes(".strata.v1.ReplicaFetchResponse.records")
+        .compile_fds(fds)?;
     Ok(())
 }

@@ -545,6 +545,54 @@ impl ControllerApi for ControllerService {
         }))
     }
 
+    async fn alter_isr(
+        &self,
+        req: Request<AlterIsrRequest>,
+    ) -> Result<Response<AlterIsrResponse>, Status> {
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.alter_isr(req.into_inner()).await;
+        }
+        let r = req.into_inner();
+        let current = self.0.state.current();
+        match current.brokers.get(&r.broker_id) {
+            Some(b) if b.epoch == r.broker_epoch && !b.fenced => {}
+            _ => {
+                return Err(Status::failed_precondition(format!(
+                    "broker {} at epoch {} is not a live registration",
+                    r.broker_id, r.broker_epoch
+                )))
+            }
+        }
+        let applied = self
+            .0
+            .propose(Command::AlterIsr {
+                topic: r.topic.clone(),
+                partition: r.partition,
+                leader: r.broker_id,
+                leader_epoch: r.leader_epoch,
+                partition_epoch: r.partition_epoch,
+                isr: r.isr.clone(),
+            })
+            .await?;
+        match applied {
+            Applied::PartitionUpdated {
+                leader_epoch,
+                partition_epoch,
+            } => {
+                tracing::info!(topic = %r.topic, partition = r.partition, isr = ?r.isr, partition_epoch, "ISR changed");
+                Ok(Response::new(AlterIsrResponse {
+                    leader_epoch,
+                    partition_epoch,
+                    isr: r.isr,
+                    version: self.0.state.current().version,
+                }))
+            }
+            other => Err(Status::internal(format!(
+                "unexpected answer to AlterIsr: {other:?}"
+            ))),
+        }
+    }
+
     async fn allocate_producer_ids(
         &self,
         req: Request<AllocateProducerIdsRequest>,

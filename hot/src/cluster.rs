@@ -12,9 +12,10 @@ use strata_controller::metadata::{ClusterMetadata, Command};
 use strata_proto::v1::controller_client::ControllerClient;
 use strata_proto::v1::metadata_update;
 use strata_proto::v1::{
-    AllocateProducerIdsRequest, AlterTopicConfigsRequest, ControlledShutdownRequest,
-    CreatePartitionsRequest, CreateTopicRequest, CreateTopicResponse, DeleteTopicRequest, Endpoint,
-    HeartbeatRequest, MetadataUpdate, RegisterBrokerRequest, WatchRequest,
+    AllocateProducerIdsRequest, AlterIsrRequest, AlterIsrResponse, AlterTopicConfigsRequest,
+    ControlledShutdownRequest, CreatePartitionsRequest, CreateTopicRequest, CreateTopicResponse,
+    DeleteTopicRequest, Endpoint, HeartbeatRequest, MetadataUpdate, RegisterBrokerRequest,
+    WatchRequest,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -191,6 +192,49 @@ impl ClusterLink {
         self.call(|mut c| async move { c.allocate_producer_ids(req).await })
             .await
             .map(|r| r.first)
+    }
+
+    /// Proposes a new ISR for a partition this broker leads at `leader_epoch`, based on
+    /// `partition_epoch` (the controller refuses it if either is stale).
+    pub async fn alter_isr(
+        &self,
+        topic: &str,
+        partition: u32,
+        leader_epoch: i32,
+        partition_epoch: i32,
+        isr: Vec<i32>,
+    ) -> Result<AlterIsrResponse, tonic::Status> {
+        let epoch = self
+            .epoch()
+            .ok_or_else(|| tonic::Status::unavailable("not registered with the controllers yet"))?;
+        let req = AlterIsrRequest {
+            broker_id: self.config.broker_id,
+            broker_epoch: epoch,
+            topic: topic.to_string(),
+            partition,
+            leader_epoch,
+            partition_epoch,
+            isr,
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.alter_isr(req).await }
+        })
+        .await
+    }
+
+    /// The gRPC address of a live broker, from the metadata.
+    pub fn grpc_address(&self, broker: i32) -> Option<String> {
+        let m = self.metadata.borrow();
+        let b = m.brokers.get(&broker)?;
+        b.endpoints
+            .iter()
+            .find(|e| e.name == "grpc")
+            .map(|e| format!("{}:{}", e.host, e.port))
+    }
+
+    pub fn broker_id(&self) -> i32 {
+        self.config.broker_id
     }
 
     /// Any reachable controller, trying them in turn from `start`.

@@ -57,6 +57,14 @@ pub struct ClusterSection {
     /// The cluster id Kafka clients see; give every broker the same.
     #[serde(default = "default_cluster_id")]
     pub cluster_id: String,
+    /// A follower not caught up with its leader for this long leaves the ISR (Kafka's
+    /// `replica.lag.time.max.ms`).
+    #[serde(default = "default_replica_lag", deserialize_with = "duration")]
+    pub replica_lag_time_max: Duration,
+}
+
+fn default_replica_lag() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_cluster_id() -> String {
@@ -241,6 +249,7 @@ impl ServerConfig {
                 controllers: vec![listen.to_string()],
                 rack: None,
                 cluster_id: default_cluster_id(),
+                replica_lag_time_max: default_replica_lag(),
             });
             config.validate()?;
         }
@@ -343,6 +352,10 @@ impl ServerConfig {
             default_partitions: self.topics.default_partitions,
             retention_check_interval: self.topics.retention_check_interval,
             auto_create_topics: self.topics.auto_create,
+            replica_lag_time_max: self
+                .cluster
+                .as_ref()
+                .map_or_else(default_replica_lag, |c| c.replica_lag_time_max),
         }
     }
 

@@ -63,6 +63,10 @@ pub struct Metrics {
     pub produced_bytes: AtomicU64,
     pub fetch_requests: AtomicU64,
     pub fetched_bytes: AtomicU64,
+    /// Record bytes sent to followers.
+    pub replicated_bytes: AtomicU64,
+    pub isr_shrinks: AtomicU64,
+    pub isr_expands: AtomicU64,
     /// Produce request received -> response ready (includes the acks=all wait).
     pub produce_latency: Histogram,
     pub fetch_latency: Histogram,
@@ -134,6 +138,8 @@ impl Metrics {
         let node = broker.config().node_id;
         let (mut local, mut leading, mut offline, mut under_replicated) = (0, 0, 0, 0);
         let mut partitions = String::new();
+        let mut replicas = String::new();
+        let mut under_min_isr = 0;
         for t in broker.topics() {
             for (i, layout) in t.layout.iter().enumerate() {
                 if layout.leader.is_none() {
@@ -167,6 +173,23 @@ impl Metrics {
                     "strata_partition_log_start_offset{{{labels}}} {}",
                     pr.log_start
                 );
+                if pr.under_min_isr {
+                    under_min_isr += 1;
+                }
+                if let Some((_, _, followers)) = p.leader_view(broker.now_ms()) {
+                    for f in followers {
+                        let _ = writeln!(
+                            replicas,
+                            "strata_replica_lag_records{{{labels},replica=\"{}\"}} {}\nstrata_replica_lag_seconds{{{labels},replica=\"{}\"}} {:.3}\nstrata_replica_in_sync{{{labels},replica=\"{}\"}} {}",
+                            f.id,
+                            f.lag_records,
+                            f.id,
+                            f.lag_ms.max(0) as f64 / 1000.0,
+                            f.id,
+                            u8::from(f.in_sync),
+                        );
+                    }
+                }
             }
         }
         gauge(
@@ -193,6 +216,34 @@ impl Metrics {
             "Partitions this broker leads whose ISR is smaller than their replica set.",
             under_replicated,
         );
+        gauge(
+            &mut out,
+            "strata_under_min_isr_partitions",
+            "Partitions this broker leads whose ISR is below min.insync.replicas (acks=all refused).",
+            under_min_isr,
+        );
+        counter(
+            &mut out,
+            "strata_isr_shrinks_total",
+            "ISR shrinks this broker proposed and the controllers committed.",
+            &self.isr_shrinks,
+        );
+        counter(
+            &mut out,
+            "strata_isr_expands_total",
+            "ISR expansions this broker proposed and the controllers committed.",
+            &self.isr_expands,
+        );
+        counter(
+            &mut out,
+            "strata_replicated_bytes_total",
+            "Record bytes sent to followers.",
+            &self.replicated_bytes,
+        );
+        let _ = writeln!(out, "# HELP strata_replica_lag_records Records a follower is behind this leader's log end.\n# TYPE strata_replica_lag_records gauge");
+        let _ = writeln!(out, "# HELP strata_replica_lag_seconds Time since a follower was last caught up.\n# TYPE strata_replica_lag_seconds gauge");
+        let _ = writeln!(out, "# HELP strata_replica_in_sync 1 when the follower is in the committed ISR.\n# TYPE strata_replica_in_sync gauge");
+        out.push_str(&replicas);
         let _ = writeln!(out, "# HELP strata_partition_high_watermark Offsets below it are durable and visible.\n# TYPE strata_partition_high_watermark gauge");
         let _ = writeln!(out, "# TYPE strata_partition_log_end_offset gauge\n# TYPE strata_partition_log_start_offset gauge");
         out.push_str(&partitions);

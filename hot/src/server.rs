@@ -52,11 +52,18 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         })?;
     let bound = listener.local_addr()?;
     let listener_config = config.listener(bound);
-    let grpc_listener = match &config.grpc {
-        Some(g) => Some(
-            TcpListener::bind(g.listen)
+    // In a cluster, followers replicate over gRPC: without a [grpc] section it listens on
+    // a free port of the Kafka listener's address (registered with the controllers).
+    let grpc_listen = match (&config.grpc, &config.cluster) {
+        (Some(g), _) => Some(g.listen),
+        (None, Some(_)) => Some(std::net::SocketAddr::new(config.kafka.listen.ip(), 0)),
+        (None, None) => None,
+    };
+    let grpc_listener = match grpc_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
                 .await
-                .with_context(|| format!("binding the gRPC listener on {}", g.listen))?,
+                .with_context(|| format!("binding the gRPC listener on {addr}"))?,
         ),
         None => None,
     };
@@ -109,6 +116,7 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         };
         tracing::info!(grpc = %grpc.local_addr()?, "serving the gRPC data plane");
         let service = GrpcService::server(broker.clone(), me);
+        let replica_broker = broker.clone();
         let mut stop = listener_stop_rx.clone();
         tokio::spawn(async move {
             let stopped = async move {
@@ -116,6 +124,9 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
             };
             let serving = tonic::transport::Server::builder()
                 .add_service(service)
+                .add_service(crate::replication::service::ReplicaService::server(
+                    replica_broker,
+                ))
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::TcpListenerStream::new(grpc),
                     stopped,

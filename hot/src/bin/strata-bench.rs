@@ -122,7 +122,7 @@ async fn engine_group_commit(
 ) -> anyhow::Result<(Rate, Vec<Duration>)> {
     let log_dir = dir.join("engine-group");
     let (log, _) = PartitionLog::open(&log_dir, LogConfig::default(), 0)?;
-    let partition = Partition::start(Arc::from("bench"), 0, log);
+    let partition = Partition::start_standalone(Arc::from("bench"), 0, log, 0);
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(seconds);
     let mut tasks = Vec::new();
@@ -133,8 +133,8 @@ async fn engine_group_commit(
             let mut latencies = Vec::new();
             while Instant::now() < deadline {
                 let t = Instant::now();
-                let a = p.append(&b, 0).expect("append");
-                p.wait_durable(a.last_offset + 1, Duration::from_secs(30))
+                let (a, epoch) = p.append(&b, -1, 0).expect("append");
+                p.wait_durable(a.last_offset + 1, epoch, Duration::from_secs(30))
                     .await
                     .expect("durable");
                 latencies.push(t.elapsed());

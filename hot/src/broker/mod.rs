@@ -4,6 +4,7 @@
 //! administration, hands out producer ids and runs retention. The Kafka listener (and later
 //! the gRPC one) translate requests into calls here.
 
+mod isr;
 pub mod partition;
 mod reconcile;
 pub mod topics;
@@ -47,6 +48,8 @@ pub struct BrokerConfig {
     pub default_partitions: u32,
     pub retention_check_interval: Duration,
     pub auto_create_topics: bool,
+    /// `replica.lag.time.max.ms`: how long a follower may lag before it leaves the ISR.
+    pub replica_lag_time_max: Duration,
 }
 
 /// Why a topic administration request was refused.
@@ -106,6 +109,12 @@ pub enum ProduceError {
     },
     #[error("{0}")]
     NotEnoughReplicas(String),
+    #[error("topic '{topic}' requires min.acks={required}; the producer asked for acks={acks}")]
+    AcksTooWeak {
+        topic: String,
+        acks: i16,
+        required: String,
+    },
     #[error(transparent)]
     Batch(#[from] strata_core::batch::BatchError),
     #[error(transparent)]
@@ -118,9 +127,9 @@ pub struct PendingAppend {
     records: u64,
     bytes: u64,
     base_offset: u64,
-    /// The high watermark must reach this for the write to be durable; `None` when the
-    /// producer asked for less than acks=all or it already is.
-    durable_at: Option<u64>,
+    /// The high watermark must reach this, in this leader epoch, for the write to be
+    /// committed; `None` when the producer asked for less than acks=all.
+    durable_at: Option<(u64, i32)>,
     log_start: u64,
 }
 
@@ -136,7 +145,7 @@ impl PendingAppend {
     /// Waits until the write is durable per the topic's policy (acks=all only).
     pub async fn durable(&self, timeout: std::time::Duration) -> Result<(), WaitError> {
         match self.durable_at {
-            Some(end) => self.partition.wait_durable(end, timeout).await,
+            Some((end, epoch)) => self.partition.wait_durable(end, epoch, timeout).await,
             None => Ok(()),
         }
     }
@@ -235,6 +244,7 @@ impl Broker {
                 Arc::downgrade(&broker),
                 link.metadata(),
             ));
+            tokio::spawn(isr::run(Arc::downgrade(&broker), link));
         } else {
             broker.warn_orphans(&logs)?;
         }
@@ -268,6 +278,10 @@ impl Broker {
 
     pub fn now_ms(&self) -> i64 {
         self.clock.now_ms()
+    }
+
+    pub fn replica_lag_ms(&self) -> i64 {
+        self.config.replica_lag_time_max.as_millis() as i64
     }
 
     fn topics_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<Topic>>> {
@@ -335,28 +349,40 @@ impl Broker {
                 })
             }
         };
-        if acks == -1
-            && self
-                .topic(topic)
-                .is_some_and(|t| t.spec.replication_factor > 1)
-        {
-            // Replication between brokers is not built yet: acks=all cannot be honoured on a
-            // replicated topic, so it is refused rather than silently downgraded.
-            return Err(ProduceError::NotEnoughReplicas(
-                "replication between brokers is not built yet; acks=all needs a topic with replication factor 1 for now"
-                    .into(),
-            ));
-        }
         let batch = crate::log::ValidBatch::new(records).inspect_err(|e| {
             tracing::debug!(topic, partition = index, error = %e, "refused produced batch");
         })?;
-        let appended = partition.append(&batch, now_ms).inspect_err(|e| {
-            if matches!(e, crate::log::AppendError::Io(_)) {
-                tracing::error!(topic, partition = index, error = %e, "append failed");
-            }
-        })?;
+        let min_acks = partition.lock().config().min_acks;
+        if !crate::log::LogConfig::accepts(min_acks, acks) {
+            return Err(ProduceError::AcksTooWeak {
+                topic: topic.to_string(),
+                acks,
+                required: if min_acks == -1 {
+                    "all".into()
+                } else {
+                    min_acks.to_string()
+                },
+            });
+        }
+        let (appended, epoch) = partition
+            .append(&batch, acks, now_ms)
+            .map_err(|e| match e {
+                partition::LeaderAppendError::NotLeader => ProduceError::NotLeader {
+                    topic: topic.to_string(),
+                    partition: index,
+                    leader: None,
+                },
+                partition::LeaderAppendError::NotEnoughReplicas(n) => {
+                    ProduceError::NotEnoughReplicas(format!("{topic}-{index}: {n}"))
+                }
+                partition::LeaderAppendError::Append(e) => {
+                    if matches!(e, crate::log::AppendError::Io(_)) {
+                        tracing::error!(topic, partition = index, error = %e, "append failed");
+                    }
+                    ProduceError::Append(e)
+                }
+            })?;
         let progress = partition.progress();
-        let durable = progress.high_watermark > appended.last_offset;
         Ok(PendingAppend {
             records: if appended.duplicate {
                 0
@@ -369,7 +395,7 @@ impl Broker {
                 batch.len() as u64
             },
             base_offset: appended.base_offset,
-            durable_at: (acks == -1 && !durable).then_some(appended.last_offset + 1),
+            durable_at: (acks == -1).then_some((appended.last_offset + 1, epoch)),
             log_start: progress.log_start,
             partition,
         })
@@ -482,7 +508,14 @@ impl Broker {
         let partitions = logs
             .into_iter()
             .enumerate()
-            .map(|(i, log)| Some(Partition::start(topic_name.clone(), i as i32, log)))
+            .map(|(i, log)| {
+                Some(Partition::start_standalone(
+                    topic_name.clone(),
+                    i as i32,
+                    log,
+                    node,
+                ))
+            })
             .collect();
         let layout = (0..spec.partitions)
             .map(|_| PartitionLayout {
@@ -685,7 +718,7 @@ impl Broker {
         spec.configs = configs;
         store.insert(spec.clone())?;
         for p in topic.local() {
-            p.set_config(config.clone());
+            p.set_config(config.clone(), self.replica_lag_ms());
         }
         let updated = Topic {
             spec,

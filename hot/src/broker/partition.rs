@@ -1,9 +1,13 @@
 //! The runtime of one partition on this broker: the single-writer log behind a short lock,
-//! a flusher task that group-commits fsyncs, and the high watermark that releases
-//! `acks=all` producers and long-polling consumers.
+//! a flusher task that group-commits fsyncs, the replica's role (leader, follower or idle),
+//! and the high watermark that releases `acks=all` producers and long-polling consumers.
 //!
-//! The lock is held only for in-memory work and page-cache writes; fsyncs run on the
-//! blocking pool and reads run outside the lock from a [`ReadPlan`].
+//! The locks are held only for in-memory work and page-cache writes, never across network
+//! I/O; fsyncs run on the blocking pool and reads run outside the lock from a [`ReadPlan`].
+//! Lock order: `role`, then `log`.
+//!
+//! As leader, the high watermark is the minimum durable log end over the ISR
+//! ([`LeaderState`]); as follower, it is what the leader last said, capped at the local end.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -11,6 +15,9 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 use crate::log::{AppendError, Appended, PartitionLog, ReadError, ReadPlan, ValidBatch};
+use crate::replication::leader::{
+    Assignment, FollowerStatus, IsrProposal, LeaderState, NotEnoughReplicas, Policy,
+};
 
 /// Kafka's special ListOffsets timestamps.
 const LATEST: i64 = -1;
@@ -20,52 +27,150 @@ const MAX_TIMESTAMP: i64 = -3;
 /// What consumers and producers may rely on, published after every change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
-    /// Offsets below this are durable per the topic's flush policy and visible to consumers.
+    /// Offsets below this are committed (durable on the ISR per the topic's flush policy)
+    /// and visible to consumers.
     pub high_watermark: u64,
     pub log_start: u64,
     pub log_end: u64,
+    /// Offsets below this are fsynced in the local log.
+    pub durable_end: u64,
     /// Set when an fsync failed: nothing more will be acknowledged.
     pub failed: bool,
+    /// The leader epoch while this replica leads.
+    pub leader_epoch: Option<i32>,
+    /// The committed ISR is smaller than `min.insync.replicas`.
+    pub under_min_isr: bool,
 }
 
 /// Why waiting for an acknowledgement ended without one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WaitError {
-    #[error("timed out waiting for the write to become durable")]
+    #[error("timed out waiting for the write to be replicated and durable")]
     Timeout,
     #[error("the partition's storage failed; the write is not known to be durable")]
     StorageFailed,
+    #[error("this broker stopped leading the partition before the write was committed")]
+    NotLeader,
+    #[error("the write was committed, but the ISR shrank below min.insync.replicas")]
+    NotEnoughReplicasAfterAppend,
+}
+
+/// Why a produce to this replica was refused before append.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderAppendError {
+    #[error("this replica does not lead the partition")]
+    NotLeader,
+    #[error(transparent)]
+    NotEnoughReplicas(#[from] NotEnoughReplicas),
+    #[error(transparent)]
+    Append(#[from] AppendError),
+}
+
+/// Why a replica fetch was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReplicaFetchError {
+    #[error("this replica does not lead the partition")]
+    NotLeader,
+    #[error("the follower's leader epoch {0} is older than the leader's")]
+    FencedLeaderEpoch(i32),
+    #[error("the follower's leader epoch {0} is newer than the leader's")]
+    UnknownLeaderEpoch(i32),
+    #[error("broker {0} is not a replica of the partition")]
+    NotReplica(i32),
+}
+
+/// A leader's answer to a replica fetch that was accepted.
+pub struct ReplicaFetchAnswer {
+    pub records: bytes::Bytes,
+    pub progress: Progress,
+}
+
+enum Role {
+    /// Neither leading nor following (offline, or not yet told by the metadata).
+    Idle,
+    Leader {
+        epoch: i32,
+        state: LeaderState,
+    },
+    Follower {
+        leader: i32,
+        epoch: i32,
+        /// Turning it true stops the fetcher task.
+        stop: watch::Sender<bool>,
+    },
 }
 
 pub struct Partition {
     pub topic: Arc<str>,
     pub index: i32,
+    role: Mutex<Role>,
     log: Mutex<PartitionLog>,
     progress: watch::Sender<Progress>,
     flush: Notify,
     stop: watch::Sender<bool>,
+    /// Counts truncations, so a flush that ran across one does not claim the new data.
+    cuts: std::sync::atomic::AtomicU64,
 }
 
 impl Partition {
-    /// Wraps an opened log and starts its flusher on the current runtime.
-    pub fn start(topic: Arc<str>, index: i32, log: PartitionLog) -> Arc<Partition> {
+    /// Wraps an opened log and starts its flusher on the current runtime. The replica is
+    /// idle until told to lead or follow; `high_watermark` is where the HW starts.
+    pub fn start(
+        topic: Arc<str>,
+        index: i32,
+        log: PartitionLog,
+        high_watermark: u64,
+    ) -> Arc<Partition> {
         let end = log.end_offset();
         let (progress, _) = watch::channel(Progress {
-            high_watermark: end,
+            high_watermark: high_watermark.min(end),
             log_start: log.start_offset(),
             log_end: end,
+            durable_end: end,
             failed: false,
+            leader_epoch: None,
+            under_min_isr: false,
         });
         let (stop, _) = watch::channel(false);
         let p = Arc::new(Partition {
             topic,
             index,
+            role: Mutex::new(Role::Idle),
             log: Mutex::new(log),
             progress,
             flush: Notify::new(),
             stop,
+            cuts: std::sync::atomic::AtomicU64::new(0),
         });
         tokio::spawn(p.clone().run_flusher());
+        p
+    }
+
+    /// A partition of a single-node broker (or a benchmark): its own leader, alone in the
+    /// ISR, at leader epoch 0.
+    pub fn start_standalone(
+        topic: Arc<str>,
+        index: i32,
+        log: PartitionLog,
+        node_id: i32,
+    ) -> Arc<Partition> {
+        let end = log.end_offset();
+        let min_isr = usize::from(log.config().min_insync_replicas);
+        let p = Partition::start(topic, index, log, end);
+        p.become_leader(
+            0,
+            Assignment {
+                me: node_id,
+                replicas: vec![node_id],
+                isr: vec![node_id],
+                partition_epoch: 0,
+            },
+            Policy {
+                min_insync_replicas: min_isr,
+                replica_lag_max_ms: i64::MAX,
+            },
+            0,
+        );
         p
     }
 
@@ -73,6 +178,10 @@ impl Partition {
     /// visible (the high watermark did not move), so a poisoned lock is still usable.
     pub fn lock(&self) -> MutexGuard<'_, PartitionLog> {
         self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn role(&self) -> MutexGuard<'_, Role> {
+        self.role.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn progress(&self) -> Progress {
@@ -83,47 +192,223 @@ impl Partition {
         self.progress.subscribe()
     }
 
-    /// Appends a batch. Returns where it landed and the offset the high watermark must
-    /// reach before the write is durable (pass it to [`Partition::wait_durable`]).
-    pub fn append(&self, batch: &ValidBatch, now_ms: i64) -> Result<Appended, AppendError> {
+    fn publish_hw(&self, hw: Option<u64>) {
+        if let Some(hw) = hw {
+            self.progress.send_if_modified(|p| {
+                let moved = hw > p.high_watermark;
+                p.high_watermark = p.high_watermark.max(hw);
+                moved
+            });
+        }
+    }
+
+    /// Makes this replica the leader at `epoch`, or updates the ISR if it already is.
+    /// A follower's fetcher is stopped first.
+    pub fn become_leader(&self, epoch: i32, assignment: Assignment, policy: Policy, now_ms: i64) {
+        let mut role = self.role();
+        if let Role::Leader { epoch: e, state } = &mut *role {
+            if *e == epoch {
+                let hw = state.on_isr_committed(assignment.isr, assignment.partition_epoch);
+                state.set_policy(policy);
+                let under = state.under_min_isr();
+                drop(role);
+                self.progress.send_if_modified(|p| {
+                    let changed = p.under_min_isr != under;
+                    p.under_min_isr = under;
+                    changed
+                });
+                self.publish_hw(hw);
+                return;
+            }
+        }
+        if let Role::Follower { stop, .. } = &*role {
+            stop.send_replace(true);
+        }
+        let (leader_end, log_end) = {
+            let mut log = self.lock();
+            log.set_leader_epoch(epoch);
+            let end = log.end_offset();
+            if log.config().acks_wait_for_fsync() {
+                (self.progress().durable_end, end)
+            } else {
+                (end, end)
+            }
+        };
+        let hw = self.progress().high_watermark;
+        let state = LeaderState::new(assignment, leader_end, hw, policy, now_ms);
+        let (hw, under) = (state.high_watermark(), state.under_min_isr());
+        *role = Role::Leader { epoch, state };
+        drop(role);
+        self.progress.send_modify(|p| {
+            p.leader_epoch = Some(epoch);
+            p.under_min_isr = under;
+            p.high_watermark = p.high_watermark.max(hw);
+        });
+        tracing::info!(topic = %self.topic, partition = self.index, epoch, log_end, high_watermark = hw, "leading");
+    }
+
+    /// Makes this replica a follower of `leader` at `epoch`. Returns the stop signal for a
+    /// new fetcher task when one must be started (`None`: already following so).
+    pub fn become_follower(&self, leader: i32, epoch: i32) -> Option<watch::Receiver<bool>> {
+        let mut role = self.role();
+        match &*role {
+            Role::Follower {
+                leader: l,
+                epoch: e,
+                ..
+            } if *l == leader && *e == epoch => return None,
+            Role::Follower { stop, .. } => {
+                stop.send_replace(true);
+            }
+            _ => {}
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        *role = Role::Follower {
+            leader,
+            epoch,
+            stop,
+        };
+        drop(role);
+        // Waiting producers fail: whatever they wrote may be truncated now.
+        self.progress.send_modify(|p| {
+            p.leader_epoch = None;
+            p.under_min_isr = false;
+        });
+        tracing::info!(topic = %self.topic, partition = self.index, leader, epoch, "following");
+        Some(stop_rx)
+    }
+
+    /// Neither leads nor follows (the partition is offline or being removed).
+    pub fn become_idle(&self) {
+        let mut role = self.role();
+        if let Role::Follower { stop, .. } = &*role {
+            stop.send_replace(true);
+        }
+        let was_idle = matches!(*role, Role::Idle);
+        *role = Role::Idle;
+        drop(role);
+        if !was_idle {
+            self.progress.send_modify(|p| p.leader_epoch = None);
+        }
+    }
+
+    /// Whether this replica follows `leader` at `epoch` (the fetcher checks before acting).
+    pub fn follows(&self, leader: i32, epoch: i32) -> bool {
+        matches!(&*self.role(), Role::Follower { leader: l, epoch: e, .. } if *l == leader && *e == epoch)
+    }
+
+    /// Appends a produced batch as leader. `acks=-1` is refused before append when the ISR
+    /// is smaller than `min.insync.replicas`. Returns where the batch landed and the leader
+    /// epoch it was written in (pass both to [`Partition::wait_durable`]).
+    pub fn append(
+        &self,
+        batch: &ValidBatch,
+        acks: i16,
+        now_ms: i64,
+    ) -> Result<(Appended, i32), LeaderAppendError> {
         if self.progress.borrow().failed {
             return Err(AppendError::Io(std::io::Error::other(
                 "partition storage failed earlier; restart the broker after checking the disk",
-            )));
+            ))
+            .into());
         }
+        let mut role = self.role();
+        let Role::Leader { epoch, state } = &mut *role else {
+            return Err(LeaderAppendError::NotLeader);
+        };
+        if acks == -1 {
+            state.check_acks_all()?;
+        }
+        let epoch = *epoch;
         let mut log = self.lock();
         let appended = log.append(batch, now_ms)?;
         let wait_for_fsync = log.config().acks_wait_for_fsync();
         let (start, end) = (log.start_offset(), log.end_offset());
         drop(log);
+        let hw = (!wait_for_fsync)
+            .then(|| state.on_leader_durable(end))
+            .flatten();
+        drop(role);
         self.progress.send_modify(|p| {
             p.log_start = start;
             p.log_end = end;
-            if !wait_for_fsync {
-                p.high_watermark = p.high_watermark.max(end);
+            if let Some(hw) = hw {
+                p.high_watermark = p.high_watermark.max(hw);
             }
         });
         if appended.flush_now {
             self.flush.notify_one();
         }
-        Ok(appended)
+        Ok((appended, epoch))
     }
 
-    /// Waits until everything below `end` is durable (below the high watermark).
-    pub async fn wait_durable(&self, end: u64, timeout: Duration) -> Result<(), WaitError> {
+    /// Appends batches copied from the leader (a follower's write); returns the new log end.
+    pub fn append_replicated(
+        &self,
+        batches: &[ValidBatch],
+        now_ms: i64,
+    ) -> Result<u64, AppendError> {
+        let mut log = self.lock();
+        let mut flush = false;
+        let mut result = Ok(());
+        for b in batches {
+            match log.append_replicated(b, now_ms) {
+                Ok(a) => flush |= a.flush_now,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let (start, end) = (log.start_offset(), log.end_offset());
+        drop(log);
+        self.progress.send_modify(|p| {
+            p.log_start = start;
+            p.log_end = end;
+        });
+        if flush {
+            self.flush.notify_one();
+        }
+        result.map(|()| end)
+    }
+
+    /// A follower learned the leader's high watermark.
+    pub fn set_follower_hw(&self, leader_hw: u64) {
+        self.progress.send_if_modified(|p| {
+            let hw = leader_hw.min(p.log_end);
+            let changed = hw != p.high_watermark;
+            p.high_watermark = hw;
+            changed
+        });
+    }
+
+    /// Waits until everything below `end`, written at leader `epoch`, is committed. Fails
+    /// when this replica stops leading at that epoch first, and with
+    /// NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR is below `min.insync.replicas` then.
+    pub async fn wait_durable(
+        &self,
+        end: u64,
+        epoch: i32,
+        timeout: Duration,
+    ) -> Result<(), WaitError> {
         let mut rx = self.progress.subscribe();
-        let reached = tokio::time::timeout(timeout, async {
-            match rx.wait_for(|p| p.high_watermark >= end || p.failed).await {
-                Ok(p) => p.high_watermark >= end,
-                Err(_) => false,
+        let waited = tokio::time::timeout(timeout, async {
+            let p = rx
+                .wait_for(|p| p.high_watermark >= end || p.failed || p.leader_epoch != Some(epoch))
+                .await
+                .map(|p| *p);
+            match p {
+                Err(_) => Err(WaitError::StorageFailed),
+                Ok(p) if p.leader_epoch != Some(epoch) => Err(WaitError::NotLeader),
+                Ok(p) if p.high_watermark >= end && p.under_min_isr => {
+                    Err(WaitError::NotEnoughReplicasAfterAppend)
+                }
+                Ok(p) if p.high_watermark >= end => Ok(()),
+                Ok(_) => Err(WaitError::StorageFailed),
             }
         })
         .await;
-        match reached {
-            Err(_) => Err(WaitError::Timeout),
-            Ok(true) => Ok(()),
-            Ok(false) => Err(WaitError::StorageFailed),
-        }
+        waited.unwrap_or(Err(WaitError::Timeout))
     }
 
     /// Plans a consumer read at `offset`, bounded by the high watermark.
@@ -142,11 +427,26 @@ impl Partition {
         max_bytes: usize,
         max_wait: Duration,
     ) -> Result<(bytes::Bytes, Progress), ReadError> {
+        self.read_until(offset, max_bytes, max_wait, |p| p.high_watermark)
+            .await
+    }
+
+    async fn read_until(
+        &self,
+        offset: u64,
+        max_bytes: usize,
+        max_wait: Duration,
+        bound: impl Fn(&Progress) -> u64,
+    ) -> Result<(bytes::Bytes, Progress), ReadError> {
         let deadline = tokio::time::Instant::now() + max_wait;
         let mut rx = self.progress.subscribe();
         loop {
             rx.borrow_and_update();
-            let (plan, progress) = self.plan_read(offset)?;
+            let (plan, progress) = {
+                let log = self.lock();
+                let progress = self.progress();
+                (log.plan_read(offset, bound(&progress))?, progress)
+            };
             if let Some(plan) = plan {
                 let bytes = tokio::task::spawn_blocking(move || plan.read(max_bytes))
                     .await
@@ -164,8 +464,149 @@ impl Partition {
         }
     }
 
-    /// Applies a changed topic config (retention, segment and flush settings).
-    pub fn set_config(&self, config: crate::log::LogConfig) {
+    /// Serves a follower's fetch as leader: records that `replica` has everything below
+    /// `offset` (moving the high watermark), then long-polls for batches from `offset` up to
+    /// the log end.
+    pub async fn replica_fetch(
+        &self,
+        replica: i32,
+        epoch: i32,
+        offset: u64,
+        max_bytes: usize,
+        max_wait: Duration,
+        now_ms: i64,
+    ) -> Result<Result<ReplicaFetchAnswer, ReadError>, ReplicaFetchError> {
+        let hw = {
+            let mut role = self.role();
+            let Role::Leader { epoch: mine, state } = &mut *role else {
+                return Err(ReplicaFetchError::NotLeader);
+            };
+            if epoch < *mine {
+                return Err(ReplicaFetchError::FencedLeaderEpoch(epoch));
+            }
+            if epoch > *mine {
+                return Err(ReplicaFetchError::UnknownLeaderEpoch(epoch));
+            }
+            if !state.replicas().contains(&replica) {
+                return Err(ReplicaFetchError::NotReplica(replica));
+            }
+            let log_end = self.progress().log_end;
+            state.on_follower_fetch(replica, offset, log_end, now_ms)
+        };
+        self.publish_hw(hw);
+        Ok(self
+            .read_until(offset, max_bytes, max_wait, |p| p.log_end)
+            .await
+            .map(|(records, progress)| ReplicaFetchAnswer { records, progress }))
+    }
+
+    /// Checks that this replica leads at `epoch` (a follower's view of the leader epoch).
+    pub fn check_leader(&self, epoch: i32) -> Result<(), ReplicaFetchError> {
+        match &*self.role() {
+            Role::Leader { epoch: mine, .. } if epoch < *mine => {
+                Err(ReplicaFetchError::FencedLeaderEpoch(epoch))
+            }
+            Role::Leader { epoch: mine, .. } if epoch > *mine => {
+                Err(ReplicaFetchError::UnknownLeaderEpoch(epoch))
+            }
+            Role::Leader { .. } => Ok(()),
+            _ => Err(ReplicaFetchError::NotLeader),
+        }
+    }
+
+    /// The leader's ISR change to propose now, with the leader epoch to send it under.
+    pub fn isr_proposal(&self, now_ms: i64) -> Option<(IsrProposal, i32)> {
+        match &mut *self.role() {
+            Role::Leader { epoch, state } => state.tick(now_ms).map(|p| (p, *epoch)),
+            _ => None,
+        }
+    }
+
+    /// The controller answered an ISR proposal made at leader `epoch`: committed
+    /// (`Some((isr, partition_epoch))`) or refused (`None`).
+    pub fn isr_answer(&self, epoch: i32, committed: Option<(Vec<i32>, i32)>, now_ms: i64) {
+        let mut role = self.role();
+        let Role::Leader { epoch: e, state } = &mut *role else {
+            return;
+        };
+        if *e != epoch {
+            return;
+        }
+        let hw = match committed {
+            Some((isr, pe)) => state.on_isr_committed(isr, pe),
+            None => {
+                state.on_isr_refused(now_ms);
+                None
+            }
+        };
+        let under = state.under_min_isr();
+        drop(role);
+        self.progress.send_if_modified(|p| {
+            let changed = p.under_min_isr != under;
+            p.under_min_isr = under;
+            changed
+        });
+        self.publish_hw(hw);
+    }
+
+    /// As leader: the replicas, the committed ISR and each follower's state.
+    pub fn leader_view(&self, now_ms: i64) -> Option<(Vec<i32>, Vec<i32>, Vec<FollowerStatus>)> {
+        let log_end = self.progress().log_end;
+        match &*self.role() {
+            Role::Leader { state, .. } => Some((
+                state.replicas().to_vec(),
+                state.isr().to_vec(),
+                state.followers(log_end, now_ms),
+            )),
+            _ => None,
+        }
+    }
+
+    /// Cuts the log at `offset` (a follower truncating to where it agrees with its leader).
+    pub fn truncate_to(&self, offset: u64, now_ms: i64) -> std::io::Result<()> {
+        let mut log = self.lock();
+        log.truncate_to(offset, now_ms)?;
+        self.after_cut(&log);
+        Ok(())
+    }
+
+    /// Empties the log and restarts it at `offset` (a follower far behind a leader whose
+    /// retention removed what it would fetch next).
+    pub fn reset_to(&self, offset: u64, now_ms: i64) -> std::io::Result<()> {
+        let mut log = self.lock();
+        log.reset_to(offset, now_ms)?;
+        self.after_cut(&log);
+        Ok(())
+    }
+
+    fn after_cut(&self, log: &PartitionLog) {
+        self.cuts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let (start, end) = (log.start_offset(), log.end_offset());
+        self.progress.send_modify(|p| {
+            p.log_start = start;
+            p.log_end = end;
+            p.durable_end = p.durable_end.min(end);
+            p.high_watermark = p.high_watermark.min(end);
+        });
+    }
+
+    /// Applies a changed topic config (retention, segment and flush settings, and the
+    /// replication policy when leading).
+    pub fn set_config(&self, config: crate::log::LogConfig, replica_lag_max_ms: i64) {
+        let policy = Policy {
+            min_insync_replicas: usize::from(config.min_insync_replicas),
+            replica_lag_max_ms,
+        };
+        let mut role = self.role();
+        if let Role::Leader { state, .. } = &mut *role {
+            state.set_policy(policy);
+            let under = state.under_min_isr();
+            self.progress.send_if_modified(|p| {
+                let changed = p.under_min_isr != under;
+                p.under_min_isr = under;
+                changed
+            });
+        }
         let mut log = self.lock();
         if *log.config() != config {
             log.set_config(config);
@@ -204,14 +645,17 @@ impl Partition {
         Ok(deleted.len())
     }
 
-    /// Stops the flusher and closes the log cleanly (flushing everything).
+    /// Stops the flusher and the fetcher and closes the log cleanly (flushing everything).
     pub fn close(&self) -> std::io::Result<()> {
+        self.become_idle();
         self.stop.send_replace(true);
         self.lock().close()
     }
 
-    /// Stops the flusher without closing (the partition's files are about to be deleted).
+    /// Stops the flusher and the fetcher without closing (the partition's files are about
+    /// to be deleted).
     pub fn stop(&self) {
+        self.become_idle();
         self.stop.send_replace(true);
     }
 
@@ -222,23 +666,39 @@ impl Partition {
                 _ = self.flush.notified() => {}
                 _ = async { let _ = stop.wait_for(|s| *s).await.is_ok(); } => return,
             }
-            let (work, dir, wait_for_fsync) = {
+            let (work, dir, wait_for_fsync, cuts) = {
                 let mut log = self.lock();
+                let cuts = self.cuts.load(std::sync::atomic::Ordering::SeqCst);
                 (
                     log.take_sync_work(),
                     log.dir().to_path_buf(),
                     log.config().acks_wait_for_fsync(),
+                    cuts,
                 )
             };
             let Some(work) = work else { continue };
             let end = work.end;
             let result = tokio::task::spawn_blocking(move || work.run(&dir)).await;
             match result {
-                Ok(Ok(())) => self.progress.send_modify(|p| {
-                    if wait_for_fsync {
-                        p.high_watermark = p.high_watermark.max(end);
-                    }
-                }),
+                Ok(Ok(())) if self.cuts.load(std::sync::atomic::Ordering::SeqCst) != cuts => {
+                    // The log was cut while this ran: what it synced may be gone and what
+                    // follows the cut is not covered. Sync again.
+                    self.flush.notify_one();
+                }
+                Ok(Ok(())) => {
+                    let hw = match &mut *self.role() {
+                        Role::Leader { state, .. } if wait_for_fsync => {
+                            state.on_leader_durable(end)
+                        }
+                        _ => None,
+                    };
+                    self.progress.send_modify(|p| {
+                        p.durable_end = p.durable_end.max(end);
+                        if let Some(hw) = hw {
+                            p.high_watermark = p.high_watermark.max(hw);
+                        }
+                    });
+                }
                 Ok(Err(e)) => {
                     tracing::error!(topic = %self.topic, partition = self.index, error = %e, "fsync failed; partition stops accepting writes");
                     self.progress.send_modify(|p| p.failed = true);

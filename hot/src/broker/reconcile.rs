@@ -13,13 +13,16 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
-use strata_controller::metadata::ClusterMetadata;
+use strata_controller::metadata::{ClusterMetadata, PartitionRecord, TopicRecord};
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use super::{Broker, Partition, PartitionLayout, Topic, TopicSpec};
+use super::{Broker, Clock, Partition, PartitionLayout, Topic, TopicSpec};
+use crate::cluster::ClusterLink;
 use crate::log::config::TOPIC_CONFIG_KEYS;
-use crate::log::PartitionLog;
+use crate::log::{LogConfig, PartitionLog};
+use crate::replication::follower;
+use crate::replication::leader::{Assignment, Policy};
 
 const TOPIC_ID_FILE: &str = "topic-id";
 
@@ -126,7 +129,7 @@ impl Broker {
                 let existing = prev.and_then(|p| p.partitions.get(i).cloned().flatten());
                 let partition = match existing {
                     Some(p) => {
-                        p.set_config(config.clone());
+                        p.set_config(config.clone(), self.replica_lag_ms());
                         p
                     }
                     None => {
@@ -136,12 +139,13 @@ impl Broker {
                             tokio::task::spawn_blocking(move || open_replica(&dir, id, cfg, now))
                                 .await
                                 .map_err(io::Error::other)??;
-                        Partition::start(topic_name.clone(), i as i32, log)
+                        // What is committed is learned again from the leader (or, leading,
+                        // from the ISR's fetches), so nothing uncommitted becomes visible.
+                        let start = log.start_offset();
+                        Partition::start(topic_name.clone(), i as i32, log, start)
                     }
                 };
-                if pr.leader == Some(node) {
-                    partition.lock().set_leader_epoch(pr.leader_epoch);
-                }
+                self.apply_role(&partition, t, pr, &config, now);
                 partitions.push(Some(partition));
             }
             let layout = t
@@ -173,6 +177,70 @@ impl Broker {
         *self.topics_write() = next;
         self.metadata_version.send_replace(m.version);
         Ok(())
+    }
+
+    /// Makes a local replica lead, follow or idle as the metadata says.
+    fn apply_role(
+        &self,
+        partition: &Arc<Partition>,
+        t: &TopicRecord,
+        pr: &PartitionRecord,
+        config: &LogConfig,
+        now: i64,
+    ) {
+        let node = self.config.node_id;
+        match pr.leader {
+            Some(leader) if leader == node => partition.become_leader(
+                pr.leader_epoch,
+                Assignment {
+                    me: node,
+                    replicas: pr.replicas.clone(),
+                    isr: pr.isr.clone(),
+                    partition_epoch: pr.partition_epoch,
+                },
+                Policy {
+                    min_insync_replicas: usize::from(config.min_insync_replicas),
+                    replica_lag_max_ms: self.replica_lag_ms(),
+                },
+                now,
+            ),
+            Some(leader) => {
+                let Some(link) = self.cluster.clone() else {
+                    return;
+                };
+                if let Some(stop) = partition.become_follower(leader, pr.leader_epoch) {
+                    let target = follower::Target {
+                        me: node,
+                        topic: t.name.clone(),
+                        topic_id: t.id.to_string(),
+                        leader,
+                        leader_epoch: pr.leader_epoch,
+                    };
+                    let directory = Arc::new(LinkDirectory {
+                        link,
+                        clock: self.clock.clone(),
+                    });
+                    tokio::spawn(follower::run(partition.clone(), target, directory, stop));
+                }
+            }
+            None => partition.become_idle(),
+        }
+    }
+}
+
+/// Finds leaders' gRPC addresses in the cluster metadata.
+struct LinkDirectory {
+    link: Arc<ClusterLink>,
+    clock: Arc<dyn Clock>,
+}
+
+impl follower::Directory for LinkDirectory {
+    fn grpc_address(&self, broker: i32) -> Option<String> {
+        self.link.grpc_address(broker)
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
     }
 }
 

@@ -343,6 +343,7 @@ fn config_type(key: &str) -> i8 {
         "index.interval.bytes" | "max.message.bytes" | "segment.bytes" => TYPE_INT,
         "flush.messages" | "retention.bytes" | "retention.ms" | "segment.ms" => TYPE_LONG,
         "min.insync.replicas" => TYPE_INT,
+        "min.acks" => TYPE_STRING,
         "unclean.leader.election.enable" => TYPE_BOOLEAN,
         _ => TYPE_STRING,
     }

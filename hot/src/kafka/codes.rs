@@ -19,6 +19,8 @@ pub const INVALID_REQUIRED_ACKS: i16 = E::InvalidRequiredAcks.code();
 pub const INVALID_REQUEST: i16 = E::InvalidRequest.code();
 pub const CORRUPT_MESSAGE: i16 = E::CorruptMessage.code();
 pub const KAFKA_STORAGE_ERROR: i16 = E::KafkaStorageError.code();
+pub const FENCED_LEADER_EPOCH: i16 = E::FencedLeaderEpoch.code();
+pub const UNKNOWN_LEADER_EPOCH: i16 = E::UnknownLeaderEpoch.code();
 pub const INVALID_REPLICA_ASSIGNMENT: i16 = E::InvalidReplicaAssignment.code();
 pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = E::TransactionalIdAuthorizationFailed.code();
 
@@ -53,6 +55,7 @@ pub fn produce(e: &ProduceError) -> Coded {
         ProduceError::UnknownTopicOrPartition { .. } => (UNKNOWN_TOPIC_OR_PARTITION, e.to_string()),
         ProduceError::NotLeader { .. } => (NOT_LEADER_OR_FOLLOWER, e.to_string()),
         ProduceError::NotEnoughReplicas(_) => (NOT_ENOUGH_REPLICAS, e.to_string()),
+        ProduceError::AcksTooWeak { .. } => (INVALID_REQUIRED_ACKS, e.to_string()),
         ProduceError::Batch(b) => batch(b),
         ProduceError::Append(a) => append(a),
     }
@@ -62,6 +65,8 @@ pub fn wait(e: &WaitError) -> Coded {
     let code = match e {
         WaitError::Timeout => E::RequestTimedOut.code(),
         WaitError::StorageFailed => E::KafkaStorageError.code(),
+        WaitError::NotLeader => NOT_LEADER_OR_FOLLOWER,
+        WaitError::NotEnoughReplicasAfterAppend => E::NotEnoughReplicasAfterAppend.code(),
     };
     (code, e.to_string())
 }

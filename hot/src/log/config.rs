@@ -45,6 +45,9 @@ pub struct LogConfig {
     pub min_insync_replicas: u16,
     /// Whether a replica outside the ISR may become leader (the controller reads this).
     pub unclean_leader_election: bool,
+    /// The weakest acks a producer may ask for (`min.acks`: 0, 1 or all = -1): a settlement
+    /// topic set to `all` refuses acks=1 and acks=0 producers with INVALID_REQUIRED_ACKS.
+    pub min_acks: i16,
 }
 
 /// Topic configs this broker knows, with Kafka's defaults except `flush.messages`, which
@@ -54,6 +57,7 @@ pub const TOPIC_CONFIG_KEYS: &[(&str, &str)] = &[
     ("flush.messages", "1"),
     ("index.interval.bytes", "4096"),
     ("max.message.bytes", "1048588"),
+    ("min.acks", "0"),
     ("min.insync.replicas", "1"),
     ("retention.bytes", "-1"),
     ("retention.ms", "604800000"),
@@ -146,6 +150,18 @@ impl LogConfig {
                 1,
                 i16::MAX as i64,
             )? as u16,
+            min_acks: match get("min.acks").trim() {
+                "0" => 0,
+                "1" => 1,
+                "all" | "-1" => -1,
+                other => {
+                    return Err(ConfigError::InvalidValue {
+                        key: "min.acks".into(),
+                        value: other.to_string(),
+                        reason: "must be 0, 1 or all".into(),
+                    })
+                }
+            },
             unclean_leader_election: match get("unclean.leader.election.enable").trim() {
                 "true" => true,
                 "false" => false,
@@ -158,6 +174,17 @@ impl LogConfig {
                 }
             },
         })
+    }
+
+    /// Whether a producer asking for `acks` meets `min.acks` (-1, all, is the strongest).
+    pub fn accepts_acks(&self, acks: i16) -> bool {
+        Self::accepts(self.min_acks, acks)
+    }
+
+    /// Whether `acks` is at least as strong as `min_acks`.
+    pub fn accepts(min_acks: i16, acks: i16) -> bool {
+        let strength = |a: i16| if a == -1 { 2 } else { a };
+        strength(acks) >= strength(min_acks)
     }
 
     /// Whether a record is visible to consumers and `acks=all` only once it is fsynced.
@@ -208,5 +235,17 @@ mod tests {
             Err(ConfigError::UnknownKey("no.such".into()))
         );
         assert!(LogConfig::from_map(&map(&[("flush.messages", "0")])).is_err());
+    }
+
+    #[test]
+    fn min_acks_orders_all_above_one_above_zero() {
+        let all = LogConfig::from_map(&map(&[("min.acks", "all")])).unwrap();
+        assert!(all.accepts_acks(-1));
+        assert!(!all.accepts_acks(1));
+        assert!(!all.accepts_acks(0));
+        let one = LogConfig::from_map(&map(&[("min.acks", "1")])).unwrap();
+        assert!(one.accepts_acks(-1) && one.accepts_acks(1) && !one.accepts_acks(0));
+        assert!(LogConfig::default().accepts_acks(0));
+        assert!(LogConfig::from_map(&map(&[("min.acks", "2")])).is_err());
     }
 }

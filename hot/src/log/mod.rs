@@ -476,6 +476,25 @@ impl PartitionLog {
         File::open(&self.dir)?.sync_all()
     }
 
+    /// Removes every segment and restarts the log empty at `offset` (a follower whose next
+    /// offset the leader no longer has: it starts over at the leader's log start).
+    pub fn reset_to(&mut self, offset: u64, now_ms: i64) -> io::Result<()> {
+        tracing::info!(dir = %self.dir.display(), from = self.end_offset(), to = offset, "emptying log to restart at the leader's log start");
+        for (_, seg) in std::mem::take(&mut self.segments) {
+            seg.delete_files()?;
+        }
+        let seg = Segment::create(&self.dir, offset, now_ms, self.config.index_interval_bytes)?;
+        self.segments.insert(offset, seg);
+        self.producers.truncate_to(0);
+        self.epochs.truncate_from_end(0);
+        self.persist_epochs()?;
+        self.unsynced_sealed.clear();
+        self.sync_handed_out = offset;
+        self.pending_recovery_point = None;
+        self.prune_snapshots()?;
+        File::open(&self.dir)?.sync_all()
+    }
+
     fn maybe_roll(&mut self, incoming: u64, now_ms: i64) -> io::Result<()> {
         let active = self.active();
         let too_big = active.size + incoming > self.config.segment_bytes;

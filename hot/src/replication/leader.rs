@@ -20,8 +20,29 @@ struct Follower {
     leo: u64,
     /// Whether it fetched since this broker became leader (its LEO is known).
     fetched: bool,
-    /// Last time the follower's fetch reached the leader's LEO (ms).
+    /// Last time the follower was caught up with the leader (ms): its fetch reached the
+    /// leader's log end as it was at that time.
     caught_up_ms: i64,
+    /// The leader's log end and the time when the previous fetch was answered: a follower
+    /// whose next fetch starts there was caught up at that time (Kafka's rule, so a follower
+    /// under steady load still counts as caught up).
+    prev_fetch_leader_end: u64,
+    prev_fetch_ms: i64,
+    /// Last time it fetched at all (ms).
+    last_fetch_ms: i64,
+}
+
+/// What the leader knows of one follower, for metrics and operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FollowerStatus {
+    pub id: BrokerId,
+    pub in_sync: bool,
+    /// Records the follower is behind the leader's log end.
+    pub lag_records: u64,
+    /// Milliseconds since it was last caught up.
+    pub lag_ms: i64,
+    /// Milliseconds since its last fetch.
+    pub silent_ms: i64,
 }
 
 /// The controller's view of a partition this broker now leads.
@@ -70,7 +91,12 @@ pub struct LeaderState {
     hw: u64,
     min_isr: usize,
     lag_max_ms: i64,
+    /// After a refused proposal, no new one before this time (ms).
+    retry_after_ms: i64,
 }
+
+/// How long after a refused ISR proposal the next one may be made.
+const RETRY_AFTER_REFUSAL_MS: i64 = 1_000;
 
 impl LeaderState {
     /// A broker becoming leader with the controller's view of the partition. Followers start
@@ -98,11 +124,14 @@ impl LeaderState {
                         leo: 0,
                         fetched: false,
                         caught_up_ms: now_ms,
+                        prev_fetch_leader_end: u64::MAX,
+                        prev_fetch_ms: now_ms,
+                        last_fetch_ms: now_ms,
                     },
                 )
             })
             .collect();
-        LeaderState {
+        let mut state = LeaderState {
             me,
             replicas,
             isr,
@@ -113,7 +142,43 @@ impl LeaderState {
             hw,
             min_isr: policy.min_insync_replicas,
             lag_max_ms: policy.replica_lag_max_ms,
-        }
+            retry_after_ms: i64::MIN,
+        };
+        // A leader alone in the ISR commits what it has at once.
+        state.advance_hw();
+        state
+    }
+
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.min_isr = policy.min_insync_replicas;
+        self.lag_max_ms = policy.replica_lag_max_ms;
+    }
+
+    pub fn partition_epoch(&self) -> i32 {
+        self.partition_epoch
+    }
+
+    pub fn replicas(&self) -> &[BrokerId] {
+        &self.replicas
+    }
+
+    /// Whether the committed ISR is smaller than `min.insync.replicas`.
+    pub fn under_min_isr(&self) -> bool {
+        self.isr.len() < self.min_isr
+    }
+
+    /// Each follower's state as of `now_ms`, given the leader's log end.
+    pub fn followers(&self, log_end: u64, now_ms: i64) -> Vec<FollowerStatus> {
+        self.followers
+            .iter()
+            .map(|(id, f)| FollowerStatus {
+                id: *id,
+                in_sync: self.isr.contains(id),
+                lag_records: log_end.saturating_sub(f.leo),
+                lag_ms: now_ms - f.caught_up_ms,
+                silent_ms: now_ms - f.last_fetch_ms,
+            })
+            .collect()
     }
 
     pub fn high_watermark(&self) -> u64 {
@@ -165,20 +230,26 @@ impl LeaderState {
         self.advance_hw()
     }
 
-    /// A follower fetched from `fetch_offset`, so everything before it is in its log.
+    /// A follower fetched from `fetch_offset`, so everything before it is in its log;
+    /// `log_end` is the leader's log end as this fetch is answered.
     pub fn on_follower_fetch(
         &mut self,
         follower: BrokerId,
         fetch_offset: u64,
+        log_end: u64,
         now_ms: i64,
     ) -> Option<u64> {
-        let leader_end = self.leader_end;
         let f = self.followers.get_mut(&follower)?;
         f.leo = fetch_offset;
         f.fetched = true;
-        if fetch_offset >= leader_end {
+        f.last_fetch_ms = now_ms;
+        if fetch_offset >= log_end {
             f.caught_up_ms = now_ms;
+        } else if fetch_offset >= f.prev_fetch_leader_end {
+            f.caught_up_ms = f.caught_up_ms.max(f.prev_fetch_ms);
         }
+        f.prev_fetch_leader_end = log_end;
+        f.prev_fetch_ms = now_ms;
         self.advance_hw()
     }
 
@@ -196,7 +267,7 @@ impl LeaderState {
     /// The ISR change to propose now, if any (one at a time): drop lagging followers first,
     /// else add caught-up ones.
     pub fn tick(&mut self, now_ms: i64) -> Option<IsrProposal> {
-        if self.pending.is_some() {
+        if self.pending.is_some() || now_ms < self.retry_after_ms {
             return None;
         }
         let lagging: Vec<BrokerId> = self
@@ -223,9 +294,11 @@ impl LeaderState {
                 .copied()
                 .filter(|r| !self.isr.contains(r))
                 .filter(|r| {
-                    self.followers
-                        .get(r)
-                        .is_some_and(|f| f.fetched && f.leo >= self.hw)
+                    // Caught up to the HW and still fetching: a replica that died after
+                    // catching up must not rejoin on its old fetch.
+                    self.followers.get(r).is_some_and(|f| {
+                        f.fetched && f.leo >= self.hw && now_ms - f.last_fetch_ms <= self.lag_max_ms
+                    })
                 })
                 .collect();
             if joining.is_empty() {
@@ -244,7 +317,12 @@ impl LeaderState {
     }
 
     /// The controller committed an ISR (ours or one it decided), at `partition_epoch`.
+    /// An ISR not newer than the one held (metadata arriving after the controller's answer) is
+    /// ignored.
     pub fn on_isr_committed(&mut self, isr: Vec<BrokerId>, partition_epoch: i32) -> Option<u64> {
+        if partition_epoch <= self.partition_epoch {
+            return None;
+        }
         self.isr = isr;
         self.partition_epoch = partition_epoch;
         self.pending = None;
@@ -253,8 +331,9 @@ impl LeaderState {
 
     /// The controller refused the pending proposal (a stale partition epoch): drop it and
     /// propose again from the next metadata.
-    pub fn on_isr_refused(&mut self) {
+    pub fn on_isr_refused(&mut self, now_ms: i64) {
         self.pending = None;
+        self.retry_after_ms = now_ms + RETRY_AFTER_REFUSAL_MS;
     }
 }
 
@@ -285,11 +364,11 @@ mod tests {
     fn hw_is_the_minimum_over_the_isr_and_never_moves_back() {
         let mut s = three();
         assert_eq!(s.on_leader_durable(10), None, "followers are still at 0");
-        assert_eq!(s.on_follower_fetch(2, 10, 1), None);
-        assert_eq!(s.on_follower_fetch(3, 7, 1), Some(7));
-        assert_eq!(s.on_follower_fetch(3, 10, 2), Some(10));
+        assert_eq!(s.on_follower_fetch(2, 10, 10, 1), None);
+        assert_eq!(s.on_follower_fetch(3, 7, 10, 1), Some(7));
+        assert_eq!(s.on_follower_fetch(3, 10, 10, 2), Some(10));
         // a follower reporting an older offset (a retried fetch) does not lower the HW
-        assert_eq!(s.on_follower_fetch(2, 5, 3), None);
+        assert_eq!(s.on_follower_fetch(2, 5, 10, 3), None);
         assert_eq!(s.high_watermark(), 10);
     }
 
@@ -297,8 +376,8 @@ mod tests {
     fn a_lagging_follower_is_proposed_for_removal_and_the_hw_moves_once_committed() {
         let mut s = three();
         s.on_leader_durable(100);
-        s.on_follower_fetch(2, 100, 1_000);
-        s.on_follower_fetch(3, 40, 1_000);
+        s.on_follower_fetch(2, 100, 100, 1_000);
+        s.on_follower_fetch(3, 40, 100, 1_000);
         assert_eq!(s.high_watermark(), 40);
         assert_eq!(s.tick(5_000), None, "not lagging long enough");
         let p = s.tick(10_001).expect("follower 3 lags");
@@ -310,7 +389,7 @@ mod tests {
             }
         );
         // pending shrink: the HW still waits for 3 (the committed ISR has it)
-        assert_eq!(s.on_follower_fetch(2, 100, 10_002), None);
+        assert_eq!(s.on_follower_fetch(2, 100, 100, 10_002), None);
         assert_eq!(s.tick(10_003), None, "one change at a time");
         assert_eq!(s.on_isr_committed(vec![1, 2], 1), Some(100));
         assert_eq!(s.check_acks_all(), Ok(()));
@@ -329,10 +408,10 @@ mod tests {
     #[test]
     fn a_caught_up_follower_is_re_added_and_the_hw_uses_the_larger_set_while_pending() {
         let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, POLICY, 0);
-        s.on_follower_fetch(2, 50, 1);
-        s.on_follower_fetch(3, 30, 1);
+        s.on_follower_fetch(2, 50, 50, 1);
+        s.on_follower_fetch(3, 30, 50, 1);
         assert_eq!(s.tick(2), None, "3 has not reached the HW");
-        s.on_follower_fetch(3, 50, 3);
+        s.on_follower_fetch(3, 50, 50, 3);
         let p = s.tick(4).expect("3 caught up");
         assert_eq!(
             p,
@@ -343,15 +422,74 @@ mod tests {
         );
         // while the expansion is pending, new writes wait for 3 as well
         s.on_leader_durable(60);
-        s.on_follower_fetch(2, 60, 5);
+        s.on_follower_fetch(2, 60, 60, 5);
         assert_eq!(
             s.high_watermark(),
             50,
             "the pending member 3 is still at 50"
         );
-        assert_eq!(s.on_follower_fetch(3, 60, 6), Some(60));
+        assert_eq!(s.on_follower_fetch(3, 60, 60, 6), Some(60));
         s.on_isr_committed(vec![1, 2, 3], 5);
         assert_eq!(s.isr(), &[1, 2, 3]);
+    }
+
+    #[test]
+    fn a_follower_always_one_fetch_behind_under_load_stays_in_sync() {
+        let mut s = three();
+        // The leader's log grows by 10 between fetches; each fetch starts where the previous
+        // answer ended, so the follower is never at the current end, but it is caught up.
+        for round in 0..100u64 {
+            let now = round as i64 * 1_000;
+            s.on_leader_durable(round * 10 + 10);
+            s.on_follower_fetch(2, round * 10, round * 10 + 10, now);
+            s.on_follower_fetch(3, round * 10, round * 10 + 10, now);
+            assert_eq!(s.tick(now), None, "round {round}: nobody lags");
+        }
+        // Follower 3 stops making progress: it is proposed for removal after the lag time.
+        let mut removed = None;
+        for round in 100..200u64 {
+            let now = round as i64 * 1_000;
+            s.on_leader_durable(round * 10 + 10);
+            s.on_follower_fetch(2, round * 10, round * 10 + 10, now);
+            s.on_follower_fetch(3, 990, round * 10 + 10, now);
+            if let Some(p) = s.tick(now) {
+                removed = Some((round, p.isr));
+                break;
+            }
+        }
+        let (round, isr) = removed.expect("the stuck follower is proposed for removal");
+        assert_eq!(isr, vec![1, 2]);
+        // last caught up at round 98 (its round-99 fetch started where round 98 ended)
+        assert_eq!(round, 109, "removed once the lag time passed");
+        let status = s.followers(2_000, round as i64 * 1_000);
+        assert!(status.iter().any(|f| f.id == 3 && f.lag_records == 1_010));
+    }
+
+    #[test]
+    fn a_follower_that_stopped_fetching_is_not_re_added() {
+        let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, POLICY, 0);
+        s.on_follower_fetch(2, 50, 50, 1);
+        s.on_follower_fetch(3, 50, 50, 1); // caught up, then it dies
+        s.on_follower_fetch(2, 50, 50, 20_000);
+        assert_eq!(s.tick(20_000), None);
+        s.on_follower_fetch(3, 50, 50, 20_001); // it is back
+        assert_eq!(s.tick(20_002).map(|p| p.isr), Some(vec![1, 2, 3]));
+    }
+
+    #[test]
+    fn an_isr_older_than_the_one_held_is_ignored() {
+        let mut s = three();
+        s.on_isr_committed(vec![1, 2], 5);
+        assert_eq!(s.on_isr_committed(vec![1, 2, 3], 4), None);
+        assert_eq!(s.isr(), &[1, 2]);
+        assert_eq!(s.partition_epoch(), 5);
+    }
+
+    #[test]
+    fn a_leader_alone_in_the_isr_commits_its_own_end() {
+        let s = LeaderState::new(assignment(vec![1], 2), 30, 0, POLICY, 0);
+        assert_eq!(s.high_watermark(), 30);
+        assert!(s.under_min_isr());
     }
 
     #[test]
@@ -359,7 +497,8 @@ mod tests {
         let mut s = three();
         s.on_leader_durable(10);
         assert!(s.tick(20_000).is_some());
-        s.on_isr_refused();
-        assert!(s.tick(20_001).is_some());
+        s.on_isr_refused(20_001);
+        assert!(s.tick(20_002).is_none(), "not at once");
+        assert!(s.tick(21_001).is_some());
     }
 }

@@ -1,7 +1,9 @@
-//! Replication between brokers, as pure logic first: the leader's bookkeeping of followers,
-//! the high watermark and ISR proposals (`leader`), and the leader-epoch history that makes
-//! followers truncate to where they agree with the leader before fetching (`epochs`). The
-//! follower fetcher and the wiring into the partition runtime build on these.
+//! Replication between brokers. Pure logic: the leader's bookkeeping of followers, the high
+//! watermark and ISR proposals (`leader`), and the leader-epoch history that makes followers
+//! truncate to where they agree with the leader before fetching (`epochs`). Wiring: the
+//! follower's fetcher task (`follower`) and the leader's gRPC service (`service`).
 
 pub mod epochs;
+pub mod follower;
 pub mod leader;
+pub mod service;

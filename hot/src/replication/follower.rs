@@ -1,0 +1,259 @@
+//! The follower side: one fetcher task per followed partition. It first truncates the local
+//! log to where its leader-epoch history agrees with the leader's (OffsetForLeaderEpoch,
+//! KIP-101/279), then pulls with long-poll fetches from its log end: append the batches as
+//! they are, fsync them (when the topic acknowledges only fsynced writes), and fetch again
+//! from the new durable end, which tells the leader what this replica holds.
+//!
+//! The task ends when the partition stops following this leader at this epoch (the
+//! reconciler turns `stop` true). Network errors back off and retry; a leader at another
+//! epoch makes it start over with a new truncation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use strata_core::batch::BatchIter;
+use strata_proto::v1::replica_client::ReplicaClient;
+use strata_proto::v1::{OffsetForLeaderEpochRequest, ReplicaFetchRequest};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+use crate::broker::Partition;
+use crate::kafka::codes;
+use crate::log::ValidBatch;
+use crate::replication::epochs::follower_truncation_offset;
+
+/// How long the leader holds a fetch that finds nothing new.
+const FETCH_WAIT: Duration = Duration::from_millis(500);
+/// Bytes per fetch response.
+const FETCH_MAX_BYTES: u32 = 8 << 20;
+/// A call that takes longer than this (beyond the long poll) is abandoned and retried.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// What a fetcher needs to know about the partition it follows.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub me: i32,
+    pub topic: String,
+    pub topic_id: String,
+    pub leader: i32,
+    pub leader_epoch: i32,
+}
+
+/// Where to reach a broker's gRPC listener (looked up again at every reconnect).
+pub trait Directory: Send + Sync + 'static {
+    fn grpc_address(&self, broker: i32) -> Option<String>;
+    fn now_ms(&self) -> i64;
+}
+
+/// Why a round of fetching stopped.
+enum Restart {
+    /// Transport trouble: back off, then fetch again from where the log ends.
+    Backoff(String),
+    /// The leader's epoch or log disagrees: truncate again first.
+    Truncate(String),
+}
+
+/// Follows `target.leader` for `partition` until `stop` turns true.
+pub async fn run(
+    partition: Arc<Partition>,
+    target: Target,
+    directory: Arc<dyn Directory>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = MIN_BACKOFF;
+    let mut truncated = false;
+    let mut client: Option<ReplicaClient<Channel>> = None;
+    loop {
+        if *stop.borrow() || !partition.follows(target.leader, target.leader_epoch) {
+            return;
+        }
+        let c = match &client {
+            Some(c) => c.clone(),
+            None => match directory.grpc_address(target.leader) {
+                Some(addr) => match Channel::from_shared(format!("http://{addr}")) {
+                    Ok(endpoint) => {
+                        let c = ReplicaClient::new(
+                            endpoint
+                                .connect_timeout(Duration::from_secs(2))
+                                .connect_lazy(),
+                        )
+                        .max_decoding_message_size(2 * FETCH_MAX_BYTES as usize);
+                        client = Some(c.clone());
+                        c
+                    }
+                    Err(e) => {
+                        tracing::error!(leader = target.leader, addr, error = %e, "leader's gRPC address is invalid");
+                        sleep_or_stop(&mut stop, MAX_BACKOFF).await;
+                        continue;
+                    }
+                },
+                None => {
+                    tracing::warn!(topic = %target.topic, partition = partition.index, leader = target.leader, "leader has no gRPC endpoint in the metadata yet; waiting");
+                    sleep_or_stop(&mut stop, MAX_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let round = async {
+            if !truncated {
+                if let Err(restart) = truncate(&partition, &target, c.clone(), &*directory).await {
+                    return restart;
+                }
+                truncated = true;
+            }
+            fetch_loop(&partition, &target, c, &*directory, &mut backoff).await
+        };
+        let outcome = tokio::select! {
+            r = round => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        match outcome {
+            Restart::Backoff(why) => {
+                tracing::debug!(topic = %target.topic, partition = partition.index, leader = target.leader, why, "replica fetch failed; retrying");
+                client = None;
+            }
+            Restart::Truncate(why) => {
+                tracing::info!(topic = %target.topic, partition = partition.index, leader = target.leader, why, "starting over with a new truncation");
+                truncated = false;
+            }
+        }
+        sleep_or_stop(&mut stop, backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, d: Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = stop.wait_for(|s| *s) => {}
+    }
+}
+
+/// Asks the leader where this replica's latest epoch ends there and cuts the local log to
+/// what both agree on.
+async fn truncate(
+    partition: &Partition,
+    target: &Target,
+    mut client: ReplicaClient<Channel>,
+    directory: &dyn Directory,
+) -> Result<(), Restart> {
+    let latest = partition.lock().epochs().latest();
+    let Some(latest) = latest else {
+        // An empty history: nothing this replica holds can disagree.
+        return Ok(());
+    };
+    let answer = tokio::time::timeout(
+        CALL_TIMEOUT,
+        client.offset_for_leader_epoch(OffsetForLeaderEpochRequest {
+            replica_id: target.me,
+            topic: target.topic.clone(),
+            topic_id: target.topic_id.clone(),
+            partition: partition.index as u32,
+            current_leader_epoch: target.leader_epoch,
+            leader_epoch: latest.epoch,
+        }),
+    )
+    .await
+    .map_err(|_| Restart::Backoff("OffsetForLeaderEpoch timed out".into()))?
+    .map_err(|e| Restart::Backoff(format!("OffsetForLeaderEpoch failed: {}", e.message())))?
+    .into_inner();
+    if let Some(e) = answer.error {
+        return Err(Restart::Truncate(format!(
+            "leader refused OffsetForLeaderEpoch: {} ({})",
+            e.message, e.code
+        )));
+    }
+    let leader_answer = answer.leader_epoch.map(|e| (e, answer.end_offset));
+    let (to, end) = {
+        let log = partition.lock();
+        let hw = partition.progress().high_watermark;
+        let end = log.end_offset();
+        (
+            follower_truncation_offset(log.epochs(), end, hw, leader_answer),
+            end,
+        )
+    };
+    if to < end {
+        tracing::info!(topic = %target.topic, partition = partition.index, leader = target.leader, epoch = target.leader_epoch, from = end, to, "truncating to where the leader's log agrees");
+        partition
+            .truncate_to(to, directory.now_ms())
+            .map_err(|e| Restart::Backoff(format!("truncation failed: {e}")))?;
+    }
+    Ok(())
+}
+
+async fn fetch_loop(
+    partition: &Partition,
+    target: &Target,
+    mut client: ReplicaClient<Channel>,
+    directory: &dyn Directory,
+    backoff: &mut Duration,
+) -> Restart {
+    loop {
+        let offset = partition.progress().log_end;
+        let call = client.fetch(ReplicaFetchRequest {
+            replica_id: target.me,
+            topic: target.topic.clone(),
+            topic_id: target.topic_id.clone(),
+            partition: partition.index as u32,
+            leader_epoch: target.leader_epoch,
+            fetch_offset: offset,
+            max_bytes: FETCH_MAX_BYTES,
+            max_wait_ms: FETCH_WAIT.as_millis() as u32,
+        });
+        let resp = match tokio::time::timeout(FETCH_WAIT + CALL_TIMEOUT, call).await {
+            Err(_) => return Restart::Backoff("fetch timed out".into()),
+            Ok(Err(e)) => return Restart::Backoff(format!("fetch failed: {}", e.message())),
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        if let Some(e) = resp.error {
+            let code = e.code as i16;
+            if code == codes::OFFSET_OUT_OF_RANGE && offset < resp.log_start_offset {
+                // The leader's retention removed what comes next here: start over at its start.
+                if let Err(err) = partition.reset_to(resp.log_start_offset, directory.now_ms()) {
+                    return Restart::Backoff(format!("could not reset the log: {err}"));
+                }
+                continue;
+            }
+            return Restart::Truncate(format!("leader answered {} ({code})", e.message));
+        }
+        *backoff = MIN_BACKOFF;
+        if !resp.records.is_empty() {
+            match append(partition, resp.records, directory.now_ms()) {
+                Ok(end) => {
+                    if partition.lock().config().acks_wait_for_fsync() {
+                        // Fetch again only from what is durable here: the next fetch offset
+                        // is what the leader counts as this replica's log end.
+                        let mut rx = partition.subscribe();
+                        if rx
+                            .wait_for(|p| p.durable_end >= end || p.failed)
+                            .await
+                            .map_or(true, |p| p.failed)
+                        {
+                            return Restart::Backoff("local storage failed".into());
+                        }
+                    }
+                }
+                Err(why) => return Restart::Truncate(why),
+            }
+        }
+        partition.set_follower_hw(resp.high_watermark);
+    }
+}
+
+/// Checks and appends the fetched batches; returns the new log end.
+fn append(partition: &Partition, records: Bytes, now_ms: i64) -> Result<u64, String> {
+    let mut batches = Vec::new();
+    for item in BatchIter::new(&records) {
+        let (_, range) = item.map_err(|e| format!("leader sent a bad batch: {e}"))?;
+        let batch = ValidBatch::new(records.slice(range))
+            .map_err(|e| format!("leader sent a bad batch: {e}"))?;
+        batches.push(batch);
+    }
+    partition
+        .append_replicated(&batches, now_ms)
+        .map_err(|e| format!("could not append replicated batches: {e}"))
+}

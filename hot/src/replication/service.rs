@@ -1,0 +1,167 @@
+//! The leader side of replication over gRPC (`strata.v1.Replica`): followers' fetches and
+//! their OffsetForLeaderEpoch questions, answered from this broker's partitions.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_proto::v1::replica_server::{Replica, ReplicaServer};
+use strata_proto::v1::{
+    Error, OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, ReplicaFetchRequest,
+    ReplicaFetchResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::broker::partition::ReplicaFetchError;
+use crate::broker::{Broker, Partition};
+use crate::kafka::codes;
+use crate::log::ReadError;
+
+/// Longest long poll a follower may ask for.
+const MAX_WAIT: Duration = Duration::from_secs(10);
+/// Largest response a follower may ask for.
+const MAX_BYTES: u32 = 32 << 20;
+
+pub struct ReplicaService {
+    broker: Arc<Broker>,
+}
+
+impl ReplicaService {
+    pub fn server(broker: Arc<Broker>) -> ReplicaServer<ReplicaService> {
+        ReplicaServer::new(ReplicaService { broker })
+            .max_decoding_message_size(1 << 20)
+            .max_encoding_message_size(2 * MAX_BYTES as usize)
+    }
+
+    /// The local replica of `topic`-`partition`, if the topic id matches (a follower of a
+    /// deleted and re-created topic must not fetch the new one's data).
+    fn partition(
+        &self,
+        topic: &str,
+        topic_id: &str,
+        partition: u32,
+    ) -> Result<Arc<Partition>, Error> {
+        let unknown = || Error {
+            code: i32::from(codes::UNKNOWN_TOPIC_OR_PARTITION),
+            message: format!("{topic}-{partition} (topic id {topic_id}) is not on this broker"),
+            leader: None,
+        };
+        let t = self.broker.topic(topic).ok_or_else(unknown)?;
+        if t.spec.id.to_string() != topic_id {
+            return Err(unknown());
+        }
+        t.partitions
+            .get(partition as usize)
+            .cloned()
+            .flatten()
+            .ok_or_else(unknown)
+    }
+}
+
+fn epoch_error(e: ReplicaFetchError) -> Error {
+    let code = match e {
+        ReplicaFetchError::NotLeader | ReplicaFetchError::NotReplica(_) => {
+            codes::NOT_LEADER_OR_FOLLOWER
+        }
+        ReplicaFetchError::FencedLeaderEpoch(_) => codes::FENCED_LEADER_EPOCH,
+        ReplicaFetchError::UnknownLeaderEpoch(_) => codes::UNKNOWN_LEADER_EPOCH,
+    };
+    Error {
+        code: i32::from(code),
+        message: e.to_string(),
+        leader: None,
+    }
+}
+
+#[tonic::async_trait]
+impl Replica for ReplicaService {
+    async fn fetch(
+        &self,
+        req: Request<ReplicaFetchRequest>,
+    ) -> Result<Response<ReplicaFetchResponse>, Status> {
+        let r = req.into_inner();
+        let partition = match self.partition(&r.topic, &r.topic_id, r.partition) {
+            Ok(p) => p,
+            Err(e) => {
+                return Ok(Response::new(ReplicaFetchResponse {
+                    error: Some(e),
+                    ..Default::default()
+                }))
+            }
+        };
+        let max_wait = Duration::from_millis(u64::from(r.max_wait_ms)).min(MAX_WAIT);
+        let max_bytes = r.max_bytes.clamp(1, MAX_BYTES) as usize;
+        let answer = partition
+            .replica_fetch(
+                r.replica_id,
+                r.leader_epoch,
+                r.fetch_offset,
+                max_bytes,
+                max_wait,
+                self.broker.now_ms(),
+            )
+            .await;
+        let progress = partition.progress();
+        let mut resp = ReplicaFetchResponse {
+            error: None,
+            high_watermark: progress.high_watermark,
+            log_start_offset: progress.log_start,
+            log_end_offset: progress.log_end,
+            records: Default::default(),
+        };
+        match answer {
+            Err(e) => resp.error = Some(epoch_error(e)),
+            Ok(Err(e @ ReadError::OffsetOutOfRange { .. })) => {
+                resp.error = Some(Error {
+                    code: i32::from(codes::OFFSET_OUT_OF_RANGE),
+                    message: e.to_string(),
+                    leader: None,
+                })
+            }
+            Ok(Err(e)) => {
+                tracing::error!(topic = %r.topic, partition = r.partition, error = %e, "replica fetch read failed");
+                resp.error = Some(Error {
+                    code: i32::from(codes::KAFKA_STORAGE_ERROR),
+                    message: e.to_string(),
+                    leader: None,
+                })
+            }
+            Ok(Ok(a)) => {
+                self.broker
+                    .metrics()
+                    .replicated_bytes
+                    .fetch_add(a.records.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                resp.high_watermark = a.progress.high_watermark;
+                resp.records = a.records;
+            }
+        }
+        Ok(Response::new(resp))
+    }
+
+    async fn offset_for_leader_epoch(
+        &self,
+        req: Request<OffsetForLeaderEpochRequest>,
+    ) -> Result<Response<OffsetForLeaderEpochResponse>, Status> {
+        let r = req.into_inner();
+        let partition = match self.partition(&r.topic, &r.topic_id, r.partition) {
+            Ok(p) => p,
+            Err(e) => {
+                return Ok(Response::new(OffsetForLeaderEpochResponse {
+                    error: Some(e),
+                    ..Default::default()
+                }))
+            }
+        };
+        if let Err(e) = partition.check_leader(r.current_leader_epoch) {
+            return Ok(Response::new(OffsetForLeaderEpochResponse {
+                error: Some(epoch_error(e)),
+                ..Default::default()
+            }));
+        }
+        let found = partition.lock().epoch_end_offset(r.leader_epoch);
+        Ok(Response::new(OffsetForLeaderEpochResponse {
+            error: None,
+            leader_epoch: found.map(|(e, _)| e),
+            end_offset: found.map_or(0, |(_, o)| o),
+        }))
+    }
+}

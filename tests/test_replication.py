@@ -1,0 +1,317 @@
+"""ISR replication on a real 3-controller + 3-broker cluster: RF=3, min.insync.replicas=2,
+acks=all with an idempotent producer, under SIGKILL, SIGSTOP, the loss of two brokers and a
+rolling restart. After each, every acknowledged record is read back exactly once, at the
+offset it was acknowledged with, in per-partition order, and the three replicas' logs are
+byte-for-byte the same (no divergence).
+"""
+
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import consume_partitions, kcat_bin, parse_value, rdkafka_conf, record_key, record_value, strata_bin
+from test_cluster import LEASE_S, Cluster
+
+TOPIC = "settlements"
+PARTITIONS = 3
+LAG_S = 4
+
+
+@pytest.fixture
+def cluster(request, tmp_path):
+    c = Cluster(strata_bin(), tmp_path, broker_extra=f'replica_lag_time_max = "{LAG_S}s"\n')
+    try:
+        c.start_all()
+        yield c
+    finally:
+        for name, p in list(c.procs.items()):
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+        c.stop_all()
+        failed = any(
+            getattr(request.node, "rep_" + when, None) is not None and getattr(request.node, "rep_" + when).failed
+            for when in ("setup", "call")
+        )
+        if failed:
+            for log in sorted(tmp_path.glob("*.log")):
+                request.node.add_report_section("teardown", log.stem, c.log_tail(log.stem, 80))
+
+
+def bootstrap(cluster, only=None):
+    ids = only or (1, 2, 3)
+    return ",".join(f"127.0.0.1:{cluster.broker_ports[i]}" for i in ids)
+
+
+def create_topic(cluster, name=TOPIC, partitions=PARTITIONS, configs=None):
+    args = ["topic", "create", name, "-p", str(partitions), "--replication-factor", "3",
+            "--config", "min.insync.replicas=2"]
+    for k, v in (configs or {}).items():
+        args += ["--config", f"{k}={v}"]
+    cluster.cli(*args)
+    m = cluster.wait_for(lambda m: name in m["topics"], f"topic {name}")
+    time.sleep(1)  # the brokers open their replicas from the metadata stream
+    return m
+
+
+def partition_leaders(cluster, name=TOPIC):
+    return [p["leader"] for p in cluster.metadata()["topics"][name]["partitions"]]
+
+
+def wait_full_isr(cluster, name=TOPIC, timeout=30):
+    return cluster.wait_for(
+        lambda m: all(sorted(p["isr"]) == [1, 2, 3] and p["leader"] is not None
+                      for p in m["topics"][name]["partitions"]),
+        "every replica back in the ISR", timeout=timeout)
+
+
+class Load:
+    """An idempotent acks=all confluent-kafka producer writing value-0, value-1, ... in a
+    thread at a bounded rate, recording what was acknowledged where."""
+
+    def __init__(self, cluster, rate=2000, topic=TOPIC, first=0, acked=None):
+        from confluent_kafka import Producer
+
+        self.topic = topic
+        self.rate = rate
+        self.acked = acked if acked is not None else {}  # value -> (partition, offset)
+        self.failed = {}  # value -> error
+        self.first = first
+        self.sent = first
+        self.stop_event = threading.Event()
+        self.producer = Producer(rdkafka_conf({
+            "bootstrap.servers": bootstrap(cluster),
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 2,
+            "request.timeout.ms": 5000,
+            "message.timeout.ms": 90000,
+            "retry.backoff.ms": 100,
+            "metadata.max.age.ms": 1000,
+            "topic.metadata.refresh.interval.ms": 1000,
+        }))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _on_delivery(self, err, msg):
+        v = parse_value(msg.value())
+        if err is None:
+            self.acked[v] = (msg.partition(), msg.offset())
+        else:
+            self.failed[v] = err
+
+    def _run(self):
+        started = time.monotonic()
+        while not self.stop_event.is_set():
+            due = self.first + int((time.monotonic() - started) * self.rate)
+            while self.sent < due:
+                i = self.sent
+                try:
+                    self.producer.produce(self.topic, record_value(i).encode(), record_key(i).encode(),
+                                          on_delivery=self._on_delivery)
+                except BufferError:
+                    break
+                self.sent += 1
+            self.producer.poll(0.01)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def acked_count(self):
+        return len(self.acked)
+
+    def wait_acked(self, at_least, timeout=60):
+        deadline = time.monotonic() + timeout
+        while self.acked_count() < at_least:
+            assert time.monotonic() < deadline, f"only {self.acked_count()} of {at_least} acknowledged"
+            time.sleep(0.1)
+
+    def finish(self, timeout=120):
+        self.stop_event.set()
+        self.thread.join()
+        remaining = self.producer.flush(timeout)
+        assert remaining == 0, f"{remaining} records neither acknowledged nor failed"
+        return self
+
+
+def verify(cluster, load, partitions=PARTITIONS, topic=TOPIC):
+    """Every acknowledged record is read back once, where it was acknowledged; no value twice;
+    values increase within each partition (the producer's order)."""
+    out, _ = consume_partitions(bootstrap(cluster), topic, partitions, time.monotonic() + 120)
+    seen = {}
+    for p, recs in out.items():
+        assert [r[0] for r in recs] == list(range(len(recs))), f"partition {p}: offsets not contiguous"
+        prev = -1
+        for off, key, v in recs:
+            assert v not in seen, f"value {v} at {seen[v]} and {(p, off)}"
+            seen[v] = (p, off)
+            assert v > prev, f"partition {p} offset {off}: value {v} after {prev}"
+            prev = v
+            assert v < load.sent
+    lost = {v: where for v, where in load.acked.items() if seen.get(v) != where}
+    assert not lost, f"{len(lost)} acknowledged records missing or moved, e.g. " + str(
+        [(v, where, seen.get(v)) for v, where in sorted(lost.items())[:5]])
+    return seen
+
+
+def replica_logs(cluster, broker, topic, partition):
+    d = cluster.workdir / f"broker-{broker}" / "logs" / f"{topic}-{partition}"
+    return b"".join(f.read_bytes() for f in sorted(d.glob("*.log")))
+
+
+def assert_replicas_identical(cluster, topic=TOPIC, partitions=PARTITIONS):
+    """Stops everything cleanly (after letting followers catch up) and compares the replicas'
+    log bytes: batches are copied as they are, so equal logs are equal files."""
+    wait_full_isr(cluster, topic)
+    time.sleep(2)
+    cluster.stop_all()
+    for p in range(partitions):
+        logs = {b: replica_logs(cluster, b, topic, p) for b in (1, 2, 3)}
+        sizes = {b: len(v) for b, v in logs.items()}
+        assert logs[1] == logs[2] == logs[3], f"partition {p}: replicas differ (sizes {sizes})"
+        assert sizes[1] > 0
+
+
+def test_acks_all_flows_from_kcat_confluent_kafka_and_kafka_python(cluster):
+    from confluent_kafka import Producer
+    from kafka import KafkaProducer
+
+    create_topic(cluster, "clients")
+    n = 3000
+    acked = {}
+
+    # confluent-kafka (librdkafka), idempotent
+    p = Producer(rdkafka_conf({"bootstrap.servers": bootstrap(cluster), "acks": "all", "enable.idempotence": True}))
+
+    def cb(err, msg):
+        assert err is None, err
+        acked[parse_value(msg.value())] = (msg.partition(), msg.offset())
+
+    for i in range(n):
+        p.produce("clients", record_value(i).encode(), record_key(i).encode(), on_delivery=cb)
+        if i % 500 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+
+    # kafka-python
+    kp = KafkaProducer(bootstrap_servers=bootstrap(cluster), acks="all", enable_idempotence=True, linger_ms=5)
+    futures = [(i, kp.send("clients", key=record_key(i).encode(), value=record_value(i).encode()))
+               for i in range(n, 2 * n)]
+    for i, f in futures:
+        md = f.get(timeout=60)
+        acked[i] = (md.partition, md.offset)
+    kp.close()
+
+    # kcat, acks=all (-X acks=all), one record per line
+    lines = "".join(f"{record_key(i)}\t{record_value(i)}\n" for i in range(2 * n, 3 * n))
+    r = subprocess.run([kcat_bin(), "-b", bootstrap(cluster), "-P", "-t", "clients", "-K", "\t",
+                        "-X", "acks=all", "-X", "enable.idempotence=true"],
+                       input=lines, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+    out, _ = consume_partitions(bootstrap(cluster), "clients", PARTITIONS, time.monotonic() + 60)
+    values = sorted(v for recs in out.values() for _, _, v in recs)
+    assert values == list(range(3 * n))
+    for part, recs in out.items():
+        for off, _, v in recs:
+            if v in acked:
+                assert acked[v] == (part, off)
+    assert_replicas_identical(cluster, "clients")
+
+
+def test_leader_sigkill_under_load_loses_nothing(cluster):
+    create_topic(cluster)
+    load = Load(cluster).start()
+    load.wait_acked(3000)
+    victim = partition_leaders(cluster)[0]
+    cluster.kill(f"broker-{victim}")
+    killed_at = load.acked_count()
+    # the producer moves to the new leaders and goes on
+    load.wait_acked(killed_at + 4000, timeout=90)
+    cluster.start(f"broker-{victim}")
+    wait_full_isr(cluster)
+    load.wait_acked(load.acked_count() + 2000)
+    load.finish()
+    assert not load.failed, f"{len(load.failed)} produce failures, e.g. {list(load.failed.items())[:3]}"
+    verify(cluster, load)
+    assert_replicas_identical(cluster)
+
+
+def test_deposed_leader_after_sigstop_acknowledges_nothing_and_truncates(cluster):
+    create_topic(cluster)
+    load = Load(cluster).start()
+    load.wait_acked(3000)
+    victim = partition_leaders(cluster)[0]
+    proc = cluster.procs[f"broker-{victim}"]
+    proc.send_signal(signal.SIGSTOP)
+    stopped_at = load.acked_count()
+    # longer than the lease: the controllers fence it and elect new leaders
+    cluster.wait_for(lambda m: m["brokers"][str(victim)]["fenced"], f"broker {victim} fenced", timeout=LEASE_S * 5)
+    m = cluster.metadata()
+    assert victim not in [p["leader"] for p in m["topics"][TOPIC]["partitions"]]
+    load.wait_acked(stopped_at + 3000, timeout=90)
+    proc.send_signal(signal.SIGCONT)
+    # it comes back as a follower, truncates what the new leader does not have, catches up
+    wait_full_isr(cluster, timeout=60)
+    load.wait_acked(load.acked_count() + 2000)
+    load.finish()
+    assert not load.failed, f"{len(load.failed)} produce failures, e.g. {list(load.failed.items())[:3]}"
+    verify(cluster, load)
+    assert_replicas_identical(cluster)
+
+
+def test_losing_two_brokers_refuses_acks_all_and_resumes_when_one_returns(cluster):
+    from confluent_kafka import KafkaError, Producer
+
+    create_topic(cluster, partitions=1)
+    load = Load(cluster).start()
+    load.wait_acked(2000)
+    load.finish()
+    leader = partition_leaders(cluster)[0]
+    followers = [i for i in (1, 2, 3) if i != leader]
+    for f in followers:
+        cluster.kill(f"broker-{f}")
+    cluster.wait_for(lambda m: m["topics"][TOPIC]["partitions"][0]["isr"] == [leader],
+                     "the ISR shrunk to the leader", timeout=LEASE_S * 5)
+
+    # acks=all is refused before append with NOT_ENOUGH_REPLICAS; nothing is written
+    errors = []
+    p = Producer(rdkafka_conf({"bootstrap.servers": bootstrap(cluster, [leader]), "acks": "all",
+                               "retries": 0, "message.timeout.ms": 5000}))
+    p.produce(TOPIC, b"value-999999999", on_delivery=lambda err, msg: errors.append(err))
+    p.flush(15)
+    assert errors and errors[0] is not None and errors[0].code() == KafkaError.NOT_ENOUGH_REPLICAS, errors
+
+    # one follower returns: it catches up, rejoins the ISR, and acks=all writes resume
+    cluster.start(f"broker-{followers[0]}")
+    cluster.wait_for(lambda m: sorted(m["topics"][TOPIC]["partitions"][0]["isr"]) == sorted([leader, followers[0]]),
+                     "the returning follower rejoined the ISR", timeout=30)
+    more = Load(cluster, first=load.sent, acked=load.acked).start()
+    more.wait_acked(len(load.acked) + 1000)
+    more.finish()
+    assert not more.failed
+    cluster.start(f"broker-{followers[1]}")
+    verify(cluster, more, partitions=1)
+    assert_replicas_identical(cluster, partitions=1)
+
+
+def test_rolling_restart_under_load_loses_nothing(cluster):
+    create_topic(cluster)
+    load = Load(cluster).start()
+    load.wait_acked(2000)
+    for b in (1, 2, 3):
+        name = f"broker-{b}"
+        cluster.procs[name].terminate()
+        cluster.procs.pop(name).wait(timeout=20)
+        before = load.acked_count()
+        load.wait_acked(before + 1000, timeout=60)
+        cluster.start(name)
+        wait_full_isr(cluster, timeout=60)
+    load.wait_acked(load.acked_count() + 1000)
+    load.finish()
+    assert not load.failed, f"{len(load.failed)} produce failures, e.g. {list(load.failed.items())[:3]}"
+    verify(cluster, load)
+    assert_replicas_identical(cluster)
