@@ -26,5 +26,8 @@ done
 python3 bench/produce_bench.py --bootstrap "127.0.0.1:$port" --topic bench --seconds "$seconds"
 kill $pid 2>/dev/null; wait $pid 2>/dev/null || true
 
+echo "== replication: RF=3, acks=all, fsync on every replica (3 controllers + 3 brokers)"
+STRATA_BIN="$target_dir/release/strata" python3 bench/replication_bench.py --seconds "$seconds"
+
 echo "== cluster: metadata propagation and fencing (3 controllers + 3 brokers)"
 STRATA_BIN="$target_dir/release/strata" python3 bench/cluster_bench.py

@@ -63,6 +63,19 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// Accepted connections with Nagle's algorithm off (tonic ignores its own `tcp_nodelay`
+/// for a given stream of connections): small RPC answers must not wait for delayed ACKs.
+pub fn nodelay(
+    incoming: TcpListenerStream,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    incoming.map(|s| {
+        s.inspect(|s| {
+            let _ = s.set_nodelay(true);
+        })
+    })
+}
+
 fn status(e: &MetadataError) -> Status {
     let msg = e.to_string();
     match e {
@@ -142,7 +155,7 @@ impl Controller {
                 let _ = stop.wait_for(|s| *s).await;
             };
             if let Err(e) = server
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
+                .serve_with_incoming_shutdown(nodelay(TcpListenerStream::new(listener)), stopped)
                 .await
             {
                 tracing::error!(error = %e, "controller gRPC server failed");

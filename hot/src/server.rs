@@ -128,7 +128,9 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
                     replica_broker,
                 ))
                 .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(grpc),
+                    strata_controller::service::nodelay(
+                        tokio_stream::wrappers::TcpListenerStream::new(grpc),
+                    ),
                     stopped,
                 );
             if let Err(e) = serving.await {
