@@ -29,6 +29,7 @@ class Cluster:
         self.controller_ports = {i: free_port() for i in (1, 2, 3)}
         self.broker_ports = {i: free_port() for i in (1, 2, 3)}
         self.grpc_ports = {i: free_port() for i in (1, 2, 3)}
+        self.metrics_ports = {i: free_port() for i in (1, 2, 3)}
         self.procs = {}
 
     def controller_addr(self, i):
@@ -51,6 +52,7 @@ class Cluster:
                 f'roles = ["broker"]\nnode_id = {i}\ndata_dir = "{self.workdir / name}"\n'
                 f'[kafka]\nlisten = "127.0.0.1:{self.broker_ports[i]}"\n'
                 f'[grpc]\nlisten = "127.0.0.1:{self.grpc_ports[i]}"\n'
+                f'[metrics]\nlisten = "127.0.0.1:{self.metrics_ports[i]}"\n'
                 f"[cluster]\ncontrollers = [{controllers}]\n{self.broker_extra}"
             )
         path.write_text(text)
@@ -95,6 +97,18 @@ class Cluster:
                 p.kill()
                 p.wait()
         self.procs.clear()
+
+    def broker_metrics(self, i):
+        """{metric line without value: value} from broker i's /metrics."""
+        import urllib.request
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_ports[i]}/metrics", timeout=5).read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
 
     def log_tail(self, name, lines=40):
         path = self.workdir / f"{name}.log"

@@ -19,11 +19,13 @@ from test_cluster import LEASE_S, Cluster
 TOPIC = "settlements"
 PARTITIONS = 3
 LAG_S = 4
+OPEN_TIMEOUT_S = 2
 
 
 @pytest.fixture
 def cluster(request, tmp_path):
-    c = Cluster(strata_bin(), tmp_path, broker_extra=f'replica_lag_time_max = "{LAG_S}s"\n')
+    c = Cluster(strata_bin(), tmp_path,
+                broker_extra=f'replica_lag_time_max = "{LAG_S}s"\nreplica_open_timeout = "{OPEN_TIMEOUT_S}s"\n')
     try:
         c.start_all()
         yield c
@@ -315,3 +317,50 @@ def test_rolling_restart_under_load_loses_nothing(cluster):
     assert not load.failed, f"{len(load.failed)} produce failures, e.g. {list(load.failed.items())[:3]}"
     verify(cluster, load)
     assert_replicas_identical(cluster)
+
+
+def test_a_replica_stuck_opening_is_reported_and_recovers_when_unblocked(cluster):
+    """A recovery that hangs (here: the epoch checkpoint is a FIFO nobody writes) must not
+    hang the broker: the partition is reported stuck (ERROR, metric) and unavailable on that
+    broker, the rest keeps working, and it comes back when the open finishes."""
+    import os
+
+    create_topic(cluster, "stuck", partitions=1)
+    create_topic(cluster, "healthy", partitions=1)
+    load = Load(cluster, topic="stuck").start()
+    load.wait_acked(500)
+    load.finish()
+    victim = next(i for i in (1, 2, 3) if i != partition_leaders(cluster, "stuck")[0])
+    cluster.kill(f"broker-{victim}")
+    checkpoint = cluster.workdir / f"broker-{victim}" / "logs" / "stuck-0" / "leader-epoch-checkpoint"
+    content = checkpoint.read_text()
+    checkpoint.unlink()
+    os.mkfifo(checkpoint)
+    cluster.start(f"broker-{victim}")
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if cluster.broker_metrics(victim).get("strata_partitions_stuck_opening") == 1:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, cluster.log_tail(f"broker-{victim}")
+        time.sleep(0.2)
+    assert "replica log still opening" in cluster.log_tail(f"broker-{victim}", 200)
+    # the broker is up and its other replica works: acks=all on "healthy" needs it in the ISR
+    # only if it is; writes there succeed either way
+    from confluent_kafka import Producer
+
+    errors = []
+    p = Producer(rdkafka_conf({"bootstrap.servers": bootstrap(cluster), "acks": "all"}))
+    p.produce("healthy", b"value-1", on_delivery=lambda err, msg: errors.append(err))
+    p.flush(30)
+    assert errors == [None], errors
+
+    # unblock the open: it finishes, the replica catches up and rejoins the ISR
+    fd = os.open(checkpoint, os.O_WRONLY)
+    os.write(fd, content.encode())
+    os.close(fd)
+    wait_full_isr(cluster, "stuck", timeout=30)
+    assert cluster.broker_metrics(victim).get("strata_partitions_stuck_opening") == 0

@@ -61,6 +61,17 @@ pub struct ClusterSection {
     /// `replica.lag.time.max.ms`).
     #[serde(default = "default_replica_lag", deserialize_with = "duration")]
     pub replica_lag_time_max: Duration,
+    /// A replica whose log takes longer to open (recover) is reported stuck (an ERROR and
+    /// `strata_partitions_stuck_opening`) and stays unavailable until the open finishes.
+    #[serde(
+        default = "default_replica_open_timeout",
+        deserialize_with = "duration"
+    )]
+    pub replica_open_timeout: Duration,
+}
+
+fn default_replica_open_timeout() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_replica_lag() -> Duration {
@@ -250,6 +261,7 @@ impl ServerConfig {
                 rack: None,
                 cluster_id: default_cluster_id(),
                 replica_lag_time_max: default_replica_lag(),
+                replica_open_timeout: default_replica_open_timeout(),
             });
             config.validate()?;
         }
@@ -356,6 +368,10 @@ impl ServerConfig {
                 .cluster
                 .as_ref()
                 .map_or_else(default_replica_lag, |c| c.replica_lag_time_max),
+            replica_open_timeout: self
+                .cluster
+                .as_ref()
+                .map_or_else(default_replica_open_timeout, |c| c.replica_open_timeout),
         }
     }
 

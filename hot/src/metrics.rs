@@ -218,6 +218,12 @@ impl Metrics {
         );
         gauge(
             &mut out,
+            "strata_partitions_stuck_opening",
+            "Replicas whose log has been opening (recovering) longer than replica_open_timeout: unavailable here (alert on > 0).",
+            broker.stuck_opening() as u64,
+        );
+        gauge(
+            &mut out,
             "strata_under_min_isr_partitions",
             "Partitions this broker leads whose ISR is below min.insync.replicas (acks=all refused).",
             under_min_isr,

@@ -23,6 +23,7 @@ async fn start() -> (String, Arc<Broker>, tempfile::TempDir) {
             default_partitions: 1,
             retention_check_interval: Duration::from_secs(3600),
             replica_lag_time_max: Duration::from_secs(30),
+            replica_open_timeout: Duration::from_secs(30),
             auto_create_topics: false,
         },
         Arc::new(SystemClock),

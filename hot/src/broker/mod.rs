@@ -50,6 +50,9 @@ pub struct BrokerConfig {
     pub auto_create_topics: bool,
     /// `replica.lag.time.max.ms`: how long a follower may lag before it leaves the ISR.
     pub replica_lag_time_max: Duration,
+    /// A replica whose log takes longer than this to open (recover) is reported stuck and
+    /// left unavailable until the open finishes.
+    pub replica_open_timeout: Duration,
 }
 
 /// Why a topic administration request was refused.
@@ -199,6 +202,10 @@ pub struct Broker {
     /// The cluster metadata version the topics above reflect (cluster mode).
     metadata_version: tokio::sync::watch::Sender<u64>,
     metrics: crate::metrics::Metrics,
+    /// Replica logs still opening (recovering) in the background, by directory.
+    opening: Mutex<HashMap<PathBuf, reconcile::Opening>>,
+    /// Poked when a background open finishes, so the metadata is applied again.
+    reconcile_again: Arc<tokio::sync::Notify>,
 }
 
 impl Broker {
@@ -233,6 +240,8 @@ impl Broker {
             cluster,
             metadata_version: tokio::sync::watch::channel(0).0,
             metrics: crate::metrics::Metrics::default(),
+            opening: Mutex::new(HashMap::new()),
+            reconcile_again: Arc::new(tokio::sync::Notify::new()),
         });
         remove_deleted_dirs(&logs)?;
         for spec in specs {
@@ -243,6 +252,7 @@ impl Broker {
             tokio::spawn(reconcile::follow_metadata(
                 Arc::downgrade(&broker),
                 link.metadata(),
+                broker.reconcile_again.clone(),
             ));
             tokio::spawn(isr::run(Arc::downgrade(&broker), link));
         } else {
@@ -278,6 +288,17 @@ impl Broker {
 
     pub fn now_ms(&self) -> i64 {
         self.clock.now_ms()
+    }
+
+    /// Replicas whose log has been opening for longer than `replica_open_timeout`.
+    pub fn stuck_opening(&self) -> usize {
+        let limit = self.config.replica_open_timeout;
+        self.opening
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|o| o.started.elapsed() > limit)
+            .count()
     }
 
     pub fn replica_lag_ms(&self) -> i64 {

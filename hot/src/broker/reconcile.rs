@@ -26,10 +26,12 @@ use crate::replication::leader::{Assignment, Policy};
 
 const TOPIC_ID_FILE: &str = "topic-id";
 
-/// Applies every metadata version the link receives until the broker is dropped.
+/// Applies every metadata version the link receives until the broker is dropped (and the
+/// same version again when a replica that was still opening becomes ready).
 pub(super) async fn follow_metadata(
     broker: Weak<Broker>,
     mut rx: watch::Receiver<Arc<ClusterMetadata>>,
+    again: Arc<tokio::sync::Notify>,
 ) {
     loop {
         let metadata = rx.borrow_and_update().clone();
@@ -38,10 +40,19 @@ pub(super) async fn follow_metadata(
             tracing::error!(version = metadata.version, error = %e, "could not apply cluster metadata; will retry on the next version");
         }
         drop(b);
-        if rx.changed().await.is_err() {
-            return;
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return },
+            _ = again.notified() => {}
         }
     }
+}
+
+/// A replica log being opened (recovered) on the blocking pool.
+pub(super) struct Opening {
+    pub started: std::time::Instant,
+    handle: tokio::task::JoinHandle<io::Result<PartitionLog>>,
+    /// Whether the stuck alert was logged.
+    alerted: bool,
 }
 
 /// Opens a partition directory for topic `id`, first removing data of another topic id.
@@ -106,6 +117,7 @@ impl Broker {
         }
 
         let now = self.clock.now_ms();
+        let deadline = tokio::time::Instant::now() + self.config.replica_open_timeout;
         let mut next = HashMap::with_capacity(m.topics.len());
         for t in m.topics.values() {
             let prev = current.get(&t.name).filter(|p| p.spec.id == t.id);
@@ -134,11 +146,12 @@ impl Broker {
                     }
                     None => {
                         let dir = self.partition_dir(&t.name, i as u32);
-                        let (id, cfg) = (t.id, config.clone());
-                        let log =
-                            tokio::task::spawn_blocking(move || open_replica(&dir, id, cfg, now))
-                                .await
-                                .map_err(io::Error::other)??;
+                        let Some(log) = self.open_log(dir, t, i, &config, now, deadline).await?
+                        else {
+                            // Still opening: unavailable here until it is done.
+                            partitions.push(None);
+                            continue;
+                        };
                         // What is committed is learned again from the leader (or, leading,
                         // from the ISR's fetches), so nothing uncommitted becomes visible.
                         let start = log.start_offset();
@@ -174,9 +187,71 @@ impl Broker {
                 }),
             );
         }
+        // Background opens of replicas no longer assigned here are forgotten.
+        self.opening
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|dir, _| {
+                m.topics.values().any(|t| {
+                    t.partitions.iter().enumerate().any(|(i, p)| {
+                        p.replicas.contains(&node) && self.partition_dir(&t.name, i as u32) == *dir
+                    })
+                })
+            });
         *self.topics_write() = next;
         self.metadata_version.send_replace(m.version);
         Ok(())
+    }
+
+    /// Opens (recovering) a replica's log on the blocking pool, waiting until `deadline`.
+    /// `Ok(None)` when it is not done by then: the open goes on in the background, an
+    /// alert is logged once it has taken longer than `replica_open_timeout`, and the
+    /// metadata is applied again when it finishes.
+    async fn open_log(
+        &self,
+        dir: PathBuf,
+        t: &TopicRecord,
+        index: usize,
+        config: &LogConfig,
+        now: i64,
+        deadline: tokio::time::Instant,
+    ) -> io::Result<Option<PartitionLog>> {
+        let existing = self
+            .opening
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&dir);
+        let mut opening = match existing {
+            Some(o) => o,
+            None => {
+                let (d, id, cfg) = (dir.clone(), t.id, config.clone());
+                let again = self.reconcile_again.clone();
+                Opening {
+                    started: std::time::Instant::now(),
+                    handle: tokio::task::spawn_blocking(move || {
+                        let opened = open_replica(&d, id, cfg, now);
+                        again.notify_one();
+                        opened
+                    }),
+                    alerted: false,
+                }
+            }
+        };
+        match tokio::time::timeout_at(deadline, &mut opening.handle).await {
+            Ok(joined) => joined.map_err(io::Error::other)?.map(Some),
+            Err(_) => {
+                let limit = self.config.replica_open_timeout;
+                if opening.started.elapsed() >= limit && !opening.alerted {
+                    opening.alerted = true;
+                    tracing::error!(topic = %t.name, partition = index, dir = %dir.display(), waited = ?opening.started.elapsed(), "replica log still opening (recovery stuck?); the partition is unavailable on this broker until it finishes");
+                }
+                self.opening
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(dir, opening);
+                Ok(None)
+            }
+        }
     }
 
     /// Makes a local replica lead, follow or idle as the metadata says.
