@@ -889,3 +889,76 @@ async fn offsets_for_leader_epoch_answers_where_each_epoch_ended() {
     // a current epoch the broker has not reached is refused
     assert_eq!(answer(conn.send(&ask(0, 2), 4).await.unwrap()).0, 75);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_refuse_weaker_acks_and_acks_all_without_enough_in_sync_replicas() {
+    let b = start().await;
+    let mut admin = Admin::connect(&b.addr).await.unwrap();
+    let configs = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    admin
+        .create_topic("settle", Some(1), None, &configs(&[("min.acks", "all")]))
+        .await
+        .unwrap();
+    admin
+        .create_topic(
+            "strict",
+            Some(1),
+            None,
+            &configs(&[("min.insync.replicas", "2")]),
+        )
+        .await
+        .unwrap();
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    let good = records(3, 1_700_000_000_000, ProducerIds::NONE);
+
+    // min.acks=all: acks=1 is refused with INVALID_REQUIRED_ACKS, acks=all is taken
+    assert_eq!(
+        kafka_code(
+            produce(&mut conn, "settle", 0, good.clone(), 1)
+                .await
+                .unwrap_err()
+        ),
+        21
+    );
+    assert_eq!(
+        produce(&mut conn, "settle", 0, good.clone(), -1)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(list_offset(&mut conn, "settle", 0, -1).await.unwrap(), 3);
+
+    // one replica, min.insync.replicas=2: acks=all is refused before append
+    // (NOT_ENOUGH_REPLICAS), acks=1 is not bound by it
+    assert_eq!(
+        kafka_code(
+            produce(&mut conn, "strict", 0, good.clone(), -1)
+                .await
+                .unwrap_err()
+        ),
+        19
+    );
+    assert_eq!(
+        produce(&mut conn, "strict", 0, good.clone(), 1)
+            .await
+            .unwrap(),
+        0
+    );
+    // acks=1 does not wait for the fsync that moves the high watermark
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while list_offset(&mut conn, "strict", 0, -1).await.unwrap() != 3 {
+        assert!(tokio::time::Instant::now() < deadline, "HW never reached 3");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // an invalid min.acks is refused at creation
+    assert!(admin
+        .create_topic("bad", Some(1), None, &configs(&[("min.acks", "2")]))
+        .await
+        .is_err());
+}

@@ -575,3 +575,60 @@ fn truncating_below_the_log_start_empties_the_log_at_that_offset() {
     );
     assert!(log.plan_read(start - 1, u64::MAX).unwrap().is_none());
 }
+
+#[test]
+fn a_follower_promoted_to_leader_deduplicates_the_old_leaders_producers() {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let follower_dir = tempfile::tempdir().unwrap();
+    let ids = |seq| ProducerIds {
+        producer_id: 9,
+        producer_epoch: 0,
+        base_sequence: seq,
+    };
+    let (mut leader, _) = PartitionLog::open(leader_dir.path(), small_config(2048), 0).unwrap();
+    let mut offsets = Vec::new();
+    for i in 0..30 {
+        offsets.push(leader.append(&make(i, 2, 0, ids(i as i32 * 2)), 0).unwrap());
+    }
+    let (mut follower, _) = PartitionLog::open(follower_dir.path(), small_config(2048), 0).unwrap();
+    let bytes = leader
+        .plan_read(0, u64::MAX)
+        .unwrap()
+        .unwrap()
+        .read(1 << 20)
+        .unwrap();
+    for b in batches_of(&bytes) {
+        follower.append_replicated(&b, 0).unwrap();
+    }
+    while follower.end_offset() < leader.end_offset() {
+        let more = leader
+            .plan_read(follower.end_offset(), u64::MAX)
+            .unwrap()
+            .unwrap()
+            .read(1 << 20)
+            .unwrap();
+        for b in batches_of(&more) {
+            follower.append_replicated(&b, 0).unwrap();
+        }
+    }
+    // The follower crashes and restarts, then becomes leader at a new epoch: its producer
+    // state comes from the replicated batches it recovered.
+    drop(follower);
+    let (mut promoted, _) = PartitionLog::open(follower_dir.path(), small_config(2048), 0).unwrap();
+    promoted.set_leader_epoch(1);
+    // The producer's retry of its last batch (its ack was lost in the failover)...
+    let retry = promoted.append(&make(29, 2, 0, ids(58)), 0).unwrap();
+    assert!(
+        retry.duplicate,
+        "a retry after failover is not written twice"
+    );
+    assert_eq!(retry.base_offset, offsets[29].base_offset);
+    // ...a gap is refused, and the next sequence is appended.
+    assert!(matches!(
+        promoted.append(&make(31, 1, 0, ids(62)), 0),
+        Err(AppendError::OutOfOrderSequence { .. })
+    ));
+    let next = promoted.append(&make(30, 2, 0, ids(60)), 0).unwrap();
+    assert!(!next.duplicate);
+    assert_eq!(next.base_offset, leader.end_offset());
+}
