@@ -55,6 +55,28 @@ def disk_limit_mb_s(directory, seconds=3.0):
     return written / (time.perf_counter() - start) / 1e6
 
 
+def produce_histogram(c):
+    """Summed produce-latency histogram buckets of the three brokers: {le: count}."""
+    total = {}
+    for i in (1, 2, 3):
+        for k, v in c.broker_metrics(i).items():
+            if k.startswith("strata_produce_latency_seconds_bucket"):
+                le = k.split('le="')[1].rstrip('"}')
+                total[le] = total.get(le, 0) + v
+    return total
+
+
+def bucket_quantile(before, after, q):
+    """The upper bound of the histogram bucket holding quantile q of the requests between
+    two snapshots."""
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    count = delta.get("+Inf", 0)
+    for le in sorted((k for k in delta if k != "+Inf"), key=float):
+        if count and delta[le] >= q * count:
+            return f"<= {float(le) * 1e3:g} ms"
+    return "> 5 s"
+
+
 def bootstrap(c):
     return ",".join(f"127.0.0.1:{c.broker_ports[i]}" for i in (1, 2, 3))
 
@@ -62,6 +84,7 @@ def bootstrap(c):
 def consume_latencies(bootstrap_servers, topic, partitions, seconds, out):
     """Child process: reads from the end and records now - send time (in the value)."""
     consumer = Consumer({
+        **({"debug": os.environ["E2E_DEBUG"]} if os.environ.get("E2E_DEBUG") else {}),
         "bootstrap.servers": bootstrap_servers,
         "group.id": "e2e-unused",
         "enable.auto.commit": False,
@@ -78,6 +101,8 @@ def consume_latencies(bootstrap_servers, topic, partitions, seconds, out):
     while time.time() < end:
         # poll() returns as soon as a record is there (consume() waits to fill its batch)
         msg = consumer.poll(0.1)
+        if msg is not None and msg.error() is not None and os.environ.get("E2E_DEBUG"):
+            print("consumer error", msg.error(), flush=True)
         if msg is not None and msg.error() is None and msg.value().startswith(b"t="):
             lat.append(time.time() - float(msg.value()[2:22]))
     consumer.close()
@@ -92,6 +117,10 @@ def e2e(c, topic, partitions, rate, seconds):
     producer = Producer({"bootstrap.servers": bootstrap(c), "acks": "all", "enable.idempotence": True,
                          "linger.ms": 0})
     pad = b"x" * (RECORD - 24)
+    # Warm up (connections, metadata, producer id) before timing; the consumer skips these.
+    for i in range(300):
+        producer.produce(topic, b"warm-up", b"k%d" % i)
+    producer.flush(30)
     start = time.perf_counter()
     sent = 0
     while time.perf_counter() - start < seconds:
@@ -173,13 +202,17 @@ def main():
             c.wait_for(lambda m: topic in m["topics"], "topic")
             time.sleep(1)
             for name, rate, linger in (("max", 0, 5), ("rate", args.rate, 0)):
+                before = produce_histogram(c)
                 r = produce_run(bootstrap(c), topic, args.seconds, rate, RECORD, linger)
+                after = produce_histogram(c)
                 if r["errors"]:
                     sys.exit(f"{r['errors']} messages failed; figures invalid")
                 if rate:
                     print(f"produce at {rate} msgs/s (RF=3, acks=all, fsync x3): ack latency "
                           f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms p999 {r['p999_ms']:.2f} ms "
                           f"(acked {r['acked']}/{r['sent']})")
+                    print(f"  of which inside the brokers (produce request in -> response out, histogram "
+                          f"buckets): p50 {bucket_quantile(before, after, .5)}, p99 {bucket_quantile(before, after, .99)}")
                 else:
                     print(f"produce max (RF=3, acks=all, fsync x3, linger 5 ms): {r['msgs_per_s']:.0f} msgs/s "
                           f"{r['mb_per_s']:.1f} MB/s, ratio to the limit {r['mb_per_s'] / limit:.2f}")
