@@ -15,8 +15,8 @@ replica (flush.messages=1, the default):
 import argparse
 import multiprocessing
 import os
-import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -216,6 +216,24 @@ def main():
                 else:
                     print(f"produce max (RF=3, acks=all, fsync x3, linger 5 ms): {r['msgs_per_s']:.0f} msgs/s "
                           f"{r['mb_per_s']:.1f} MB/s, ratio to the limit {r['mb_per_s'] / limit:.2f}")
+            loadgen = Path(args.binary).with_name("strata-loadgen")
+            if loadgen.exists():
+                # The same rate from a Rust client that costs little CPU: the brokers' latency
+                # without the Python callbacks competing for the two cores.
+                before = c.broker_metrics(1)
+                grpc = ",".join(f"127.0.0.1:{c.grpc_ports[i]}" for i in (1, 2, 3))
+                r = subprocess.run([str(loadgen), "--bootstrap", grpc, "--topic", topic, "--rate", str(args.rate),
+                                    "--seconds", str(args.seconds)], capture_output=True, text=True)
+                print(r.stdout.strip() or r.stderr.strip())
+                after = c.broker_metrics(1)
+                commit = {k.split('le="')[1].rstrip('"}'): v for k, v in after.items()
+                          if k.startswith("strata_commit_latency_seconds_bucket")}
+                commit_before = {k.split('le="')[1].rstrip('"}'): v for k, v in before.items()
+                                 if k.startswith("strata_commit_latency_seconds_bucket")}
+                print(f"  commit latency inside broker 1 (append -> fsynced on the ISR, histogram buckets): "
+                      f"p50 {bucket_quantile(commit_before, commit, .5)}, p99 {bucket_quantile(commit_before, commit, .99)}")
+            else:
+                print(f"(no {loadgen}: build it with cargo build --release --bin strata-loadgen for the Rust-client figure)")
             lat, sent = e2e(c, topic, args.partitions, args.rate, args.seconds)
             print(f"end-to-end produce -> consume at {args.rate} msgs/s: p50 {pct(lat, .5) * 1e3:.2f} ms "
                   f"p99 {pct(lat, .99) * 1e3:.2f} ms p999 {pct(lat, .999) * 1e3:.2f} ms "

@@ -8,7 +8,7 @@ seconds="${1:-10}"
 bench_dir="${BENCH_DIR:-$PWD/target}"
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 python3 -m pip install -q --disable-pip-version-check -r tests/requirements.txt
-cargo build --locked --release --bin strata --bin strata-bench
+cargo build --locked --release --bin strata --bin strata-bench --bin strata-loadgen
 
 echo "== log engine"
 "$target_dir/release/strata-bench" --dir "$bench_dir" --seconds "$seconds"

@@ -90,7 +90,10 @@ impl GrpcService {
             }
         };
         let timeout = Duration::from_millis(u64::from(r.timeout_ms.max(1)));
-        let error = match pending.durable(timeout).await {
+        let error = match pending
+            .durable(timeout, &self.broker.metrics().commit_latency)
+            .await
+        {
             Ok(()) => None,
             Err(e) => {
                 let (code, message) = codes::wait(&e);

@@ -9,8 +9,9 @@ use std::time::Duration;
 use crate::broker::Broker;
 
 /// Upper bounds of the latency buckets, in seconds.
-const BOUNDS: [f64; 13] = [
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+const BOUNDS: [f64; 18] = [
+    0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0,
 ];
 
 /// A cumulative latency histogram in Prometheus' shape.
@@ -69,6 +70,8 @@ pub struct Metrics {
     pub isr_expands: AtomicU64,
     /// Produce request received -> response ready (includes the acks=all wait).
     pub produce_latency: Histogram,
+    /// An acks=all append until the high watermark passed it (replication and fsyncs).
+    pub commit_latency: Histogram,
     pub fetch_latency: Histogram,
 }
 
@@ -128,6 +131,11 @@ impl Metrics {
             &mut out,
             "strata_produce_latency_seconds",
             "Produce request to response, acks wait included.",
+        );
+        self.commit_latency.render(
+            &mut out,
+            "strata_commit_latency_seconds",
+            "acks=all append until committed (fsynced on every in-sync replica).",
         );
         self.fetch_latency.render(
             &mut out,

@@ -134,6 +134,7 @@ pub struct PendingAppend {
     /// committed; `None` when the producer asked for less than acks=all.
     durable_at: Option<(u64, i32)>,
     log_start: u64,
+    appended_at: std::time::Instant,
 }
 
 impl PendingAppend {
@@ -145,10 +146,21 @@ impl PendingAppend {
         self.log_start
     }
 
-    /// Waits until the write is durable per the topic's policy (acks=all only).
-    pub async fn durable(&self, timeout: std::time::Duration) -> Result<(), WaitError> {
+    /// Waits until the write is committed per the topic's policy (acks=all only); records
+    /// the wait in `commit_latency`.
+    pub async fn durable(
+        &self,
+        timeout: std::time::Duration,
+        commit_latency: &crate::metrics::Histogram,
+    ) -> Result<(), WaitError> {
         match self.durable_at {
-            Some((end, epoch)) => self.partition.wait_durable(end, epoch, timeout).await,
+            Some((end, epoch)) => {
+                let result = self.partition.wait_durable(end, epoch, timeout).await;
+                if result.is_ok() {
+                    commit_latency.observe(self.appended_at.elapsed());
+                }
+                result
+            }
             None => Ok(()),
         }
     }
@@ -418,6 +430,7 @@ impl Broker {
             base_offset: appended.base_offset,
             durable_at: (acks == -1).then_some((appended.last_offset + 1, epoch)),
             log_start: progress.log_start,
+            appended_at: std::time::Instant::now(),
             partition,
         })
     }

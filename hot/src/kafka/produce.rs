@@ -101,7 +101,10 @@ pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal
             let mut partition_responses = Vec::with_capacity(outcomes.len());
             for mut o in outcomes {
                 if let Some(pending) = o.wait.take() {
-                    if let Err(e) = pending.durable(timeout).await {
+                    if let Err(e) = pending
+                        .durable(timeout, &broker.metrics().commit_latency)
+                        .await
+                    {
                         o.error = Some(codes::wait(&e));
                     }
                 }
