@@ -364,3 +364,41 @@ def test_a_replica_stuck_opening_is_reported_and_recovers_when_unblocked(cluster
     os.close(fd)
     wait_full_isr(cluster, "stuck", timeout=30)
     assert cluster.broker_metrics(victim).get("strata_partitions_stuck_opening") == 0
+
+
+def test_a_stalled_follower_leaves_the_isr_by_lag_and_rejoins(tmp_path):
+    """With replica_lag_time_max (1 s) shorter than the lease (3 s), a SIGSTOPped follower is
+    removed from the ISR by its leader (AlterIsr) before the controllers fence it; writes go
+    on with the other two; after SIGCONT it catches up and the leader adds it back."""
+    c = Cluster(strata_bin(), tmp_path, broker_extra='replica_lag_time_max = "1s"\n')
+    try:
+        c.start_all()
+        create_topic(c, partitions=1)
+        leader = partition_leaders(c)[0]
+        follower = next(i for i in (1, 2, 3) if i != leader)
+        load = Load(c).start()
+        load.wait_acked(1000)
+        shrinks = c.broker_metrics(leader).get("strata_isr_shrinks_total", 0)
+        c.procs[f"broker-{follower}"].send_signal(signal.SIGSTOP)
+        m = c.wait_for(lambda m: follower not in m["topics"][TOPIC]["partitions"][0]["isr"],
+                       "the stalled follower left the ISR", timeout=LEASE_S)
+        assert not m["brokers"][str(follower)]["fenced"], "removed by lag, before any fencing"
+        assert c.broker_metrics(leader)["strata_isr_shrinks_total"] == shrinks + 1
+        lagging = c.broker_metrics(leader)
+        label = f'strata_replica_in_sync{{topic="{TOPIC}",partition="0",replica="{follower}"}}'
+        assert lagging[label] == 0
+        before = load.acked_count()
+        load.wait_acked(before + 1000)  # acks=all goes on with two in-sync replicas
+        c.procs[f"broker-{follower}"].send_signal(signal.SIGCONT)
+        wait_full_isr(c, timeout=30)
+        assert c.broker_metrics(leader)["strata_isr_expands_total"] >= 1
+        load.wait_acked(load.acked_count() + 1000)
+        load.finish()
+        assert not load.failed
+        verify(c, load, partitions=1)
+        assert_replicas_identical(c, partitions=1)
+    finally:
+        for p in c.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+        c.stop_all()
