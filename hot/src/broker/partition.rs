@@ -713,3 +713,162 @@ impl Partition {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_core::batch::build::{batch, ProducerIds, Rec};
+
+    const WAIT: Duration = Duration::from_secs(5);
+
+    fn records(n: usize) -> ValidBatch {
+        let recs: Vec<Rec<'_>> = (0..n)
+            .map(|i| Rec {
+                key: None,
+                value: Some(b"settlement"),
+                timestamp_delta: i as i64,
+            })
+            .collect();
+        ValidBatch::new(bytes::Bytes::from(batch(0, ProducerIds::NONE, &recs))).unwrap()
+    }
+
+    /// Broker 1 leads at epoch 1 with followers 2 and 3 in the ISR, min.insync.replicas 2.
+    fn leader(dir: &std::path::Path) -> Arc<Partition> {
+        let (log, _) = PartitionLog::open(dir, crate::log::LogConfig::default(), 0).unwrap();
+        let p = Partition::start(Arc::from("t"), 0, log, 0);
+        p.become_leader(
+            1,
+            Assignment {
+                me: 1,
+                replicas: vec![1, 2, 3],
+                isr: vec![1, 2, 3],
+                partition_epoch: 0,
+            },
+            Policy {
+                min_insync_replicas: 2,
+                replica_lag_max_ms: 10_000,
+            },
+            0,
+        );
+        p
+    }
+
+    async fn fetch(
+        p: &Partition,
+        replica: i32,
+        epoch: i32,
+        offset: u64,
+    ) -> Result<(), ReplicaFetchError> {
+        p.replica_fetch(replica, epoch, offset, 1 << 20, Duration::ZERO, 0)
+            .await
+            .map(|_| ())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn acks_all_is_released_only_once_every_isr_member_has_the_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = leader(dir.path());
+        let (a, epoch) = p.append(&records(3), -1, 0).unwrap();
+        let end = a.last_offset + 1;
+        let waiter = {
+            let p = p.clone();
+            tokio::spawn(async move { p.wait_durable(end, epoch, WAIT).await })
+        };
+        // the leader's own fsync is not enough, nor one follower
+        fetch(&p, 2, 1, end).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiter.is_finished(), "released before follower 3 has it");
+        assert_eq!(p.progress().high_watermark, 0);
+        fetch(&p, 3, 1, end).await.unwrap();
+        assert_eq!(waiter.await.unwrap(), Ok(()));
+        assert_eq!(p.progress().high_watermark, end);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deposed_leader_acknowledges_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = leader(dir.path());
+        let (a, epoch) = p.append(&records(2), -1, 0).unwrap();
+        let waiter = {
+            let p = p.clone();
+            tokio::spawn(async move { p.wait_durable(a.last_offset + 1, epoch, WAIT).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _stop = p.become_follower(2, 2).expect("a new follower role");
+        assert_eq!(waiter.await.unwrap(), Err(WaitError::NotLeader));
+        // even if the new leader's HW later covers that offset (with other records)
+        p.set_follower_hw(100);
+        assert_eq!(
+            p.wait_durable(a.last_offset + 1, epoch, Duration::from_millis(100))
+                .await,
+            Err(WaitError::NotLeader)
+        );
+        assert!(matches!(
+            p.append(&records(1), -1, 0),
+            Err(LeaderAppendError::NotLeader)
+        ));
+        assert_eq!(fetch(&p, 3, 1, 0).await, Err(ReplicaFetchError::NotLeader));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_isr_shrunk_below_min_fails_the_write_after_append_and_refuses_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = leader(dir.path());
+        let (a, epoch) = p.append(&records(2), -1, 0).unwrap();
+        let waiter = {
+            let p = p.clone();
+            tokio::spawn(async move { p.wait_durable(a.last_offset + 1, epoch, WAIT).await })
+        };
+        // the controllers fenced both followers: the ISR is the leader alone
+        p.become_leader(
+            1,
+            Assignment {
+                me: 1,
+                replicas: vec![1, 2, 3],
+                isr: vec![1],
+                partition_epoch: 2,
+            },
+            Policy {
+                min_insync_replicas: 2,
+                replica_lag_max_ms: 10_000,
+            },
+            0,
+        );
+        assert_eq!(
+            waiter.await.unwrap(),
+            Err(WaitError::NotEnoughReplicasAfterAppend)
+        );
+        assert!(matches!(
+            p.append(&records(1), -1, 0),
+            Err(LeaderAppendError::NotEnoughReplicas(NotEnoughReplicas {
+                isr: 1,
+                min: 2
+            }))
+        ));
+        let before = p.progress().log_end;
+        assert!(
+            p.append(&records(1), 1, 0).is_ok(),
+            "acks=1 is not bound by it"
+        );
+        assert_eq!(p.progress().log_end, before + 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replica_fetches_at_another_epoch_or_from_strangers_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = leader(dir.path());
+        assert_eq!(
+            fetch(&p, 2, 0, 0).await,
+            Err(ReplicaFetchError::FencedLeaderEpoch(0))
+        );
+        assert_eq!(
+            fetch(&p, 2, 2, 0).await,
+            Err(ReplicaFetchError::UnknownLeaderEpoch(2))
+        );
+        assert_eq!(
+            fetch(&p, 7, 1, 0).await,
+            Err(ReplicaFetchError::NotReplica(7))
+        );
+        assert_eq!(fetch(&p, 2, 1, 0).await, Ok(()));
+    }
+}

@@ -632,3 +632,40 @@ fn a_follower_promoted_to_leader_deduplicates_the_old_leaders_producers() {
     assert!(!next.duplicate);
     assert_eq!(next.base_offset, leader.end_offset());
 }
+
+#[test]
+fn reset_empties_the_log_and_restarts_it_at_the_leaders_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    append_many(&mut log, 10);
+    let end = log.end_offset();
+    log.reset_to(end + 500, 0).unwrap();
+    assert_eq!(
+        (log.start_offset(), log.end_offset()),
+        (end + 500, end + 500)
+    );
+    assert!(log.epochs().latest().is_none());
+    // the leader's batch at that offset is taken as it is
+    let leader_dir = tempfile::tempdir().unwrap();
+    let (mut leader, _) = PartitionLog::open(leader_dir.path(), small_config(2048), 0).unwrap();
+    leader.reset_to(end + 500, 0).unwrap();
+    leader.set_leader_epoch(3);
+    leader.append(&make(1, 2, 0, ProducerIds::NONE), 0).unwrap();
+    let bytes = leader
+        .plan_read(end + 500, u64::MAX)
+        .unwrap()
+        .unwrap()
+        .read(1 << 20)
+        .unwrap();
+    for b in batches_of(&bytes) {
+        log.append_replicated(&b, 0).unwrap();
+    }
+    assert_eq!(log.end_offset(), end + 502);
+    assert_eq!(log.epochs().latest().map(|e| e.epoch), Some(3));
+    drop(log);
+    let (log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    assert_eq!(
+        (log.start_offset(), log.end_offset()),
+        (end + 500, end + 502)
+    );
+}
