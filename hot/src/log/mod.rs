@@ -282,6 +282,15 @@ impl PartitionLog {
         log.sync_handed_out = log.end_offset();
         log.rebuild_producer_state()?;
         log.load_epochs()?;
+        if !report.clean {
+            // The recovered tail may be in the page cache only (the process died, the machine
+            // did not): make it durable before anyone counts it, since a replica reports its
+            // log end as durable to the leader.
+            for seg in log.segments.range(recovery_point..).map(|(_, s)| s) {
+                seg.file.sync_data()?;
+            }
+            File::open(dir)?.sync_all()?;
+        }
         if report.clean {
             remove_if_exists(&dir.join(CLEAN_SHUTDOWN_FILE))?;
             File::open(dir)?.sync_all()?;
