@@ -162,14 +162,19 @@ def cluster(request, tmp_path):
         yield c
     finally:
         c.stop_all()
-        failed = any(
-            getattr(request.node, "rep_" + when, None) is not None and getattr(request.node, "rep_" + when).failed
-            for when in ("setup", "call")
-        )
-        if failed:
-            # Every process's log tail, so a failure seen once (in CI) can be diagnosed.
-            for log in sorted(tmp_path.glob("*.log")):
-                request.node.add_report_section("teardown", log.stem, c.log_tail(log.stem, 60))
+        attach_logs_on_failure(request, c)
+
+
+def attach_logs_on_failure(request, c, lines=60):
+    """Every process's log tail in the report of a failed test, so a failure seen once (in
+    CI) can be diagnosed."""
+    failed = any(
+        getattr(request.node, "rep_" + when, None) is not None and getattr(request.node, "rep_" + when).failed
+        for when in ("setup", "call")
+    )
+    if failed:
+        for log in sorted(c.workdir.glob("*.log")):
+            request.node.add_report_section("teardown", log.stem, c.log_tail(log.stem, lines))
 
 
 def leaders(m, topic):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import consume_partitions, kcat_bin, parse_value, rdkafka_conf, record_key, record_value, strata_bin
-from test_cluster import LEASE_S, Cluster
+from test_cluster import LEASE_S, Cluster, attach_logs_on_failure
 
 TOPIC = "settlements"
 PARTITIONS = 3
@@ -34,13 +34,7 @@ def cluster(request, tmp_path):
             if p.poll() is None:
                 p.send_signal(signal.SIGCONT)
         c.stop_all()
-        failed = any(
-            getattr(request.node, "rep_" + when, None) is not None and getattr(request.node, "rep_" + when).failed
-            for when in ("setup", "call")
-        )
-        if failed:
-            for log in sorted(tmp_path.glob("*.log")):
-                request.node.add_report_section("teardown", log.stem, c.log_tail(log.stem, 80))
+        attach_logs_on_failure(request, c, 80)
 
 
 def bootstrap(cluster, only=None):

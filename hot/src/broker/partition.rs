@@ -202,6 +202,16 @@ impl Partition {
         }
     }
 
+    /// Publishes whether the ISR is below `min.insync.replicas`, and a moved HW.
+    fn publish_isr_state(&self, under_min_isr: bool, hw: Option<u64>) {
+        self.progress.send_if_modified(|p| {
+            let changed = p.under_min_isr != under_min_isr;
+            p.under_min_isr = under_min_isr;
+            changed
+        });
+        self.publish_hw(hw);
+    }
+
     /// Makes this replica the leader at `epoch`, or updates the ISR if it already is.
     /// A follower's fetcher is stopped first.
     pub fn become_leader(&self, epoch: i32, assignment: Assignment, policy: Policy, now_ms: i64) {
@@ -212,12 +222,7 @@ impl Partition {
                 state.set_policy(policy);
                 let under = state.under_min_isr();
                 drop(role);
-                self.progress.send_if_modified(|p| {
-                    let changed = p.under_min_isr != under;
-                    p.under_min_isr = under;
-                    changed
-                });
-                self.publish_hw(hw);
+                self.publish_isr_state(under, hw);
                 return;
             }
         }
@@ -541,12 +546,7 @@ impl Partition {
         };
         let under = state.under_min_isr();
         drop(role);
-        self.progress.send_if_modified(|p| {
-            let changed = p.under_min_isr != under;
-            p.under_min_isr = under;
-            changed
-        });
-        self.publish_hw(hw);
+        self.publish_isr_state(under, hw);
     }
 
     /// As leader: the replicas, the committed ISR and each follower's state.
@@ -600,12 +600,7 @@ impl Partition {
         let mut role = self.role();
         if let Role::Leader { state, .. } = &mut *role {
             state.set_policy(policy);
-            let under = state.under_min_isr();
-            self.progress.send_if_modified(|p| {
-                let changed = p.under_min_isr != under;
-                p.under_min_isr = under;
-                changed
-            });
+            self.publish_isr_state(state.under_min_isr(), None);
         }
         let mut log = self.lock();
         if *log.config() != config {

@@ -484,15 +484,8 @@ fn batches_of(bytes: &Bytes) -> Vec<ValidBatch> {
         .collect()
 }
 
-#[test]
-fn a_follower_copy_is_byte_identical_and_keeps_epochs() {
-    let leader_dir = tempfile::tempdir().unwrap();
-    let follower_dir = tempfile::tempdir().unwrap();
-    let (mut leader, _) = PartitionLog::open(leader_dir.path(), small_config(2048), 0).unwrap();
-    append_many(&mut leader, 20);
-    leader.set_leader_epoch(4);
-    append_many(&mut leader, 20);
-    let (mut follower, _) = PartitionLog::open(follower_dir.path(), small_config(2048), 0).unwrap();
+/// Copies the leader's batches to the follower until it has the whole log, as a fetcher does.
+fn replicate(leader: &PartitionLog, follower: &mut PartitionLog) {
     while follower.end_offset() < leader.end_offset() {
         let bytes = leader
             .plan_read(follower.end_offset(), u64::MAX)
@@ -504,6 +497,18 @@ fn a_follower_copy_is_byte_identical_and_keeps_epochs() {
             follower.append_replicated(&b, 0).unwrap();
         }
     }
+}
+
+#[test]
+fn a_follower_copy_is_byte_identical_and_keeps_epochs() {
+    let leader_dir = tempfile::tempdir().unwrap();
+    let follower_dir = tempfile::tempdir().unwrap();
+    let (mut leader, _) = PartitionLog::open(leader_dir.path(), small_config(2048), 0).unwrap();
+    append_many(&mut leader, 20);
+    leader.set_leader_epoch(4);
+    append_many(&mut leader, 20);
+    let (mut follower, _) = PartitionLog::open(follower_dir.path(), small_config(2048), 0).unwrap();
+    replicate(&leader, &mut follower);
     assert_eq!(read_all(&follower, 0), read_all(&leader, 0));
     assert_eq!(follower.epochs(), leader.epochs());
     let a = leader
@@ -591,26 +596,7 @@ fn a_follower_promoted_to_leader_deduplicates_the_old_leaders_producers() {
         offsets.push(leader.append(&make(i, 2, 0, ids(i as i32 * 2)), 0).unwrap());
     }
     let (mut follower, _) = PartitionLog::open(follower_dir.path(), small_config(2048), 0).unwrap();
-    let bytes = leader
-        .plan_read(0, u64::MAX)
-        .unwrap()
-        .unwrap()
-        .read(1 << 20)
-        .unwrap();
-    for b in batches_of(&bytes) {
-        follower.append_replicated(&b, 0).unwrap();
-    }
-    while follower.end_offset() < leader.end_offset() {
-        let more = leader
-            .plan_read(follower.end_offset(), u64::MAX)
-            .unwrap()
-            .unwrap()
-            .read(1 << 20)
-            .unwrap();
-        for b in batches_of(&more) {
-            follower.append_replicated(&b, 0).unwrap();
-        }
-    }
+    replicate(&leader, &mut follower);
     // The follower crashes and restarts, then becomes leader at a new epoch: its producer
     // state comes from the replicated batches it recovered.
     drop(follower);
