@@ -396,3 +396,52 @@ def test_a_stalled_follower_leaves_the_isr_by_lag_and_rejoins(tmp_path):
             if p.poll() is None:
                 p.send_signal(signal.SIGCONT)
         c.stop_all()
+
+
+def test_unclean_election_is_opt_in_and_the_old_leader_truncates_to_the_new_history(cluster):
+    """Only ISR members lead unless a topic opts in. With unclean election a stale replica
+    leads (losing what only the old leader had), and the old leader, back, truncates its
+    divergent tail (KIP-101/279), so the replicas end up identical."""
+    from confluent_kafka import Producer
+
+    def produce(topic, values, only=None):
+        acked = []
+        p = Producer(rdkafka_conf({"bootstrap.servers": bootstrap(cluster, only), "acks": "all",
+                                   "message.timeout.ms": 20000}))
+        for v in values:
+            p.produce(topic, record_value(v).encode(), partition=0,
+                      on_delivery=lambda err, msg: acked.append(err))
+        p.flush(30)
+        return acked
+
+    configs = {"min.insync.replicas": "1"}
+    create_topic(cluster, "strict", partitions=1, configs=configs)
+    create_topic(cluster, "loose", partitions=1, configs={**configs, "unclean.leader.election.enable": "true"})
+    for t in ("strict", "loose"):
+        assert produce(t, range(100)) == [None] * 100
+    # both followers of "loose" stop; its leader keeps taking acks=all alone (min ISR 1)
+    leader = partition_leaders(cluster, "loose")[0]
+    others = [i for i in (1, 2, 3) if i != leader]
+    for o in others:
+        cluster.kill(f"broker-{o}")
+    cluster.wait_for(lambda m: m["topics"]["loose"]["partitions"][0]["isr"] == [leader], "ISR of one", timeout=LEASE_S * 5)
+    assert produce("loose", range(100, 150), [leader]) == [None] * 50
+    # the leader dies too; a stale replica comes back
+    cluster.kill(f"broker-{leader}")
+    cluster.start(f"broker-{others[0]}")
+    m = cluster.wait_for(lambda m: m["topics"]["loose"]["partitions"][0]["leader"] == others[0],
+                         "the stale replica leads the unclean topic", timeout=LEASE_S * 5)
+    # "strict" lost its brokers one by one: its last in-sync replica is the one still dead, so it
+    # stays offline rather than let the stale replica lead
+    strict = m["topics"]["strict"]["partitions"][0]
+    assert strict["isr"] == [leader] and strict["leader"] is None, strict
+    # the new history: records 150.. on top of 0..99 (100..149 are lost, as opted into)
+    assert produce("loose", range(150, 170), [others[0]]) == [None] * 20
+    # the old leader returns: it truncates 100..149 and copies the new history
+    cluster.start(f"broker-{leader}")
+    cluster.start(f"broker-{others[1]}")
+    wait_full_isr(cluster, "loose", timeout=60)
+    assert partition_leaders(cluster, "strict")[0] is not None
+    out, _ = consume_partitions(bootstrap(cluster), "loose", 1, time.monotonic() + 60)
+    assert [v for _, _, v in out[0]] == list(range(100)) + list(range(150, 170))
+    assert_replicas_identical(cluster, "loose", partitions=1)
