@@ -215,6 +215,8 @@ def test_placement_controller_failover_and_broker_fencing(cluster):
     on_victim = [i for i, p in enumerate(cluster.metadata()["topics"]["single"]["partitions"]) if p["replicas"] == [victim]]
     assert len(on_victim) == 1
     cluster.kill(f"broker-{victim}")
+    # (right after the controller failover the brokers' sessions may still be reconnecting,
+    # so this may take the lease; test_replication checks the fast path)
     m = cluster.wait_for(lambda m: m["brokers"][str(victim)]["fenced"], f"broker {victim} fenced", timeout=LEASE_S * 4)
     assert victim not in leaders(m, "orders")
     for p in m["topics"]["orders"]["partitions"]:

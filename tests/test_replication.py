@@ -224,7 +224,11 @@ def test_leader_sigkill_under_load_loses_nothing(cluster):
     load.wait_acked(3000)
     victim = partition_leaders(cluster)[0]
     cluster.kill(f"broker-{victim}")
+    killed = time.monotonic()
     killed_at = load.acked_count()
+    # its controller session closed with the process: fenced at once, not at lease expiry
+    cluster.wait_for(lambda m: m["brokers"][str(victim)]["fenced"], "fenced", timeout=LEASE_S * 4)
+    assert time.monotonic() - killed < LEASE_S - 1, f"fenced only after {time.monotonic() - killed:.1f}s"
     # the producer moves to the new leaders and goes on
     load.wait_acked(killed_at + 4000, timeout=90)
     cluster.start(f"broker-{victim}")

@@ -290,6 +290,7 @@ impl Controller {
 struct ControllerService(Arc<Controller>);
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<MetadataUpdate, Status>> + Send>>;
+type SessionStream = Pin<Box<dyn Stream<Item = Result<SessionEvent, Status>> + Send>>;
 
 fn snapshot_update(m: &ClusterMetadata) -> Result<MetadataUpdate, Status> {
     Ok(MetadataUpdate {
@@ -419,6 +420,62 @@ impl ControllerApi for ControllerService {
     }
 
     type WatchStream = WatchStream;
+    type SessionStream = SessionStream;
+
+    async fn session(
+        &self,
+        req: Request<SessionRequest>,
+    ) -> Result<Response<SessionStream>, Status> {
+        let controller = self.0.clone();
+        if !controller.is_leader() {
+            return Err(Status::unavailable(format!(
+                "controller {} is not the leader (leader: {:?}); open the session with the leader",
+                controller.config.node_id,
+                controller.leader()
+            )));
+        }
+        let SessionRequest {
+            broker_id: id,
+            broker_epoch: epoch,
+        } = req.into_inner();
+        let live = move |m: &ClusterMetadata| {
+            m.brokers
+                .get(&id)
+                .is_some_and(|b| b.epoch == epoch && !b.fenced)
+        };
+        if !live(&controller.state.current()) {
+            return Err(Status::failed_precondition(format!(
+                "broker {id} at epoch {epoch} is not a live registration"
+            )));
+        }
+        let (tx, out) = tokio::sync::mpsc::channel::<Result<SessionEvent, Status>>(1);
+        tokio::spawn(async move {
+            let mut raft = controller.raft.metrics();
+            let lost_leadership = async {
+                while controller.is_leader() {
+                    if raft.changed().await.is_err() {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = tx.closed() => {
+                    // The broker's end of the connection closed: its process is gone.
+                    if controller.is_leader() && live(&controller.state.current()) {
+                        tracing::warn!(broker = id, epoch, "broker connection closed; fencing it now rather than at lease expiry");
+                        if let Err(e) = controller.propose(Command::FenceBroker { id, epoch }).await {
+                            tracing::warn!(broker = id, error = %e.message(), "fencing failed; the lease will");
+                        }
+                    }
+                }
+                // Dropping `tx` ends the stream: the broker reconnects to the new leader.
+                _ = lost_leadership => {}
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(out),
+        )))
+    }
 
     async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
         let from = req.into_inner().from_version;

@@ -15,7 +15,7 @@ use strata_proto::v1::{
     AllocateProducerIdsRequest, AlterIsrRequest, AlterIsrResponse, AlterTopicConfigsRequest,
     ControlledShutdownRequest, CreatePartitionsRequest, CreateTopicRequest, CreateTopicResponse,
     DeleteTopicRequest, Endpoint, HeartbeatRequest, MetadataUpdate, RegisterBrokerRequest,
-    WatchRequest,
+    SessionRequest, WatchRequest,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -71,6 +71,7 @@ impl ClusterLink {
             metadata: watch::channel(Arc::new(ClusterMetadata::default())).0,
         });
         let membership = tokio::spawn(link.clone().membership_loop(shutdown.clone()));
+        tokio::spawn(link.clone().session_loop(shutdown.clone()));
         tokio::spawn(link.clone().watch_loop(shutdown));
         (link, membership)
     }
@@ -342,6 +343,52 @@ impl ClusterLink {
                 ),
                 Ok(Err(e)) => tracing::warn!(error = %e.message(), "controlled shutdown refused"),
                 Err(_) => tracing::warn!("controlled shutdown timed out"),
+            }
+        }
+    }
+
+    /// Keeps a session stream open with the active controller while registered, so that the
+    /// controllers fence this broker the moment its process dies (the kernel closes the
+    /// connection) rather than when its lease runs out.
+    async fn session_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut which = 0usize;
+        let mut epochs = self.epoch.subscribe();
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            let Some(epoch) = *epochs.borrow_and_update() else {
+                tokio::select! {
+                    _ = epochs.changed() => {}
+                    _ = shutdown.wait_for(|s| *s) => return,
+                }
+                continue;
+            };
+            let mut client = self.any_controller(&mut which).await;
+            let opened = client
+                .session(SessionRequest {
+                    broker_id: self.config.broker_id,
+                    broker_epoch: epoch,
+                })
+                .await;
+            match opened {
+                Ok(stream) => {
+                    let mut stream = stream.into_inner();
+                    tokio::select! {
+                        _ = async { while let Ok(Some(_)) = stream.message().await {} } => {}
+                        _ = epochs.wait_for(|e| *e != Some(epoch)) => {}
+                        _ = shutdown.wait_for(|s| *s) => return,
+                    }
+                    tracing::debug!(
+                        broker = self.config.broker_id,
+                        "controller session ended; opening another"
+                    );
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e.message(), "controller session refused; trying another controller");
+                    which += 1;
+                    tokio::time::sleep(RETRY / 3).await;
+                }
             }
         }
     }
