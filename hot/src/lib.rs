@@ -5,6 +5,7 @@ pub mod broker;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod group;
 pub mod grpc;
 pub mod kafka;
 pub mod log;
