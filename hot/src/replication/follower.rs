@@ -54,6 +54,26 @@ enum Restart {
     Backoff(String),
     /// The leader's epoch or log disagrees: truncate again first.
     Truncate(String),
+    /// The leader has not caught up with the metadata yet (it does not hold the partition or
+    /// know the epoch yet, as right after a topic is created or leadership moved): truncate
+    /// again after a short wait, without an INFO line each time.
+    NotReady(String),
+}
+
+/// How to go on after the leader refused a request with `code`.
+fn refused(code: i32, why: String) -> Restart {
+    let code = code as i16;
+    if [
+        codes::UNKNOWN_TOPIC_OR_PARTITION,
+        codes::UNKNOWN_LEADER_EPOCH,
+        codes::NOT_LEADER_OR_FOLLOWER,
+    ]
+    .contains(&code)
+    {
+        Restart::NotReady(why)
+    } else {
+        Restart::Truncate(why)
+    }
 }
 
 /// Follows `target.leader` for `partition` until `stop` turns true.
@@ -119,6 +139,10 @@ pub async fn run(
                 tracing::info!(topic = %target.topic, partition = partition.index, leader = target.leader, why, "starting over with a new truncation");
                 truncated = false;
             }
+            Restart::NotReady(why) => {
+                tracing::debug!(topic = %target.topic, partition = partition.index, leader = target.leader, why, "leader not ready yet; starting over");
+                truncated = false;
+            }
         }
         sleep_or_stop(&mut stop, backoff).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -161,10 +185,13 @@ async fn truncate(
     .map_err(|e| Restart::Backoff(format!("OffsetForLeaderEpoch failed: {}", e.message())))?
     .into_inner();
     if let Some(e) = answer.error {
-        return Err(Restart::Truncate(format!(
-            "leader refused OffsetForLeaderEpoch: {} ({})",
-            e.message, e.code
-        )));
+        return Err(refused(
+            e.code,
+            format!(
+                "leader refused OffsetForLeaderEpoch: {} ({})",
+                e.message, e.code
+            ),
+        ));
     }
     let leader_answer = answer.leader_epoch.map(|e| (e, answer.end_offset));
     let (to, end) = {
@@ -218,7 +245,7 @@ async fn fetch_loop(
                 }
                 continue;
             }
-            return Restart::Truncate(format!("leader answered {} ({code})", e.message));
+            return refused(e.code, format!("leader answered {} ({code})", e.message));
         }
         *backoff = MIN_BACKOFF;
         if !resp.records.is_empty() {
