@@ -1,5 +1,6 @@
 //! Consumer groups (issue 5). So far: the classic protocol's group state machine
-//! (`state`), pure and tested; the coordinator, `__consumer_offsets` and the Kafka APIs
-//! build on it.
+//! (`state`) and the records of `__consumer_offsets` with their replay (`records`), pure
+//! and tested; the coordinator and the Kafka group APIs build on them.
 
+pub mod records;
 pub mod state;
