@@ -2,5 +2,6 @@
 //! (`state`) and the records of `__consumer_offsets` with their replay (`records`), pure
 //! and tested; the coordinator and the Kafka group APIs build on them.
 
+pub mod coordinator;
 pub mod records;
 pub mod state;

@@ -172,6 +172,8 @@ pub struct Group {
     deadline: Option<i64>,
     flaps: HashMap<String, Flaps>,
     next_member: u64,
+    /// The member the latest join request was taken in as.
+    last_joined: Option<String>,
 }
 
 fn join_error(member_id: &str, error: i16) -> Reply {
@@ -209,6 +211,7 @@ impl Group {
             deadline: None,
             flaps: HashMap::new(),
             next_member: 0,
+            last_joined: None,
         }
     }
 
@@ -245,6 +248,15 @@ impl Group {
     fn new_member_id(&mut self, client_id: &str) -> String {
         self.next_member += 1;
         format!("{client_id}-{}-{}", self.generation, self.next_member)
+    }
+
+    /// A JoinGroup request, like [`Group::join`], also saying which member id the request
+    /// was taken in as (`None`: refused). Its reply is among the replies when it was
+    /// answered at once; otherwise it comes with a later call.
+    pub fn join_waiting(&mut self, j: Join, now: i64) -> (Option<String>, Replies) {
+        self.last_joined = None;
+        let replies = self.join(j, now);
+        (self.last_joined.take(), replies)
     }
 
     /// A JoinGroup request. The replies may include this member's (at once) and, when this
@@ -335,6 +347,7 @@ impl Group {
                     && self.leader.as_deref() != Some(id.as_str())
                 {
                     // A follower re-joining with the same metadata: nothing to rebalance.
+                    self.last_joined = Some(id.clone());
                     return vec![(id.clone(), Reply::Join(self.join_reply(&id)))];
                 }
                 self.update_member(&id, j, now);
@@ -354,6 +367,7 @@ impl Group {
     }
 
     fn add_member(&mut self, id: String, j: Join, now: i64) -> Replies {
+        self.last_joined = Some(id.clone());
         if let Some(instance) = &j.instance_id {
             self.statics.insert(instance.clone(), id.clone());
         }
@@ -381,6 +395,7 @@ impl Group {
     }
 
     fn update_member(&mut self, id: &str, j: Join, now: i64) {
+        self.last_joined = Some(id.to_string());
         if let Some(m) = self.members.get_mut(id) {
             m.protocols = j.protocols;
             m.session_timeout_ms = j.session_timeout_ms;
@@ -422,6 +437,7 @@ impl Group {
             self.leader = Some(new_id.clone());
         }
         self.members.insert(new_id.clone(), m);
+        self.last_joined = Some(new_id.clone());
         if self.state == GroupState::Stable && unchanged {
             replies.push((new_id.clone(), Reply::Join(self.join_reply(&new_id))));
             return replies;
@@ -808,6 +824,81 @@ impl Group {
         self.leader = None;
         self.protocol = None;
         self.protocol_type = None;
+    }
+
+    /// The completed generation, as persisted in `__consumer_offsets` once the group is
+    /// stable.
+    pub fn stored(&self, now: i64) -> super::records::StoredGroup {
+        super::records::StoredGroup {
+            protocol_type: self.protocol_type.clone().unwrap_or_default(),
+            generation: self.generation,
+            protocol: self.protocol.clone(),
+            leader: self.leader.clone(),
+            state_timestamp: now,
+            members: self
+                .members
+                .iter()
+                .map(|(id, m)| super::records::StoredMember {
+                    member_id: id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    rebalance_timeout_ms: m.rebalance_timeout_ms as i32,
+                    session_timeout_ms: m.session_timeout_ms as i32,
+                    subscription: m
+                        .protocols
+                        .iter()
+                        .find(|(n, _)| Some(n) == self.protocol.as_ref())
+                        .map(|(_, md)| md.clone())
+                        .unwrap_or_default(),
+                    assignment: m.assignment.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// A group as a new coordinator finds it in `__consumer_offsets`: stable at its last
+    /// generation, every member's session starting now (they keep heartbeating to the new
+    /// coordinator and nothing rebalances).
+    pub fn restore(
+        id: impl Into<String>,
+        config: GroupConfig,
+        stored: &super::records::StoredGroup,
+        now: i64,
+    ) -> Group {
+        let mut g = Group::new(id, config);
+        g.generation = stored.generation;
+        if stored.members.is_empty() {
+            return g;
+        }
+        g.protocol_type = Some(stored.protocol_type.clone());
+        g.protocol = stored.protocol.clone();
+        g.leader = stored.leader.clone();
+        g.state = GroupState::Stable;
+        for m in &stored.members {
+            if let Some(i) = &m.instance_id {
+                g.statics.insert(i.clone(), m.member_id.clone());
+            }
+            g.members.insert(
+                m.member_id.clone(),
+                Member {
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    protocols: vec![(
+                        stored.protocol.clone().unwrap_or_default(),
+                        m.subscription.clone(),
+                    )],
+                    session_timeout_ms: i64::from(m.session_timeout_ms),
+                    rebalance_timeout_ms: i64::from(m.rebalance_timeout_ms),
+                    last_heartbeat_ms: now,
+                    awaiting_join: false,
+                    awaiting_sync: false,
+                    assignment: m.assignment.clone(),
+                },
+            );
+        }
+        g
     }
 
     /// The group is deleted or its coordinator moved: pending requests are answered and

@@ -1,0 +1,371 @@
+//! The group coordinator for the groups of one `__consumer_offsets` partition this broker
+//! leads: the group state machines, the pending JoinGroup / SyncGroup requests waiting for
+//! their replies, the committed offsets, and the timer that fires the groups' timeouts.
+//!
+//! Durability goes through [`OffsetsLog`]: a commit is answered only once its records are
+//! committed in the partition (acks=all), all partitions of one OffsetCommit in one append,
+//! so a commit is never half-applied; a group's generation is written when it becomes
+//! stable. A new coordinator rebuilds everything by replaying the partition
+//! ([`Coordinator::load`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::records::{CommittedOffset, RecordKey, Replayed};
+use super::state::{
+    codes, Group, GroupConfig, GroupState, Join, JoinReply, Replies, Reply, SyncReply,
+};
+use crate::broker::Clock;
+
+/// Appends records (key, value; `None` = tombstone) to the coordinator's partition and
+/// resolves once they are committed there.
+#[tonic::async_trait]
+pub trait OffsetsLog: Send + Sync + 'static {
+    async fn append(&self, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), String>;
+}
+
+/// One partition's commit in an OffsetCommit request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: String,
+}
+
+#[derive(Default)]
+struct Groups {
+    groups: HashMap<String, Group>,
+    /// member id -> the sender its pending JoinGroup / SyncGroup waits on.
+    pending: HashMap<(String, String), oneshot::Sender<Reply>>,
+    offsets: HashMap<String, BTreeMap<(String, i32), CommittedOffset>>,
+}
+
+pub struct Coordinator {
+    config: GroupConfig,
+    clock: Arc<dyn Clock>,
+    log: Arc<dyn OffsetsLog>,
+    state: Mutex<Groups>,
+}
+
+/// How long a JoinGroup or SyncGroup waits beyond the group's own timeouts.
+const REPLY_MARGIN: Duration = Duration::from_secs(5);
+
+impl Coordinator {
+    pub fn new(config: GroupConfig, clock: Arc<dyn Clock>, log: Arc<dyn OffsetsLog>) -> Arc<Self> {
+        Arc::new(Coordinator {
+            config,
+            clock,
+            log,
+            state: Mutex::new(Groups::default()),
+        })
+    }
+
+    /// A coordinator taking over a partition: groups and offsets as the replay found them.
+    pub fn load(
+        config: GroupConfig,
+        clock: Arc<dyn Clock>,
+        log: Arc<dyn OffsetsLog>,
+        replayed: Replayed,
+    ) -> Arc<Self> {
+        let now = clock.now_ms();
+        let c = Coordinator::new(config, clock, log);
+        {
+            let mut s = c.lock();
+            for (id, stored) in &replayed.groups {
+                s.groups
+                    .insert(id.clone(), Group::restore(id.clone(), config, stored, now));
+            }
+            s.offsets = replayed.offsets;
+        }
+        c
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Groups> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands replies to the members waiting for them; returns the one for `me`, if any.
+    fn deliver(s: &mut Groups, group: &str, replies: Replies, me: Option<&str>) -> Option<Reply> {
+        let mut mine = None;
+        for (member, reply) in replies {
+            if me == Some(member.as_str()) && mine.is_none() {
+                mine = Some(reply);
+                continue;
+            }
+            if let Some(tx) = s.pending.remove(&(group.to_string(), member)) {
+                let _ = tx.send(reply);
+            }
+        }
+        mine
+    }
+
+    async fn wait(rx: oneshot::Receiver<Reply>, timeout: Duration) -> Option<Reply> {
+        tokio::time::timeout(timeout, rx)
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+
+    pub async fn join(&self, group: &str, j: Join) -> JoinReply {
+        let timeout = Duration::from_millis(j.rebalance_timeout_ms.max(0) as u64) + REPLY_MARGIN;
+        let caller = j.member_id.clone();
+        let rx = {
+            let mut s = self.lock();
+            let config = self.config;
+            let g = s
+                .groups
+                .entry(group.to_string())
+                .or_insert_with(|| Group::new(group, config));
+            let (taken, mut replies) = g.join_waiting(j, self.clock.now_ms());
+            let mine = match &taken {
+                // Taken in: its reply is the Join reply addressed to it, if there is one yet.
+                Some(id) => replies
+                    .iter()
+                    .position(|(m, r)| m == id && matches!(r, Reply::Join(_))),
+                // Refused: the refusal is the only Join reply.
+                None => replies
+                    .iter()
+                    .position(|(_, r)| matches!(r, Reply::Join(_))),
+            }
+            .map(|i| replies.remove(i).1);
+            Self::deliver(&mut s, group, replies, None);
+            match (mine, taken) {
+                (Some(Reply::Join(r)), _) => return r,
+                (_, Some(id)) => {
+                    let (tx, rx) = oneshot::channel();
+                    s.pending.insert((group.to_string(), id), tx);
+                    rx
+                }
+                _ => return join_failed(&caller),
+            }
+        };
+        match Self::wait(rx, timeout).await {
+            Some(Reply::Join(r)) => r,
+            _ => join_failed(&caller),
+        }
+    }
+
+    pub async fn sync(
+        &self,
+        group: &str,
+        member: &str,
+        generation: i32,
+        assignments: Vec<(String, Bytes)>,
+    ) -> SyncReply {
+        let (rx, persist) = {
+            let mut s = self.lock();
+            let Some(g) = s.groups.get_mut(group) else {
+                return sync_failed(codes::UNKNOWN_MEMBER_ID);
+            };
+            let was_stable = g.state() == GroupState::Stable;
+            let now = self.clock.now_ms();
+            let replies = g.sync(member, generation, assignments, now);
+            let persist = (!was_stable && g.state() == GroupState::Stable).then(|| {
+                (
+                    RecordKey::Group(group.to_string()).encode(),
+                    g.stored(now).encode(),
+                )
+            });
+            let mine = Self::deliver(&mut s, group, replies, Some(member));
+            match mine {
+                Some(Reply::Sync(r)) if persist.is_none() => return r,
+                Some(Reply::Sync(r)) => (None, Some((persist.expect("checked"), r))),
+                _ => {
+                    let (tx, rx) = oneshot::channel();
+                    s.pending
+                        .insert((group.to_string(), member.to_string()), tx);
+                    (Some(rx), None)
+                }
+            }
+        };
+        if let Some(((key, value), reply)) = persist {
+            // The leader's sync made the group stable: its generation is written before the
+            // leader is answered (the others were answered with their assignments already).
+            return match self.log.append(vec![(key, Some(value))]).await {
+                Ok(()) => reply,
+                Err(e) => {
+                    tracing::warn!(group, error = %e, "could not persist the group's generation");
+                    sync_failed(codes::COORDINATOR_NOT_AVAILABLE)
+                }
+            };
+        }
+        match Self::wait(
+            rx.expect("pending"),
+            Duration::from_secs(300) + REPLY_MARGIN,
+        )
+        .await
+        {
+            Some(Reply::Sync(r)) => r,
+            _ => sync_failed(codes::REBALANCE_IN_PROGRESS),
+        }
+    }
+
+    pub fn heartbeat(&self, group: &str, member: &str, generation: i32) -> i16 {
+        let mut s = self.lock();
+        match s.groups.get_mut(group) {
+            Some(g) => g.heartbeat(member, generation, self.clock.now_ms()),
+            None => codes::UNKNOWN_MEMBER_ID,
+        }
+    }
+
+    pub fn leave(&self, group: &str, member: &str, instance_id: Option<&str>) -> i16 {
+        let mut s = self.lock();
+        let Some(g) = s.groups.get_mut(group) else {
+            return codes::UNKNOWN_MEMBER_ID;
+        };
+        let (code, replies) = g.leave(member, instance_id, self.clock.now_ms());
+        Self::deliver(&mut s, group, replies, None);
+        code
+    }
+
+    /// OffsetCommit: a member of the current generation (or anyone, with generation -1, for
+    /// a group without members) commits offsets; answered once durable. Refused commits
+    /// change nothing.
+    pub async fn commit(
+        &self,
+        group: &str,
+        member: &str,
+        generation: i32,
+        commits: Vec<Commit>,
+    ) -> i16 {
+        let now = self.clock.now_ms();
+        {
+            let s = self.lock();
+            let error = match s.groups.get(group) {
+                Some(g) if g.state() != GroupState::Empty || generation >= 0 => {
+                    if !g.member_ids().iter().any(|m| m == member) {
+                        codes::UNKNOWN_MEMBER_ID
+                    } else if generation != g.generation() {
+                        codes::ILLEGAL_GENERATION
+                    } else if g.state() == GroupState::PreparingRebalance
+                        || g.state() == GroupState::CompletingRebalance
+                    {
+                        codes::REBALANCE_IN_PROGRESS
+                    } else {
+                        codes::NONE
+                    }
+                }
+                None if generation >= 0 => codes::ILLEGAL_GENERATION,
+                _ => codes::NONE,
+            };
+            if error != codes::NONE {
+                return error;
+            }
+        }
+        let records: Vec<(RecordKey, CommittedOffset)> = commits
+            .into_iter()
+            .map(|c| {
+                (
+                    RecordKey::Offset {
+                        group: group.to_string(),
+                        topic: c.topic,
+                        partition: c.partition,
+                    },
+                    CommittedOffset {
+                        offset: c.offset,
+                        leader_epoch: c.leader_epoch,
+                        metadata: c.metadata,
+                        commit_timestamp: now,
+                    },
+                )
+            })
+            .collect();
+        let encoded = records
+            .iter()
+            .map(|(k, v)| (k.encode(), Some(v.encode())))
+            .collect();
+        if let Err(e) = self.log.append(encoded).await {
+            tracing::warn!(group, error = %e, "offset commit not durable");
+            return codes::COORDINATOR_NOT_AVAILABLE;
+        }
+        let mut s = self.lock();
+        let offsets = s.offsets.entry(group.to_string()).or_default();
+        for (k, v) in records {
+            if let RecordKey::Offset {
+                topic, partition, ..
+            } = k
+            {
+                offsets.insert((topic, partition), v);
+            }
+        }
+        codes::NONE
+    }
+
+    /// OffsetFetch: the committed offset of each partition (`None`: nothing committed).
+    pub fn fetch(&self, group: &str, partitions: &[(String, i32)]) -> Vec<Option<CommittedOffset>> {
+        let s = self.lock();
+        let offsets = s.offsets.get(group);
+        partitions
+            .iter()
+            .map(|p| offsets.and_then(|o| o.get(p)).cloned())
+            .collect()
+    }
+
+    pub fn group_state(&self, group: &str) -> Option<(GroupState, i32, Vec<String>)> {
+        let s = self.lock();
+        s.groups
+            .get(group)
+            .map(|g| (g.state(), g.generation(), g.member_ids()))
+    }
+
+    /// Fires every group's timeouts that are due; run it every `every` until the
+    /// coordinator is dropped.
+    pub fn spawn_timer(self: &Arc<Self>, every: Duration) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let Some(c) = weak.upgrade() else { return };
+                c.tick();
+            }
+        });
+    }
+
+    pub fn tick(&self) {
+        let now = self.clock.now_ms();
+        let mut s = self.lock();
+        let due: Vec<String> = s
+            .groups
+            .iter()
+            .filter(|(_, g)| g.next_deadline().is_some_and(|d| d <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            let replies = match s.groups.get_mut(&id) {
+                Some(g) => g.tick(now),
+                None => continue,
+            };
+            Self::deliver(&mut s, &id, replies, None);
+        }
+    }
+}
+
+fn join_failed(member: &str) -> JoinReply {
+    JoinReply {
+        error: codes::REBALANCE_IN_PROGRESS,
+        generation: -1,
+        protocol_name: None,
+        leader: String::new(),
+        member_id: member.to_string(),
+        members: Vec::new(),
+        throttle_ms: 0,
+    }
+}
+
+fn sync_failed(error: i16) -> SyncReply {
+    SyncReply {
+        error,
+        protocol_name: None,
+        assignment: Bytes::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

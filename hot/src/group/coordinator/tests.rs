@@ -1,0 +1,270 @@
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+use super::*;
+
+struct TestClock(AtomicI64);
+
+impl Clock for TestClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The partition as a list of committed records; can be made to fail.
+#[derive(Default)]
+struct MemoryLog {
+    records: Mutex<Vec<(Bytes, Option<Bytes>)>>,
+    failing: AtomicBool,
+}
+
+#[tonic::async_trait]
+impl OffsetsLog for MemoryLog {
+    async fn append(&self, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), String> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err("the partition's ISR is below min.insync.replicas".into());
+        }
+        self.records.lock().unwrap().extend(records);
+        Ok(())
+    }
+}
+
+impl MemoryLog {
+    fn replay(&self) -> Replayed {
+        let mut r = Replayed::default();
+        for (i, (k, v)) in self.records.lock().unwrap().iter().enumerate() {
+            r.apply(i as i64, k.clone(), v.clone());
+        }
+        r
+    }
+}
+
+const CONFIG: GroupConfig = GroupConfig {
+    min_session_timeout_ms: 1_000,
+    max_session_timeout_ms: 60_000,
+    max_rebalances_per_member: 5,
+    flap_window_ms: 60_000,
+    min_backoff_ms: 1_000,
+    max_backoff_ms: 8_000,
+};
+
+fn join(member: &str, client: &str) -> Join {
+    Join {
+        member_id: member.to_string(),
+        instance_id: None,
+        client_id: client.to_string(),
+        client_host: "/127.0.0.1".to_string(),
+        protocol_type: "consumer".to_string(),
+        protocols: vec![("range".to_string(), Bytes::from_static(b"orders"))],
+        session_timeout_ms: 10_000,
+        rebalance_timeout_ms: 20_000,
+        require_known_member_id: false,
+    }
+}
+
+fn coordinator() -> (Arc<Coordinator>, Arc<MemoryLog>, Arc<TestClock>) {
+    let log = Arc::new(MemoryLog::default());
+    let clock = Arc::new(TestClock(AtomicI64::new(1_000)));
+    (
+        Coordinator::new(CONFIG, clock.clone(), log.clone()),
+        log,
+        clock,
+    )
+}
+
+fn commit(topic: &str, partition: i32, offset: i64) -> Commit {
+    Commit {
+        topic: topic.into(),
+        partition,
+        offset,
+        leader_epoch: 0,
+        metadata: String::new(),
+    }
+}
+
+/// A alone, then B joins and both end in generation 2 with assignments.
+async fn two_members(c: &Arc<Coordinator>) -> (String, String) {
+    let a = c.join("g", join("", "a")).await;
+    assert_eq!((a.error, a.generation), (codes::NONE, 1));
+    let a_id = a.member_id.clone();
+    let r = c
+        .sync("g", &a_id, 1, vec![(a_id.clone(), Bytes::from("0-5"))])
+        .await;
+    assert_eq!(r.assignment, Bytes::from("0-5"));
+
+    let b_join = {
+        let c = c.clone();
+        tokio::spawn(async move { c.join("g", join("", "b")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!b_join.is_finished(), "b waits for a to rejoin");
+    assert_eq!(c.heartbeat("g", &a_id, 1), codes::REBALANCE_IN_PROGRESS);
+    let a = c.join("g", join(&a_id, "a")).await;
+    let b = b_join.await.unwrap();
+    assert_eq!((a.generation, b.generation), (2, 2));
+    assert_eq!(a.members.len(), 2, "a leads and sees both");
+    let b_id = b.member_id.clone();
+    let b_sync = {
+        let (c, b_id) = (c.clone(), b_id.clone());
+        tokio::spawn(async move { c.sync("g", &b_id, 2, vec![]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!b_sync.is_finished(), "b waits for the leader's assignment");
+    let r = c
+        .sync(
+            "g",
+            &a_id,
+            2,
+            vec![
+                (a_id.clone(), Bytes::from("0-2")),
+                (b_id.clone(), Bytes::from("3-5")),
+            ],
+        )
+        .await;
+    assert_eq!(r.assignment, Bytes::from("0-2"));
+    assert_eq!(b_sync.await.unwrap().assignment, Bytes::from("3-5"));
+    (a_id, b_id)
+}
+
+#[tokio::test]
+async fn members_rebalance_through_pending_requests_and_each_generation_is_persisted() {
+    let (c, log, _) = coordinator();
+    two_members(&c).await;
+    let replayed = log.replay();
+    assert_eq!(replayed.groups["g"].generation, 2);
+    assert_eq!(replayed.groups["g"].members.len(), 2);
+}
+
+#[tokio::test]
+async fn commits_are_durable_before_they_are_answered_and_refused_ones_change_nothing() {
+    let (c, log, _) = coordinator();
+    let (a, b) = two_members(&c).await;
+    let before = log.records.lock().unwrap().len();
+    assert_eq!(
+        c.commit(
+            "g",
+            &a,
+            2,
+            vec![commit("orders", 0, 10), commit("orders", 1, 20)]
+        )
+        .await,
+        codes::NONE
+    );
+    assert_eq!(log.records.lock().unwrap().len(), before + 2);
+    let got = c.fetch(
+        "g",
+        &[
+            ("orders".into(), 0),
+            ("orders".into(), 1),
+            ("orders".into(), 2),
+        ],
+    );
+    assert_eq!(got[0].as_ref().map(|o| o.offset), Some(10));
+    assert_eq!(got[1].as_ref().map(|o| o.offset), Some(20));
+    assert_eq!(got[2], None);
+
+    // a stale generation, an unknown member: refused, nothing written
+    assert_eq!(
+        c.commit("g", &b, 1, vec![commit("orders", 0, 99)]).await,
+        codes::ILLEGAL_GENERATION
+    );
+    assert_eq!(
+        c.commit("g", "ghost", 2, vec![commit("orders", 0, 99)])
+            .await,
+        codes::UNKNOWN_MEMBER_ID
+    );
+    // the log refuses (ISR too small): the client hears so, nothing changes
+    log.failing.store(true, Ordering::SeqCst);
+    assert_eq!(
+        c.commit(
+            "g",
+            &a,
+            2,
+            vec![commit("orders", 0, 50), commit("orders", 1, 60)]
+        )
+        .await,
+        codes::COORDINATOR_NOT_AVAILABLE
+    );
+    log.failing.store(false, Ordering::SeqCst);
+    assert_eq!(log.records.lock().unwrap().len(), before + 2);
+    let got = c.fetch("g", &[("orders".into(), 0), ("orders".into(), 1)]);
+    assert_eq!(
+        (
+            got[0].as_ref().unwrap().offset,
+            got[1].as_ref().unwrap().offset
+        ),
+        (10, 20),
+        "never half-applied"
+    );
+    // a group without members takes commits with generation -1 (admin tools, simple consumers)
+    assert_eq!(
+        c.commit("tools", "", -1, vec![commit("orders", 0, 5)])
+            .await,
+        codes::NONE
+    );
+}
+
+#[tokio::test]
+async fn a_new_coordinator_rebuilds_offsets_and_members_from_the_partition() {
+    let (c, log, clock) = coordinator();
+    let (a, b) = two_members(&c).await;
+    c.commit("g", &a, 2, vec![commit("orders", 0, 10)]).await;
+    c.commit("g", &b, 2, vec![commit("orders", 3, 30)]).await;
+    drop(c);
+
+    // leadership of the partition moved: the new coordinator replays it
+    let c2 = Coordinator::load(CONFIG, clock.clone(), log.clone(), log.replay());
+    let got = c2.fetch("g", &[("orders".into(), 0), ("orders".into(), 3)]);
+    assert_eq!(got[0].as_ref().unwrap().offset, 10);
+    assert_eq!(got[1].as_ref().unwrap().offset, 30);
+    let (state, generation, members) = c2.group_state("g").unwrap();
+    assert_eq!(
+        (state, generation, members.len()),
+        (GroupState::Stable, 2, 2)
+    );
+    // members go on heartbeating and committing without a rebalance
+    assert_eq!(c2.heartbeat("g", &a, 2), codes::NONE);
+    assert_eq!(
+        c2.commit("g", &b, 2, vec![commit("orders", 3, 31)]).await,
+        codes::NONE
+    );
+    // a member that died with the old coordinator times out here too
+    clock.0.fetch_add(10_001, Ordering::SeqCst);
+    c2.heartbeat("g", &a, 2);
+    c2.tick();
+    let (state, _, members) = c2.group_state("g").unwrap();
+    assert_eq!(state, GroupState::PreparingRebalance);
+    assert_eq!(members, vec![a]);
+}
+
+#[tokio::test]
+async fn a_member_leaving_answers_the_others_pending_requests() {
+    let (c, _, _) = coordinator();
+    let (a, b) = two_members(&c).await;
+    assert_eq!(c.leave("g", &b, None), codes::NONE);
+    assert_eq!(c.heartbeat("g", &a, 2), codes::REBALANCE_IN_PROGRESS);
+    let r = c.join("g", join(&a, "a")).await;
+    assert_eq!(
+        (r.error, r.generation, r.members.len()),
+        (codes::NONE, 3, 1)
+    );
+    assert_eq!(c.leave("g", "ghost", None), codes::UNKNOWN_MEMBER_ID);
+}
+
+#[tokio::test]
+async fn each_join_gets_its_own_reply_whatever_the_member_order() {
+    let (c, _, _) = coordinator();
+    // "z..." sorts after "b...": the join that completes the rebalance is not the first reply
+    let z = c.join("g", join("", "z")).await;
+    c.sync("g", &z.member_id, 1, vec![]).await;
+    let b_join = {
+        let c = c.clone();
+        tokio::spawn(async move { c.join("g", join("", "b")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let z2 = c.join("g", join(&z.member_id, "z")).await;
+    let b = b_join.await.unwrap();
+    assert_eq!(z2.member_id, z.member_id);
+    assert!(b.member_id.starts_with('b'));
+    assert_ne!(b.member_id, z2.member_id);
+    assert_eq!((z2.generation, b.generation), (2, 2));
+}
