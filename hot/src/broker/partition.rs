@@ -748,6 +748,16 @@ mod tests {
         p
     }
 
+    /// An acks=all producer waiting for `end` in `epoch`, as a task.
+    fn spawn_wait(
+        p: &Arc<Partition>,
+        end: u64,
+        epoch: i32,
+    ) -> tokio::task::JoinHandle<Result<(), WaitError>> {
+        let p = p.clone();
+        tokio::spawn(async move { p.wait_durable(end, epoch, WAIT).await })
+    }
+
     async fn fetch(
         p: &Partition,
         replica: i32,
@@ -765,10 +775,7 @@ mod tests {
         let p = leader(dir.path());
         let (a, epoch) = p.append(&records(3), -1, 0).unwrap();
         let end = a.last_offset + 1;
-        let waiter = {
-            let p = p.clone();
-            tokio::spawn(async move { p.wait_durable(end, epoch, WAIT).await })
-        };
+        let waiter = spawn_wait(&p, end, epoch);
         // the leader's own fsync is not enough, nor one follower
         fetch(&p, 2, 1, end).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -784,10 +791,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = leader(dir.path());
         let (a, epoch) = p.append(&records(2), -1, 0).unwrap();
-        let waiter = {
-            let p = p.clone();
-            tokio::spawn(async move { p.wait_durable(a.last_offset + 1, epoch, WAIT).await })
-        };
+        let waiter = spawn_wait(&p, a.last_offset + 1, epoch);
         tokio::time::sleep(Duration::from_millis(50)).await;
         let _stop = p.become_follower(2, 2).expect("a new follower role");
         assert_eq!(waiter.await.unwrap(), Err(WaitError::NotLeader));
@@ -810,10 +814,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = leader(dir.path());
         let (a, epoch) = p.append(&records(2), -1, 0).unwrap();
-        let waiter = {
-            let p = p.clone();
-            tokio::spawn(async move { p.wait_durable(a.last_offset + 1, epoch, WAIT).await })
-        };
+        let waiter = spawn_wait(&p, a.last_offset + 1, epoch);
         // the controllers fenced both followers: the ISR is the leader alone
         p.become_leader(
             1,

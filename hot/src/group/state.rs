@@ -468,14 +468,20 @@ impl Group {
             }
         }
         self.state = GroupState::PreparingRebalance;
+        self.deadline = Some(self.rebalance_deadline(now));
+        replies
+    }
+
+    /// When a rebalance phase started at `now` must end: the longest rebalance timeout of
+    /// the members, as in Kafka.
+    fn rebalance_deadline(&self, now: i64) -> i64 {
         let timeout = self
             .members
             .values()
             .map(|m| m.rebalance_timeout_ms)
             .max()
             .unwrap_or(0);
-        self.deadline = Some(now + timeout);
-        replies
+        now + timeout
     }
 
     fn record_flap(&mut self, key: String, now: i64) {
@@ -544,13 +550,7 @@ impl Group {
             self.leader = self.members.keys().next().cloned();
         }
         self.state = GroupState::CompletingRebalance;
-        let timeout = self
-            .members
-            .values()
-            .map(|m| m.rebalance_timeout_ms)
-            .max()
-            .unwrap_or(0);
-        self.deadline = Some(now + timeout);
+        self.deadline = Some(self.rebalance_deadline(now));
         let ids: Vec<String> = self.members.keys().cloned().collect();
         let mut replies = Replies::new();
         for id in ids {
