@@ -385,6 +385,15 @@ def test_a_stalled_follower_leaves_the_isr_by_lag_and_rejoins(tmp_path):
         lagging = c.broker_metrics(leader)
         label = f'strata_replica_in_sync{{topic="{TOPIC}",partition="0",replica="{follower}"}}'
         assert lagging[label] == 0
+        # operators see it in `strata topic describe` too
+        described = subprocess.run(
+            [c.binary, "topic", "--bootstrap", f"127.0.0.1:{c.broker_ports[leader]}", "describe", TOPIC],
+            capture_output=True, text=True, timeout=30)
+        assert described.returncode == 0, described.stderr
+        line = next(l for l in described.stdout.splitlines() if l.strip().startswith("partition 0"))
+        assert "under-replicated" in line and f"leader {leader}" in line, line
+        isr = line.split("isr ")[1].split()[0].split(",")
+        assert str(follower) not in isr and str(leader) in isr, line
         before = load.acked_count()
         load.wait_acked(before + 1000)  # acks=all goes on with two in-sync replicas
         c.procs[f"broker-{follower}"].send_signal(signal.SIGCONT)

@@ -193,6 +193,19 @@ pub struct TopicInfo {
     pub id: String,
     pub partitions: usize,
     pub replication_factor: usize,
+    /// Each partition's leader, leader epoch, replicas and in-sync replicas, by index.
+    pub layout: Vec<PartitionLayout>,
+}
+
+/// Where one partition lives, as the metadata API describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionLayout {
+    pub index: i32,
+    /// `None` while the partition is offline.
+    pub leader: Option<i32>,
+    pub leader_epoch: i32,
+    pub replicas: Vec<i32>,
+    pub isr: Vec<i32>,
 }
 
 /// A described topic config: name, value, where it comes from.
@@ -290,11 +303,24 @@ impl Admin {
                     Some(&s(&format!("topic '{name}'"))),
                 ));
             }
+            let mut layout: Vec<PartitionLayout> = t
+                .partitions
+                .iter()
+                .map(|p| PartitionLayout {
+                    index: p.partition_index,
+                    leader: (p.leader_id.0 >= 0).then_some(p.leader_id.0),
+                    leader_epoch: p.leader_epoch,
+                    replicas: p.replica_nodes.iter().map(|b| b.0).collect(),
+                    isr: p.isr_nodes.iter().map(|b| b.0).collect(),
+                })
+                .collect();
+            layout.sort_by_key(|p| p.index);
             out.push(TopicInfo {
                 name,
                 id: t.topic_id.to_string(),
                 partitions: t.partitions.len(),
                 replication_factor: t.partitions.first().map_or(0, |p| p.replica_nodes.len()),
+                layout,
             });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));

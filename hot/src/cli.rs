@@ -74,6 +74,26 @@ pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()>
                 "topic {}\nid {}\npartitions {}\nreplication factor {}",
                 t.name, t.id, t.partitions, t.replication_factor
             );
+            let ids = |v: &[i32]| v.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
+            for p in &t.layout {
+                let leader = p
+                    .leader
+                    .map_or("none (offline)".to_string(), |l| l.to_string());
+                let note = if p.leader.is_none() {
+                    "\toffline"
+                } else if p.isr.len() < p.replicas.len() {
+                    "\tunder-replicated"
+                } else {
+                    ""
+                };
+                println!(
+                    "  partition {}\tleader {leader}\tepoch {}\treplicas {}\tisr {}{note}",
+                    p.index,
+                    p.leader_epoch,
+                    ids(&p.replicas),
+                    ids(&p.isr)
+                );
+            }
             for c in admin
                 .describe_configs(&name)
                 .await
