@@ -385,18 +385,6 @@ impl Broker {
         let batch = crate::log::ValidBatch::new(records).inspect_err(|e| {
             tracing::debug!(topic, partition = index, error = %e, "refused produced batch");
         })?;
-        let min_acks = partition.lock().config().min_acks;
-        if !crate::log::LogConfig::accepts(min_acks, acks) {
-            return Err(ProduceError::AcksTooWeak {
-                topic: topic.to_string(),
-                acks,
-                required: if min_acks == -1 {
-                    "all".into()
-                } else {
-                    min_acks.to_string()
-                },
-            });
-        }
         let (appended, epoch) = partition
             .append(&batch, acks, now_ms)
             .map_err(|e| match e {
@@ -405,6 +393,17 @@ impl Broker {
                     partition: index,
                     leader: None,
                 },
+                partition::LeaderAppendError::AcksTooWeak { min_acks } => {
+                    ProduceError::AcksTooWeak {
+                        topic: topic.to_string(),
+                        acks,
+                        required: if min_acks == -1 {
+                            "all".into()
+                        } else {
+                            min_acks.to_string()
+                        },
+                    }
+                }
                 partition::LeaderAppendError::NotEnoughReplicas(n) => {
                     ProduceError::NotEnoughReplicas(format!("{topic}-{index}: {n}"))
                 }

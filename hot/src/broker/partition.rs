@@ -60,6 +60,9 @@ pub enum WaitError {
 pub enum LeaderAppendError {
     #[error("this replica does not lead the partition")]
     NotLeader,
+    /// The producer asked for weaker acks than the topic's `min.acks`.
+    #[error("the topic requires min.acks={min_acks}")]
+    AcksTooWeak { min_acks: i16 },
     #[error(transparent)]
     NotEnoughReplicas(#[from] NotEnoughReplicas),
     #[error(transparent)]
@@ -321,11 +324,15 @@ impl Partition {
         let Role::Leader { epoch, state } = &mut *role else {
             return Err(LeaderAppendError::NotLeader);
         };
+        let mut log = self.lock();
+        let min_acks = log.config().min_acks;
+        if !crate::log::LogConfig::accepts(min_acks, acks) {
+            return Err(LeaderAppendError::AcksTooWeak { min_acks });
+        }
         if acks == -1 {
             state.check_acks_all()?;
         }
         let epoch = *epoch;
-        let mut log = self.lock();
         let appended = log.append(batch, now_ms)?;
         let wait_for_fsync = log.config().acks_wait_for_fsync();
         let (start, end) = (log.start_offset(), log.end_offset());
