@@ -26,6 +26,7 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     pub kafka: KafkaSection,
     pub topics: TopicsSection,
+    pub groups: GroupsSection,
     pub controller: Option<ControllerSection>,
     /// Where the controllers are, for a broker in a cluster; absent for a single node.
     pub cluster: Option<ClusterSection>,
@@ -129,6 +130,67 @@ pub struct KafkaSection {
     pub frame_timeout: Duration,
 }
 
+/// Consumer group coordination (Kafka's `offsets.*` and `group.*` broker settings).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GroupsSection {
+    /// Partitions of `__consumer_offsets` (`offsets.topic.num.partitions`); fixed once the
+    /// topic exists.
+    pub offsets_topic_partitions: u32,
+    /// Its replication factor (`offsets.topic.replication.factor`), capped by the number
+    /// of brokers registered when it is created.
+    pub offsets_topic_replication_factor: u16,
+    /// `group.min.session.timeout.ms` / `group.max.session.timeout.ms`.
+    #[serde(deserialize_with = "duration")]
+    pub min_session_timeout: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub max_session_timeout: Duration,
+    /// How long an offset commit may wait to be replicated (`offsets.commit.timeout.ms`).
+    #[serde(deserialize_with = "duration")]
+    pub commit_timeout: Duration,
+    /// A member that forces more rebalances than this within `flap_window` is turned away
+    /// with a backoff that doubles each time.
+    pub max_rebalances_per_member: usize,
+    #[serde(deserialize_with = "duration")]
+    pub flap_window: Duration,
+}
+
+impl Default for GroupsSection {
+    fn default() -> Self {
+        let d = crate::group::manager::GroupsConfig::default();
+        let ms = |v: i64| Duration::from_millis(v as u64);
+        GroupsSection {
+            offsets_topic_partitions: d.offsets_partitions,
+            offsets_topic_replication_factor: d.offsets_replication_factor,
+            min_session_timeout: ms(d.group.min_session_timeout_ms),
+            max_session_timeout: ms(d.group.max_session_timeout_ms),
+            commit_timeout: d.commit_timeout,
+            max_rebalances_per_member: d.group.max_rebalances_per_member,
+            flap_window: ms(d.group.flap_window_ms),
+        }
+    }
+}
+
+impl GroupsSection {
+    fn runtime(&self) -> crate::group::manager::GroupsConfig {
+        let d = crate::group::manager::GroupsConfig::default();
+        let ms = |v: Duration| v.as_millis().min(i64::MAX as u128) as i64;
+        crate::group::manager::GroupsConfig {
+            group: crate::group::state::GroupConfig {
+                min_session_timeout_ms: ms(self.min_session_timeout),
+                max_session_timeout_ms: ms(self.max_session_timeout),
+                max_rebalances_per_member: self.max_rebalances_per_member,
+                flap_window_ms: ms(self.flap_window),
+                ..d.group
+            },
+            offsets_partitions: self.offsets_topic_partitions,
+            offsets_replication_factor: self.offsets_topic_replication_factor,
+            commit_timeout: self.commit_timeout,
+            ..d
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TopicsSection {
@@ -148,6 +210,7 @@ impl Default for ServerConfig {
             data_dir: PathBuf::from("./strata-data"),
             kafka: KafkaSection::default(),
             topics: TopicsSection::default(),
+            groups: GroupsSection::default(),
             controller: None,
             cluster: None,
             grpc: None,
@@ -308,6 +371,24 @@ impl ServerConfig {
             bail!("topics.default_partitions must be at least 1");
         }
         LogConfig::from_map(&self.topics.defaults).context("invalid [topics.defaults]")?;
+        let g = &self.groups;
+        if g.offsets_topic_partitions == 0
+            || g.offsets_topic_partitions > crate::broker::MAX_PARTITIONS
+        {
+            bail!(
+                "groups.offsets_topic_partitions must be between 1 and {}",
+                crate::broker::MAX_PARTITIONS
+            );
+        }
+        if g.offsets_topic_replication_factor == 0 {
+            bail!("groups.offsets_topic_replication_factor must be at least 1");
+        }
+        if g.min_session_timeout > g.max_session_timeout {
+            bail!("groups.min_session_timeout is above groups.max_session_timeout");
+        }
+        if g.commit_timeout.is_zero() {
+            bail!("groups.commit_timeout must be above zero");
+        }
         if self.roles.is_empty() {
             bail!("roles is empty; give \"broker\", \"controller\" or both");
         }
@@ -372,6 +453,7 @@ impl ServerConfig {
                 .cluster
                 .as_ref()
                 .map_or_else(default_replica_open_timeout, |c| c.replica_open_timeout),
+            groups: self.groups.runtime(),
         }
     }
 

@@ -24,6 +24,7 @@ async fn start() -> (String, Arc<Broker>, tempfile::TempDir) {
             retention_check_interval: Duration::from_secs(3600),
             replica_lag_time_max: Duration::from_secs(30),
             replica_open_timeout: Duration::from_secs(30),
+            groups: Default::default(),
             auto_create_topics: false,
         },
         Arc::new(SystemClock),

@@ -53,6 +53,8 @@ pub struct BrokerConfig {
     /// A replica whose log takes longer than this to open (recover) is reported stuck and
     /// left unavailable until the open finishes.
     pub replica_open_timeout: Duration,
+    /// Consumer group coordination.
+    pub groups: crate::group::manager::GroupsConfig,
 }
 
 /// Why a topic administration request was refused.
@@ -213,11 +215,15 @@ pub struct Broker {
     cluster: Option<Arc<ClusterLink>>,
     /// The cluster metadata version the topics above reflect (cluster mode).
     metadata_version: tokio::sync::watch::Sender<u64>,
+    /// Bumped whenever the topics, their partitions or their leaders change here.
+    layout_version: tokio::sync::watch::Sender<u64>,
     metrics: crate::metrics::Metrics,
     /// Replica logs still opening (recovering) in the background, by directory.
     opening: Mutex<HashMap<PathBuf, reconcile::Opening>>,
     /// Poked when a background open finishes, so the metadata is applied again.
     reconcile_again: Arc<tokio::sync::Notify>,
+    /// The consumer group coordinators of the offsets partitions this broker leads.
+    groups: std::sync::OnceLock<Arc<crate::group::manager::GroupManager>>,
 }
 
 impl Broker {
@@ -251,15 +257,24 @@ impl Broker {
             producer_ids: Mutex::new((0, 0)),
             cluster,
             metadata_version: tokio::sync::watch::channel(0).0,
+            layout_version: tokio::sync::watch::channel(0).0,
             metrics: crate::metrics::Metrics::default(),
             opening: Mutex::new(HashMap::new()),
             reconcile_again: Arc::new(tokio::sync::Notify::new()),
+            groups: std::sync::OnceLock::new(),
         });
+        let groups = crate::group::manager::GroupManager::start(
+            &broker,
+            broker.clock.clone(),
+            broker.config.groups.clone(),
+        );
+        let _ = broker.groups.set(groups);
         remove_deleted_dirs(&logs)?;
         for spec in specs {
             let topic = broker.open_topic(spec).await?;
             broker.topics_write().insert(topic.spec.name.clone(), topic);
         }
+        broker.layout_changed();
         if let Some(link) = broker.cluster.clone() {
             tokio::spawn(reconcile::follow_metadata(
                 Arc::downgrade(&broker),
@@ -271,6 +286,11 @@ impl Broker {
             broker.warn_orphans(&logs)?;
         }
         Ok(broker)
+    }
+
+    /// The consumer group coordination of this broker.
+    pub fn groups(&self) -> &Arc<crate::group::manager::GroupManager> {
+        self.groups.get().expect("set when the broker opens")
     }
 
     pub fn metrics(&self) -> &crate::metrics::Metrics {
@@ -319,6 +339,16 @@ impl Broker {
 
     fn topics_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<Topic>>> {
         self.topics.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells watchers (the group coordinators) that topics or leaderships changed.
+    fn layout_changed(&self) {
+        self.layout_version.send_modify(|v| *v += 1);
+    }
+
+    /// Changes whenever topics, partitions or leaderships on this broker change.
+    pub fn watch_layout(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.layout_version.subscribe()
     }
 
     pub fn topic(&self, name: &str) -> Option<Arc<Topic>> {
@@ -620,6 +650,7 @@ impl Broker {
         store.insert(spec.clone())?;
         let topic = self.open_topic(spec.clone()).await?;
         self.topics_write().insert(spec.name.clone(), topic);
+        self.layout_changed();
         tracing::info!(topic = %spec.name, partitions, "created topic");
         Ok(spec)
     }
@@ -679,6 +710,11 @@ impl Broker {
 
     /// Deletes a topic and its data.
     pub async fn delete_topic(&self, name: &str) -> Result<(), AdminError> {
+        if crate::group::manager::is_internal(name) {
+            return Err(AdminError::InvalidTopic(format!(
+                "internal topic {name} cannot be deleted"
+            )));
+        }
         if let Some(link) = &self.cluster {
             if self.topic(name).is_none() {
                 return Err(AdminError::UnknownTopic(name.to_string()));
@@ -695,6 +731,7 @@ impl Broker {
         let Some(topic) = self.topics_write().remove(name) else {
             return Err(AdminError::UnknownTopic(name.to_string()));
         };
+        self.layout_changed();
         for p in topic.local() {
             p.stop();
         }
@@ -820,6 +857,7 @@ impl Broker {
         };
         self.topics_write()
             .insert(name.to_string(), Arc::new(updated));
+        self.layout_changed();
         tracing::info!(topic = name, from = current, to = total, "added partitions");
         Ok(())
     }

@@ -199,6 +199,7 @@ impl Broker {
                 })
             });
         *self.topics_write() = next;
+        self.layout_changed();
         self.metadata_version.send_replace(m.version);
         Ok(())
     }

@@ -9,6 +9,7 @@
 //! ([`Coordinator::load`]).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use tokio::sync::oneshot;
 
 use super::records::{CommittedOffset, RecordKey, Replayed};
 use super::state::{
-    codes, Group, GroupConfig, GroupState, Join, JoinReply, Replies, Reply, SyncReply,
+    codes, Group, GroupConfig, GroupState, GroupView, Join, JoinReply, Replies, Reply, SyncReply,
 };
 use crate::broker::Clock;
 
@@ -51,7 +52,16 @@ pub struct Coordinator {
     clock: Arc<dyn Clock>,
     log: Arc<dyn OffsetsLog>,
     state: Mutex<Groups>,
+    /// Set when the partition's leadership moved away: every request is refused with
+    /// NOT_COORDINATOR so clients find the new coordinator.
+    closed: AtomicBool,
 }
+
+/// Kafka's NOT_COORDINATOR.
+pub const NOT_COORDINATOR: i16 = 16;
+/// Kafka's GROUP_ID_NOT_FOUND and NON_EMPTY_GROUP (DeleteGroups).
+pub const GROUP_ID_NOT_FOUND: i16 = 69;
+pub const NON_EMPTY_GROUP: i16 = 68;
 
 /// How long a JoinGroup or SyncGroup waits beyond the group's own timeouts.
 const REPLY_MARGIN: Duration = Duration::from_secs(5);
@@ -63,6 +73,7 @@ impl Coordinator {
             clock,
             log,
             state: Mutex::new(Groups::default()),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -90,6 +101,47 @@ impl Coordinator {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// The partition's leadership moved: pending requests are answered, groups are dropped
+    /// (the new coordinator replays them), and every later request gets NOT_COORDINATOR.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let mut s = self.lock();
+        let ids: Vec<String> = s.groups.keys().cloned().collect();
+        for id in ids {
+            let replies = s.groups.get_mut(&id).map(Group::kill).unwrap_or_default();
+            let replies = replies
+                .into_iter()
+                .map(|(m, r)| (m, not_coordinator(r)))
+                .collect();
+            Self::deliver(&mut s, &id, replies, None);
+        }
+        s.groups.clear();
+        s.pending.clear();
+        s.offsets.clear();
+    }
+
+    /// Writes a group's state when it became empty, so a new coordinator does not bring
+    /// back members that are gone.
+    fn persist_if_emptied(self: &Arc<Self>, group: &str, was: GroupState, g: &Group) {
+        if was == GroupState::Empty || g.state() != GroupState::Empty {
+            return;
+        }
+        let record = (
+            RecordKey::Group(group.to_string()).encode(),
+            Some(g.stored(self.clock.now_ms()).encode()),
+        );
+        let (c, group) = (self.clone(), group.to_string());
+        tokio::spawn(async move {
+            if let Err(e) = c.log.append(vec![record]).await {
+                tracing::warn!(group, error = %e, "could not persist the emptied group");
+            }
+        });
+    }
+
     /// Hands replies to the members waiting for them; returns the one for `me`, if any.
     fn deliver(s: &mut Groups, group: &str, replies: Replies, me: Option<&str>) -> Option<Reply> {
         let mut mine = None;
@@ -113,6 +165,12 @@ impl Coordinator {
     }
 
     pub async fn join(&self, group: &str, j: Join) -> JoinReply {
+        if self.is_closed() {
+            return JoinReply {
+                error: NOT_COORDINATOR,
+                ..join_failed(&j.member_id)
+            };
+        }
         let timeout = Duration::from_millis(j.rebalance_timeout_ms.max(0) as u64) + REPLY_MARGIN;
         let caller = j.member_id.clone();
         let rx = {
@@ -147,6 +205,10 @@ impl Coordinator {
         };
         match Self::wait(rx, timeout).await {
             Some(Reply::Join(r)) => r,
+            _ if self.is_closed() => JoinReply {
+                error: NOT_COORDINATOR,
+                ..join_failed(&caller)
+            },
             _ => join_failed(&caller),
         }
     }
@@ -158,6 +220,9 @@ impl Coordinator {
         generation: i32,
         assignments: Vec<(String, Bytes)>,
     ) -> SyncReply {
+        if self.is_closed() {
+            return sync_failed(NOT_COORDINATOR);
+        }
         let (rx, persist) = {
             let mut s = self.lock();
             let Some(g) = s.groups.get_mut(group) else {
@@ -202,11 +267,15 @@ impl Coordinator {
         .await
         {
             Some(Reply::Sync(r)) => r,
+            _ if self.is_closed() => sync_failed(NOT_COORDINATOR),
             _ => sync_failed(codes::REBALANCE_IN_PROGRESS),
         }
     }
 
     pub fn heartbeat(&self, group: &str, member: &str, generation: i32) -> i16 {
+        if self.is_closed() {
+            return NOT_COORDINATOR;
+        }
         let mut s = self.lock();
         match s.groups.get_mut(group) {
             Some(g) => g.heartbeat(member, generation, self.clock.now_ms()),
@@ -214,12 +283,17 @@ impl Coordinator {
         }
     }
 
-    pub fn leave(&self, group: &str, member: &str, instance_id: Option<&str>) -> i16 {
+    pub fn leave(self: &Arc<Self>, group: &str, member: &str, instance_id: Option<&str>) -> i16 {
+        if self.is_closed() {
+            return NOT_COORDINATOR;
+        }
         let mut s = self.lock();
         let Some(g) = s.groups.get_mut(group) else {
             return codes::UNKNOWN_MEMBER_ID;
         };
+        let was = g.state();
         let (code, replies) = g.leave(member, instance_id, self.clock.now_ms());
+        self.persist_if_emptied(group, was, g);
         Self::deliver(&mut s, group, replies, None);
         code
     }
@@ -234,20 +308,35 @@ impl Coordinator {
         generation: i32,
         commits: Vec<Commit>,
     ) -> i16 {
+        if self.is_closed() {
+            return NOT_COORDINATOR;
+        }
         let now = self.clock.now_ms();
         {
             let s = self.lock();
             let error = match s.groups.get(group) {
+                Some(g) if g.state() == GroupState::Dead => NOT_COORDINATOR,
                 Some(g) if g.state() != GroupState::Empty || generation >= 0 => {
+                    let owned = || {
+                        let partitions: Vec<(String, i32)> = commits
+                            .iter()
+                            .map(|c| (c.topic.clone(), c.partition))
+                            .collect();
+                        g.may_commit(member, &partitions)
+                    };
                     if !g.member_ids().iter().any(|m| m == member) {
                         codes::UNKNOWN_MEMBER_ID
                     } else if generation != g.generation() {
                         codes::ILLEGAL_GENERATION
-                    } else if g.state() == GroupState::PreparingRebalance
-                        || g.state() == GroupState::CompletingRebalance
-                    {
+                    } else if g.state() == GroupState::CompletingRebalance {
                         codes::REBALANCE_IN_PROGRESS
+                    } else if owned() == Some(false) {
+                        // A member committing partitions it was not given is a zombie of
+                        // an older assignment: refused like a stale generation.
+                        codes::ILLEGAL_GENERATION
                     } else {
+                        // Stable, or PreparingRebalance: members commit what they consumed
+                        // before they rejoin, as with Kafka.
                         codes::NONE
                     }
                 }
@@ -257,6 +346,9 @@ impl Coordinator {
             if error != codes::NONE {
                 return error;
             }
+        }
+        if commits.is_empty() {
+            return codes::NONE;
         }
         let records: Vec<(RecordKey, CommittedOffset)> = commits
             .into_iter()
@@ -307,6 +399,70 @@ impl Coordinator {
             .collect()
     }
 
+    /// Every committed offset of a group (for lag and the operator view).
+    pub fn committed(&self, group: &str) -> BTreeMap<(String, i32), CommittedOffset> {
+        self.lock().offsets.get(group).cloned().unwrap_or_default()
+    }
+
+    /// Groups known here (with members or committed offsets): (id, protocol type, state).
+    pub fn list(&self) -> Vec<(String, String, GroupState)> {
+        let s = self.lock();
+        let mut out: BTreeMap<String, (String, GroupState)> = s
+            .offsets
+            .keys()
+            .map(|g| (g.clone(), (String::new(), GroupState::Empty)))
+            .collect();
+        for (id, g) in &s.groups {
+            let v = g.view();
+            out.insert(id.clone(), (v.protocol_type, v.state));
+        }
+        out.into_iter().map(|(id, (t, st))| (id, t, st)).collect()
+    }
+
+    /// DescribeGroups: `None` for a group this coordinator does not know (Kafka answers
+    /// it as Dead with no members).
+    pub fn describe(&self, group: &str) -> Option<GroupView> {
+        let s = self.lock();
+        match s.groups.get(group) {
+            Some(g) => Some(g.view()),
+            None if s.offsets.contains_key(group) => Some(Group::new(group, self.config).view()),
+            None => None,
+        }
+    }
+
+    /// DeleteGroups for one group: only an empty group is deleted; its tombstone is durable
+    /// before the answer.
+    pub async fn delete(&self, group: &str) -> i16 {
+        if self.is_closed() {
+            return NOT_COORDINATOR;
+        }
+        {
+            let s = self.lock();
+            let known = s.offsets.contains_key(group) || s.groups.contains_key(group);
+            match s.groups.get(group) {
+                _ if !known => return GROUP_ID_NOT_FOUND,
+                Some(g) if g.state() != GroupState::Empty => return NON_EMPTY_GROUP,
+                _ => {}
+            }
+        }
+        let tombstone = (RecordKey::Group(group.to_string()).encode(), None);
+        if let Err(e) = self.log.append(vec![tombstone]).await {
+            tracing::warn!(group, error = %e, "group deletion not durable");
+            return codes::COORDINATOR_NOT_AVAILABLE;
+        }
+        let mut s = self.lock();
+        // A member that joined while the tombstone was written keeps the group alive (its
+        // offsets are gone, as they would be had it joined just after).
+        if s.groups
+            .get(group)
+            .is_none_or(|g| g.state() == GroupState::Empty)
+        {
+            s.groups.remove(group);
+        }
+        s.offsets.remove(group);
+        codes::NONE
+    }
+
     pub fn group_state(&self, group: &str) -> Option<(GroupState, i32, Vec<String>)> {
         let s = self.lock();
         s.groups
@@ -328,7 +484,7 @@ impl Coordinator {
         });
     }
 
-    pub fn tick(&self) {
+    pub fn tick(self: &Arc<Self>) {
         let now = self.clock.now_ms();
         let mut s = self.lock();
         let due: Vec<String> = s
@@ -339,7 +495,12 @@ impl Coordinator {
             .collect();
         for id in due {
             let replies = match s.groups.get_mut(&id) {
-                Some(g) => g.tick(now),
+                Some(g) => {
+                    let was = g.state();
+                    let replies = g.tick(now);
+                    self.persist_if_emptied(&id, was, g);
+                    replies
+                }
                 None => continue,
             };
             Self::deliver(&mut s, &id, replies, None);
@@ -356,6 +517,20 @@ fn join_failed(member: &str) -> JoinReply {
         member_id: member.to_string(),
         members: Vec::new(),
         throttle_ms: 0,
+    }
+}
+
+/// A pending request's reply, turned into NOT_COORDINATOR (the coordinator moved).
+fn not_coordinator(reply: Reply) -> Reply {
+    match reply {
+        Reply::Join(r) => Reply::Join(JoinReply {
+            error: NOT_COORDINATOR,
+            ..r
+        }),
+        Reply::Sync(r) => Reply::Sync(SyncReply {
+            error: NOT_COORDINATOR,
+            ..r
+        }),
     }
 }
 

@@ -3,5 +3,6 @@
 //! and tested; the coordinator and the Kafka group APIs build on them.
 
 pub mod coordinator;
+pub mod manager;
 pub mod records;
 pub mod state;

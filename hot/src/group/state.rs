@@ -131,6 +131,9 @@ struct Member {
     awaiting_join: bool,
     awaiting_sync: bool,
     assignment: Bytes,
+    /// The assignment of the generation before (kept for commits of partitions being
+    /// given up, which a cooperative member makes after its new assignment).
+    previous_assignment: Bytes,
 }
 
 impl Member {
@@ -194,6 +197,65 @@ fn sync_error(error: i16) -> Reply {
         protocol_name: None,
         assignment: Bytes::new(),
     })
+}
+
+/// What DescribeGroups shows of a member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberView {
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    /// The member's metadata for the group's chosen protocol.
+    pub metadata: Bytes,
+    pub assignment: Bytes,
+}
+
+/// What DescribeGroups shows of a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupView {
+    pub state: GroupState,
+    pub protocol_type: String,
+    pub protocol: String,
+    pub generation: i32,
+    pub members: Vec<MemberView>,
+}
+
+impl GroupState {
+    /// Kafka's name for the state, as DescribeGroups and ListGroups give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupState::Empty => "Empty",
+            GroupState::PreparingRebalance => "PreparingRebalance",
+            GroupState::CompletingRebalance => "CompletingRebalance",
+            GroupState::Stable => "Stable",
+            GroupState::Dead => "Dead",
+        }
+    }
+}
+
+/// The partitions a consumer-protocol assignment names; `None` when the bytes are not one.
+pub fn assigned_partitions(bytes: &[u8]) -> Option<std::collections::HashSet<(String, i32)>> {
+    use kafka_protocol::messages::ConsumerProtocolAssignment;
+    use kafka_protocol::protocol::Decodable;
+    let mut out = std::collections::HashSet::new();
+    if bytes.is_empty() {
+        return Some(out);
+    }
+    let mut buf = Bytes::copy_from_slice(bytes);
+    if buf.len() < 2 {
+        return None;
+    }
+    let version = i16::from_be_bytes([buf[0], buf[1]]);
+    bytes::Buf::advance(&mut buf, 2);
+    // Versions above 3 are read as 3, as Kafka's consumers do (fields are only added).
+    let assignment = ConsumerProtocolAssignment::decode(&mut buf, version.clamp(0, 3)).ok()?;
+    for t in assignment.assigned_partitions {
+        for p in t.partitions {
+            out.insert((t.topic.to_string(), p));
+        }
+    }
+    Some(out)
 }
 
 impl Group {
@@ -387,6 +449,7 @@ impl Group {
                 awaiting_join: true,
                 awaiting_sync: false,
                 assignment: Bytes::new(),
+                previous_assignment: Bytes::new(),
             },
         );
         let mut replies = self.prepare_rebalance(now, Some(&id));
@@ -557,7 +620,9 @@ impl Group {
             if let Some(m) = self.members.get_mut(&id) {
                 m.awaiting_join = false;
                 m.last_heartbeat_ms = now;
-                m.assignment = Bytes::new();
+                if !m.assignment.is_empty() {
+                    m.previous_assignment = std::mem::take(&mut m.assignment);
+                }
             }
             replies.push((id.clone(), Reply::Join(self.join_reply(&id))));
         }
@@ -845,12 +910,7 @@ impl Group {
                     client_host: m.client_host.clone(),
                     rebalance_timeout_ms: m.rebalance_timeout_ms as i32,
                     session_timeout_ms: m.session_timeout_ms as i32,
-                    subscription: m
-                        .protocols
-                        .iter()
-                        .find(|(n, _)| Some(n) == self.protocol.as_ref())
-                        .map(|(_, md)| md.clone())
-                        .unwrap_or_default(),
+                    subscription: self.chosen_metadata(m),
                     assignment: m.assignment.clone(),
                 })
                 .collect(),
@@ -895,10 +955,56 @@ impl Group {
                     awaiting_join: false,
                     awaiting_sync: false,
                     assignment: m.assignment.clone(),
+                    previous_assignment: Bytes::new(),
                 },
             );
         }
         g
+    }
+
+    /// Whether `member` may commit offsets of these partitions: each must be in its
+    /// assignment of this generation or of the one before (a cooperative member commits the
+    /// partitions it gives up after it got its new assignment). `None` when the group does
+    /// not use Kafka's consumer protocol, so assignments cannot be read.
+    pub fn may_commit(&self, member: &str, partitions: &[(String, i32)]) -> Option<bool> {
+        if self.protocol_type.as_deref() != Some("consumer") {
+            return None;
+        }
+        let m = self.members.get(member)?;
+        let mut owned = assigned_partitions(&m.assignment)?;
+        owned.extend(assigned_partitions(&m.previous_assignment).unwrap_or_default());
+        Some(partitions.iter().all(|p| owned.contains(p)))
+    }
+
+    /// A member's metadata for the group's chosen protocol.
+    fn chosen_metadata(&self, m: &Member) -> Bytes {
+        m.protocols
+            .iter()
+            .find(|(n, _)| Some(n) == self.protocol.as_ref())
+            .map(|(_, md)| md.clone())
+            .unwrap_or_default()
+    }
+
+    /// The group as DescribeGroups shows it.
+    pub fn view(&self) -> GroupView {
+        GroupView {
+            state: self.state,
+            protocol_type: self.protocol_type.clone().unwrap_or_default(),
+            protocol: self.protocol.clone().unwrap_or_default(),
+            generation: self.generation,
+            members: self
+                .members
+                .iter()
+                .map(|(id, m)| MemberView {
+                    member_id: id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    metadata: self.chosen_metadata(m),
+                    assignment: m.assignment.clone(),
+                })
+                .collect(),
+        }
     }
 
     /// The group is deleted or its coordinator moved: pending requests are answered and

@@ -48,6 +48,7 @@ fn topic_metadata(topic: &Topic, live: &dyn Fn(i32) -> bool) -> MetadataResponse
     MetadataResponseTopic::default()
         .with_name(Some(TopicName(s(topic.spec.name.clone()))))
         .with_topic_id(topic.spec.id)
+        .with_is_internal(crate::group::manager::is_internal(&topic.spec.name))
         .with_partitions(
             topic
                 .layout
@@ -77,14 +78,7 @@ fn topic_metadata(topic: &Topic, live: &dyn Fn(i32) -> bool) -> MetadataResponse
 pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResponse {
     let broker = ctx.broker();
     let node = broker.config().node_id;
-    let listener = ctx.listener();
-    let endpoints = broker.kafka_endpoints().unwrap_or_else(|| {
-        vec![(
-            node,
-            listener.advertised_host.clone(),
-            listener.advertised_port,
-        )]
-    });
+    let endpoints = ctx.endpoints();
     let live_ids: Vec<i32> = endpoints.iter().map(|(id, _, _)| *id).collect();
     let live = move |id: i32| live_ids.contains(&id);
     // Kafka clients use the controller id only for admin requests, which every broker
@@ -194,6 +188,13 @@ pub(super) async fn create_topics(ctx: Request, req: CreateTopicsRequest) -> Cre
             results.push(fail(
                 codes::INVALID_REQUEST,
                 format!("topic '{name}' appears more than once in the request"),
+            ));
+            continue;
+        }
+        if crate::group::manager::is_internal(&name) {
+            results.push(fail(
+                codes::INVALID_REQUEST,
+                format!("creation of internal topic {name} is prohibited; the broker creates it"),
             ));
             continue;
         }

@@ -10,6 +10,7 @@
 mod admin;
 pub(crate) mod codes;
 mod fetch;
+mod group;
 mod produce;
 
 use std::sync::Arc;
@@ -18,9 +19,12 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
     api_versions_response::ApiVersion, ApiKey, ApiVersionsRequest, ApiVersionsResponse,
-    CreatePartitionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
-    FetchRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest, ListOffsetsRequest,
-    MetadataRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
+    CreatePartitionsRequest, CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest,
+    DescribeConfigsRequest, DescribeGroupsRequest, FetchRequest, FindCoordinatorRequest,
+    HeartbeatRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest,
+    LeaveGroupRequest, ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+    OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
+    SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -44,6 +48,16 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::OffsetForLeaderEpoch, 2, 4),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 8),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::DeleteGroups, 0, 2),
 ];
 
 /// Requests read ahead of the response being written, per connection.
@@ -167,7 +181,7 @@ impl KafkaServer {
                 Ok(Err(e)) => return Err(e.into()),
                 Ok(Ok(_)) => {}
             }
-            match self.dispatch(frame.freeze()) {
+            match self.dispatch(frame.freeze(), peer) {
                 Ok(reply) => {
                     if tx.send(reply).await.is_err() {
                         break; // the writer failed; its error is reported below
@@ -185,11 +199,16 @@ impl KafkaServer {
     }
 
     /// Decodes and routes one request. Appends happen here, in request order.
-    fn dispatch(self: &Arc<Self>, frame: Bytes) -> Result<Reply, Refusal> {
+    fn dispatch(
+        self: &Arc<Self>,
+        frame: Bytes,
+        peer: std::net::SocketAddr,
+    ) -> Result<Reply, Refusal> {
         let Decoded {
             key,
             version,
             correlation_id,
+            client_id,
             body,
         } = decode_request(frame)?;
         let ctx = Request {
@@ -197,6 +216,8 @@ impl KafkaServer {
             key,
             version,
             correlation_id,
+            client_id,
+            peer,
         };
         match body {
             Body::UnsupportedApiVersions => {
@@ -219,6 +240,16 @@ impl KafkaServer {
                 ctx.later(fetch::offsets_for_leader_epoch(ctx.clone(), req))
             }
             Body::IncrementalAlterConfigs(req) => ctx.later(admin::alter_configs(ctx.clone(), req)),
+            Body::FindCoordinator(req) => ctx.later(group::find_coordinator(ctx.clone(), req)),
+            Body::JoinGroup(req) => ctx.later(group::join(ctx.clone(), req)),
+            Body::SyncGroup(req) => ctx.later(group::sync(ctx.clone(), req)),
+            Body::Heartbeat(req) => ctx.respond_now(&group::heartbeat(&ctx, req)),
+            Body::LeaveGroup(req) => ctx.respond_now(&group::leave(&ctx, req)),
+            Body::OffsetCommit(req) => ctx.later(group::offset_commit(ctx.clone(), req)),
+            Body::OffsetFetch(req) => ctx.later(group::offset_fetch(ctx.clone(), req)),
+            Body::ListGroups(req) => ctx.respond_now(&group::list_groups(&ctx, req)),
+            Body::DescribeGroups(req) => ctx.respond_now(&group::describe_groups(&ctx, req)),
+            Body::DeleteGroups(req) => ctx.later(group::delete_groups(ctx.clone(), req)),
         }
     }
 }
@@ -228,6 +259,8 @@ pub struct Decoded {
     pub key: ApiKey,
     pub version: i16,
     pub correlation_id: i32,
+    /// The request header's client id (empty when absent).
+    pub client_id: String,
     pub body: Body,
 }
 
@@ -247,6 +280,16 @@ pub enum Body {
     CreatePartitions(CreatePartitionsRequest),
     IncrementalAlterConfigs(IncrementalAlterConfigsRequest),
     OffsetForLeaderEpoch(OffsetForLeaderEpochRequest),
+    FindCoordinator(FindCoordinatorRequest),
+    JoinGroup(JoinGroupRequest),
+    SyncGroup(SyncGroupRequest),
+    Heartbeat(HeartbeatRequest),
+    LeaveGroup(LeaveGroupRequest),
+    OffsetCommit(OffsetCommitRequest),
+    OffsetFetch(OffsetFetchRequest),
+    ListGroups(ListGroupsRequest),
+    DescribeGroups(DescribeGroupsRequest),
+    DeleteGroups(DeleteGroupsRequest),
 }
 
 /// Decodes a request frame (without its length prefix). Never panics on any input; the
@@ -275,6 +318,7 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
                 key,
                 version,
                 correlation_id,
+                client_id: String::new(),
                 body: Body::UnsupportedApiVersions,
             });
         }
@@ -303,6 +347,16 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::IncrementalAlterConfigs => {
             Body::IncrementalAlterConfigs(decode_body(&mut frame, version)?)
         }
+        ApiKey::FindCoordinator => Body::FindCoordinator(decode_body(&mut frame, version)?),
+        ApiKey::JoinGroup => Body::JoinGroup(decode_body(&mut frame, version)?),
+        ApiKey::SyncGroup => Body::SyncGroup(decode_body(&mut frame, version)?),
+        ApiKey::Heartbeat => Body::Heartbeat(decode_body(&mut frame, version)?),
+        ApiKey::LeaveGroup => Body::LeaveGroup(decode_body(&mut frame, version)?),
+        ApiKey::OffsetCommit => Body::OffsetCommit(decode_body(&mut frame, version)?),
+        ApiKey::OffsetFetch => Body::OffsetFetch(decode_body(&mut frame, version)?),
+        ApiKey::ListGroups => Body::ListGroups(decode_body(&mut frame, version)?),
+        ApiKey::DescribeGroups => Body::DescribeGroups(decode_body(&mut frame, version)?),
+        ApiKey::DeleteGroups => Body::DeleteGroups(decode_body(&mut frame, version)?),
         other => {
             return Err(Refusal::UnsupportedVersion {
                 key: other,
@@ -314,6 +368,7 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         key,
         version,
         correlation_id: header.correlation_id,
+        client_id: header.client_id.map(|c| c.to_string()).unwrap_or_default(),
         body,
     })
 }
@@ -325,11 +380,25 @@ pub(crate) struct Request {
     key: ApiKey,
     version: i16,
     correlation_id: i32,
+    client_id: String,
+    peer: std::net::SocketAddr,
 }
 
 impl Request {
     pub fn broker(&self) -> &Arc<Broker> {
         &self.server.broker
+    }
+
+    /// Live brokers' Kafka endpoints (id, host, port); on a single node, this listener.
+    pub fn endpoints(&self) -> Vec<(i32, String, u16)> {
+        let broker = self.broker();
+        broker.kafka_endpoints().unwrap_or_else(|| {
+            vec![(
+                broker.config().node_id,
+                self.listener().advertised_host.clone(),
+                self.listener().advertised_port,
+            )]
+        })
     }
 
     pub fn listener(&self) -> &ListenerConfig {

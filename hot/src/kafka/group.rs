@@ -1,0 +1,514 @@
+//! The classic consumer group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
+//! LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups and DeleteGroups.
+//! They translate between Kafka's messages and the coordinator (`crate::group`).
+
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use kafka_protocol::messages::find_coordinator_response::Coordinator as FoundCoordinator;
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
+    OffsetFetchResponseTopic, OffsetFetchResponseTopics,
+};
+use kafka_protocol::messages::{
+    BrokerId, DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest,
+    DescribeGroupsResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupId,
+    HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest,
+    LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse, OffsetCommitRequest,
+    OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, SyncGroupRequest,
+    SyncGroupResponse, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use super::{codes, Request};
+use crate::group::coordinator::{Commit, Coordinator, GROUP_ID_NOT_FOUND};
+use crate::group::state::{codes as group_codes, GroupState, Join};
+
+/// Kafka's INVALID_GROUP_ID and OFFSET_METADATA_TOO_LARGE.
+const INVALID_GROUP_ID: i16 = 24;
+const OFFSET_METADATA_TOO_LARGE: i16 = 12;
+/// Kafka's `offset.metadata.max.bytes`.
+const MAX_METADATA_BYTES: usize = 4096;
+
+fn s(v: impl Into<String>) -> StrBytes {
+    StrBytes::from_string(v.into())
+}
+
+fn coordinator(ctx: &Request, group: &str) -> Result<std::sync::Arc<Coordinator>, i16> {
+    if group.is_empty() {
+        return Err(INVALID_GROUP_ID);
+    }
+    ctx.broker().groups().coordinator(group)
+}
+
+pub(super) async fn find_coordinator(
+    ctx: Request,
+    req: FindCoordinatorRequest,
+) -> FindCoordinatorResponse {
+    let keys: Vec<String> = if ctx.version >= 4 {
+        req.coordinator_keys.iter().map(|k| k.to_string()).collect()
+    } else {
+        vec![req.key.to_string()]
+    };
+    let mut found = Vec::with_capacity(keys.len());
+    for key in keys {
+        let answer = if req.key_type != 0 {
+            Err((
+                codes::INVALID_REQUEST,
+                "only group coordinators exist here; transactions are not supported yet"
+                    .to_string(),
+            ))
+        } else if key.is_empty() {
+            Err((INVALID_GROUP_ID, "the group id is empty".to_string()))
+        } else {
+            match ctx.broker().groups().find(&key).await {
+                Ok(node) => ctx
+                    .endpoints()
+                    .into_iter()
+                    .find(|(id, _, _)| *id == node)
+                    .ok_or((
+                        group_codes::COORDINATOR_NOT_AVAILABLE,
+                        format!("coordinator broker {node} has no live Kafka listener"),
+                    )),
+                Err(code) => Err((code, "the coordinator is not available yet".to_string())),
+            }
+        };
+        let c = match answer {
+            Ok((id, host, port)) => FoundCoordinator::default()
+                .with_key(s(key))
+                .with_node_id(BrokerId(id))
+                .with_host(s(host))
+                .with_port(i32::from(port)),
+            Err((code, message)) => FoundCoordinator::default()
+                .with_key(s(key))
+                .with_node_id(BrokerId(-1))
+                .with_host(s(""))
+                .with_port(-1)
+                .with_error_code(code)
+                .with_error_message(Some(s(message))),
+        };
+        found.push(c);
+    }
+    if ctx.version >= 4 {
+        return FindCoordinatorResponse::default().with_coordinators(found);
+    }
+    let c = found.pop().unwrap_or_default();
+    FindCoordinatorResponse::default()
+        .with_error_code(c.error_code)
+        .with_error_message(c.error_message)
+        .with_node_id(c.node_id)
+        .with_host(c.host)
+        .with_port(c.port)
+}
+
+pub(super) async fn join(ctx: Request, req: JoinGroupRequest) -> JoinGroupResponse {
+    let failed = |code: i16, member: &StrBytes| {
+        JoinGroupResponse::default()
+            .with_error_code(code)
+            .with_generation_id(-1)
+            .with_member_id(member.clone())
+            .with_leader(s(""))
+    };
+    let group = req.group_id.0.to_string();
+    let c = match coordinator(&ctx, &group) {
+        Ok(c) => c,
+        Err(code) => return failed(code, &req.member_id),
+    };
+    if req.protocols.is_empty() || req.protocol_type.is_empty() {
+        return failed(group_codes::INCONSISTENT_GROUP_PROTOCOL, &req.member_id);
+    }
+    let join = Join {
+        member_id: req.member_id.to_string(),
+        instance_id: req.group_instance_id.as_ref().map(|i| i.to_string()),
+        client_id: ctx.client_id.clone(),
+        client_host: format!("/{}", ctx.peer.ip()),
+        protocol_type: req.protocol_type.to_string(),
+        protocols: req
+            .protocols
+            .iter()
+            .map(|p| (p.name.to_string(), p.metadata.clone()))
+            .collect(),
+        session_timeout_ms: i64::from(req.session_timeout_ms),
+        // v0 has no rebalance timeout: Kafka uses the session timeout.
+        rebalance_timeout_ms: i64::from(if ctx.version == 0 {
+            req.session_timeout_ms
+        } else {
+            req.rebalance_timeout_ms
+        }),
+        require_known_member_id: ctx.version >= 4,
+    };
+    let r = c.join(&group, join).await;
+    JoinGroupResponse::default()
+        .with_throttle_time_ms(r.throttle_ms.clamp(0, i64::from(i32::MAX)) as i32)
+        .with_error_code(r.error)
+        .with_generation_id(r.generation)
+        .with_protocol_type(Some(req.protocol_type.clone()))
+        .with_protocol_name(r.protocol_name.map(s))
+        .with_leader(s(r.leader))
+        .with_member_id(s(r.member_id))
+        .with_members(
+            r.members
+                .into_iter()
+                .map(|m| {
+                    JoinGroupResponseMember::default()
+                        .with_member_id(s(m.member_id))
+                        .with_group_instance_id(m.instance_id.map(s))
+                        .with_metadata(m.metadata)
+                })
+                .collect(),
+        )
+}
+
+pub(super) async fn sync(ctx: Request, req: SyncGroupRequest) -> SyncGroupResponse {
+    let group = req.group_id.0.to_string();
+    let c = match coordinator(&ctx, &group) {
+        Ok(c) => c,
+        Err(code) => return SyncGroupResponse::default().with_error_code(code),
+    };
+    let assignments = req
+        .assignments
+        .into_iter()
+        .map(|a| (a.member_id.to_string(), a.assignment))
+        .collect();
+    let r = c
+        .sync(&group, &req.member_id, req.generation_id, assignments)
+        .await;
+    SyncGroupResponse::default()
+        .with_error_code(r.error)
+        .with_protocol_type(req.protocol_type)
+        .with_protocol_name(r.protocol_name.map(s))
+        .with_assignment(r.assignment)
+}
+
+pub(super) fn heartbeat(ctx: &Request, req: HeartbeatRequest) -> HeartbeatResponse {
+    let group = req.group_id.0.to_string();
+    let code = match coordinator(ctx, &group) {
+        Ok(c) => c.heartbeat(&group, &req.member_id, req.generation_id),
+        Err(code) => code,
+    };
+    HeartbeatResponse::default().with_error_code(code)
+}
+
+pub(super) fn leave(ctx: &Request, req: LeaveGroupRequest) -> LeaveGroupResponse {
+    let group = req.group_id.0.to_string();
+    let c = match coordinator(ctx, &group) {
+        Ok(c) => c,
+        Err(code) => return LeaveGroupResponse::default().with_error_code(code),
+    };
+    if ctx.version < 3 {
+        return LeaveGroupResponse::default().with_error_code(c.leave(
+            &group,
+            &req.member_id,
+            None,
+        ));
+    }
+    let members = req
+        .members
+        .iter()
+        .map(|m| {
+            let code = c.leave(
+                &group,
+                &m.member_id,
+                m.group_instance_id.as_ref().map(|i| i.as_str()),
+            );
+            MemberResponse::default()
+                .with_member_id(m.member_id.clone())
+                .with_group_instance_id(m.group_instance_id.clone())
+                .with_error_code(code)
+        })
+        .collect();
+    LeaveGroupResponse::default().with_members(members)
+}
+
+pub(super) async fn offset_commit(ctx: Request, req: OffsetCommitRequest) -> OffsetCommitResponse {
+    let group = req.group_id.0.to_string();
+    let broker = ctx.broker().clone();
+    let mut commits = Vec::new();
+    // Per-partition problems found before anything is written; any of them refuses the
+    // whole commit, so a commit is never half-applied.
+    let mut refused: Option<i16> = None;
+    for t in &req.topics {
+        let topic = t.name.0.to_string();
+        let known = broker.topic(&topic);
+        for p in &t.partitions {
+            let metadata = p
+                .committed_metadata
+                .as_ref()
+                .map(|m| m.to_string())
+                .unwrap_or_default();
+            let in_range = known.as_ref().is_some_and(|k| {
+                p.partition_index >= 0 && (p.partition_index as u32) < k.spec.partitions
+            });
+            if !in_range {
+                refused.get_or_insert(codes::UNKNOWN_TOPIC_OR_PARTITION);
+            } else if metadata.len() > MAX_METADATA_BYTES {
+                refused.get_or_insert(OFFSET_METADATA_TOO_LARGE);
+            }
+            commits.push(Commit {
+                topic: topic.clone(),
+                partition: p.partition_index,
+                offset: p.committed_offset,
+                leader_epoch: p.committed_leader_epoch,
+                metadata,
+            });
+        }
+    }
+    let code = match refused {
+        Some(code) => code,
+        None => match coordinator(&ctx, &group) {
+            Ok(c) => {
+                let generation = req.generation_id_or_member_epoch;
+                c.commit(&group, &req.member_id, generation, commits).await
+            }
+            Err(code) => code,
+        },
+    };
+    OffsetCommitResponse::default().with_topics(
+        req.topics
+            .iter()
+            .map(|t| {
+                OffsetCommitResponseTopic::default()
+                    .with_name(t.name.clone())
+                    .with_partitions(
+                        t.partitions
+                            .iter()
+                            .map(|p| {
+                                OffsetCommitResponsePartition::default()
+                                    .with_partition_index(p.partition_index)
+                                    .with_error_code(code)
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    )
+}
+
+/// One group's committed offsets for OffsetFetch: the partitions asked for (`None`: every
+/// partition with a commit), as (topic, [(partition, offset, leader epoch, metadata)]).
+type FetchedTopic = (String, Vec<(i32, i64, i32, Option<String>)>);
+
+fn fetch_group(
+    c: &Coordinator,
+    group: &str,
+    asked: Option<Vec<(String, Vec<i32>)>>,
+) -> Vec<FetchedTopic> {
+    let asked = asked.unwrap_or_else(|| {
+        let mut by_topic: Vec<(String, Vec<i32>)> = Vec::new();
+        for (topic, partition) in c.committed(group).into_keys() {
+            match by_topic.last_mut() {
+                Some((t, ps)) if *t == topic => ps.push(partition),
+                _ => by_topic.push((topic, vec![partition])),
+            }
+        }
+        by_topic
+    });
+    asked
+        .into_iter()
+        .map(|(topic, partitions)| {
+            let keys: Vec<(String, i32)> = partitions.iter().map(|p| (topic.clone(), *p)).collect();
+            let found = c.fetch(group, &keys);
+            let rows = partitions
+                .iter()
+                .zip(found)
+                .map(|(p, f)| match f {
+                    Some(o) => (*p, o.offset, o.leader_epoch, Some(o.metadata)),
+                    None => (*p, -1, -1, Some(String::new())),
+                })
+                .collect();
+            (topic, rows)
+        })
+        .collect()
+}
+
+pub(super) async fn offset_fetch(ctx: Request, req: OffsetFetchRequest) -> OffsetFetchResponse {
+    if ctx.version >= 8 {
+        let groups = req
+            .groups
+            .into_iter()
+            .map(|g| {
+                let id = g.group_id.0.to_string();
+                let asked = g.topics.map(|ts| {
+                    ts.into_iter()
+                        .map(|t| (t.name.0.to_string(), t.partition_indexes))
+                        .collect()
+                });
+                match coordinator(&ctx, &id) {
+                    Ok(c) => OffsetFetchResponseGroup::default()
+                        .with_group_id(g.group_id)
+                        .with_topics(
+                            fetch_group(&c, &id, asked)
+                                .into_iter()
+                                .map(|(topic, rows)| {
+                                    OffsetFetchResponseTopics::default()
+                                        .with_name(TopicName(s(topic)))
+                                        .with_partitions(
+                                            rows.into_iter()
+                                                .map(|(p, o, e, m)| {
+                                                    OffsetFetchResponsePartitions::default()
+                                                        .with_partition_index(p)
+                                                        .with_committed_offset(o)
+                                                        .with_committed_leader_epoch(e)
+                                                        .with_metadata(m.map(s))
+                                                })
+                                                .collect(),
+                                        )
+                                })
+                                .collect(),
+                        ),
+                    Err(code) => OffsetFetchResponseGroup::default()
+                        .with_group_id(g.group_id)
+                        .with_error_code(code),
+                }
+            })
+            .collect();
+        return OffsetFetchResponse::default().with_groups(groups);
+    }
+    let id = req.group_id.0.to_string();
+    let c = match coordinator(&ctx, &id) {
+        Ok(c) => c,
+        Err(code) => {
+            // v1 has no top-level error: the code goes on every partition asked for.
+            return OffsetFetchResponse::default()
+                .with_error_code(code)
+                .with_topics(
+                    req.topics
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|t| {
+                            OffsetFetchResponseTopic::default()
+                                .with_name(t.name)
+                                .with_partitions(
+                                    t.partition_indexes
+                                        .into_iter()
+                                        .map(|p| {
+                                            OffsetFetchResponsePartition::default()
+                                                .with_partition_index(p)
+                                                .with_committed_offset(-1)
+                                                .with_error_code(code)
+                                        })
+                                        .collect(),
+                                )
+                        })
+                        .collect(),
+                );
+        }
+    };
+    let asked = req.topics.map(|ts| {
+        ts.into_iter()
+            .map(|t| (t.name.0.to_string(), t.partition_indexes))
+            .collect()
+    });
+    OffsetFetchResponse::default().with_topics(
+        fetch_group(&c, &id, asked)
+            .into_iter()
+            .map(|(topic, rows)| {
+                OffsetFetchResponseTopic::default()
+                    .with_name(TopicName(s(topic)))
+                    .with_partitions(
+                        rows.into_iter()
+                            .map(|(p, o, e, m)| {
+                                OffsetFetchResponsePartition::default()
+                                    .with_partition_index(p)
+                                    .with_committed_offset(o)
+                                    .with_committed_leader_epoch(e)
+                                    .with_metadata(m.map(s))
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    )
+}
+
+pub(super) fn list_groups(ctx: &Request, req: ListGroupsRequest) -> ListGroupsResponse {
+    let wanted: Vec<String> = req
+        .states_filter
+        .iter()
+        .map(|s| s.to_ascii_lowercase())
+        .collect();
+    let mut groups = Vec::new();
+    for c in ctx.broker().groups().coordinators() {
+        for (id, protocol_type, state) in c.list() {
+            if !wanted.is_empty() && !wanted.contains(&state.name().to_ascii_lowercase()) {
+                continue;
+            }
+            groups.push(
+                ListedGroup::default()
+                    .with_group_id(GroupId(s(id)))
+                    .with_protocol_type(s(protocol_type))
+                    .with_group_state(s(state.name()))
+                    .with_group_type(s("classic")),
+            );
+        }
+    }
+    ListGroupsResponse::default().with_groups(groups)
+}
+
+pub(super) fn describe_groups(ctx: &Request, req: DescribeGroupsRequest) -> DescribeGroupsResponse {
+    let groups = req
+        .groups
+        .into_iter()
+        .map(|id| {
+            let name = id.0.to_string();
+            let c = match coordinator(ctx, &name) {
+                Ok(c) => c,
+                Err(code) => {
+                    return DescribedGroup::default()
+                        .with_group_id(id)
+                        .with_error_code(code)
+                }
+            };
+            let Some(view) = c.describe(&name) else {
+                // Kafka describes an unknown group as Dead with no members.
+                return DescribedGroup::default()
+                    .with_group_id(id)
+                    .with_group_state(s(GroupState::Dead.name()));
+            };
+            DescribedGroup::default()
+                .with_group_id(id)
+                .with_group_state(s(view.state.name()))
+                .with_protocol_type(s(view.protocol_type))
+                .with_protocol_data(s(view.protocol))
+                .with_authorized_operations(i32::MIN)
+                .with_members(
+                    view.members
+                        .into_iter()
+                        .map(|m| {
+                            DescribedGroupMember::default()
+                                .with_member_id(s(m.member_id))
+                                .with_group_instance_id(m.instance_id.map(s))
+                                .with_client_id(s(m.client_id))
+                                .with_client_host(s(m.client_host))
+                                .with_member_metadata(m.metadata)
+                                .with_member_assignment(m.assignment)
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    DescribeGroupsResponse::default().with_groups(groups)
+}
+
+pub(super) async fn delete_groups(ctx: Request, req: DeleteGroupsRequest) -> DeleteGroupsResponse {
+    let mut results = Vec::with_capacity(req.groups_names.len());
+    for id in req.groups_names {
+        let name = id.0.to_string();
+        let code = match coordinator(&ctx, &name) {
+            Ok(c) => c.delete(&name).await,
+            Err(code) if code == INVALID_GROUP_ID => GROUP_ID_NOT_FOUND,
+            Err(code) => code,
+        };
+        results.push(
+            DeletableGroupResult::default()
+                .with_group_id(id)
+                .with_error_code(code),
+        );
+    }
+    DeleteGroupsResponse::default().with_results(results)
+}
