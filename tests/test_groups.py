@@ -280,3 +280,47 @@ def test_kcat_balanced_consumer(cluster):
         [kcat_bin(), "-b", bootstrap(cluster), "-G", "kcat-group", TOPIC, "-e", "-q", "-f", "%s\n"],
         capture_output=True, text=True, timeout=60)
     assert again.stdout.split() == [], again.stderr[-2000:]
+
+
+def strata_group(cluster, *args):
+    import os
+    env = dict(os.environ)
+    env.pop("RUST_BACKTRACE", None)
+    r = subprocess.run([strata_bin(), "group", "--bootstrap", bootstrap(cluster), *args],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, f"strata group {' '.join(args)}:\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def total_lag(describe_output):
+    return int(describe_output.strip().splitlines()[-1].split()[-1])
+
+
+def test_operator_view_lists_describes_and_resets_offsets(cluster):
+    create_topic(cluster)
+    produced = produce(cluster, 0, 1200)
+    subprocess.run([kcat_bin(), "-b", bootstrap(cluster), "-G", "ops", TOPIC, "-o", "beginning",
+                    "-X", "auto.offset.reset=earliest", "-e", "-q"], capture_output=True, timeout=60, check=True)
+    listed = strata_group(cluster, "list")
+    assert any(line.split("\t")[:2] == ["ops", "Empty"] for line in listed.splitlines()), listed
+    described = strata_group(cluster, "describe", "ops")
+    assert "state Empty" in described and total_lag(described) == 0, described
+
+    plan = strata_group(cluster, "reset-offsets", "ops", "-t", TOPIC, "--to-earliest")
+    assert "dry run" in plan
+    assert total_lag(strata_group(cluster, "describe", "ops")) == 0, "a dry run changed nothing"
+    strata_group(cluster, "reset-offsets", "ops", "-t", TOPIC, "--to-earliest", "--execute")
+    assert total_lag(strata_group(cluster, "describe", "ops")) == len(produced)
+
+    # The coordinator's metrics show the same lag, partition by partition.
+    coordinator = coordinator_of(cluster, "ops")
+    m = cluster.broker_metrics(coordinator)
+    lags = {k: v for k, v in m.items() if k.startswith('strata_group_lag_records{group="ops"')}
+    assert len(lags) == PARTITIONS and sum(lags.values()) == len(produced), lags
+
+    # A consumer of the group reads everything again from the reset offsets.
+    out = subprocess.run([kcat_bin(), "-b", bootstrap(cluster), "-G", "ops", TOPIC, "-e", "-q", "-f", "%s\n"],
+                         capture_output=True, text=True, timeout=60)
+    assert set(out.stdout.split()) == produced
+    strata_group(cluster, "reset-offsets", "ops", "-t", TOPIC, "--to-offset", "50", "--execute")
+    assert total_lag(strata_group(cluster, "describe", "ops")) == len(produced) - 50 * PARTITIONS

@@ -4,6 +4,7 @@
 //! cluster (gRPC) work.
 
 pub mod controller;
+pub mod groups;
 pub mod native;
 
 use std::collections::BTreeMap;

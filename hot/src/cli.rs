@@ -331,3 +331,173 @@ pub async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[derive(Subcommand)]
+pub enum GroupCommand {
+    /// List the consumer groups of every broker.
+    List,
+    /// Show a group's state, members, and each partition's committed offset and lag.
+    Describe { group: String },
+    /// Move a group's committed offsets for a topic. Shows the plan; commits it only with
+    /// --execute, and only while the group has no members.
+    ResetOffsets {
+        group: String,
+        #[arg(long, short)]
+        topic: String,
+        #[arg(long, group = "target")]
+        to_earliest: bool,
+        #[arg(long, group = "target")]
+        to_latest: bool,
+        /// An RFC 3339 time (2026-11-29T12:00:00Z) or milliseconds since the epoch.
+        #[arg(long, group = "target", value_name = "TIME")]
+        to_datetime: Option<String>,
+        #[arg(long, group = "target", value_name = "OFFSET")]
+        to_offset: Option<i64>,
+        /// Commit the new offsets (without it, nothing changes).
+        #[arg(long)]
+        execute: bool,
+    },
+}
+
+fn parse_time(text: &str) -> anyhow::Result<i64> {
+    if let Ok(ms) = text.parse::<i64>() {
+        return Ok(ms);
+    }
+    let t = humantime::parse_rfc3339_weak(text).with_context(|| {
+        format!("--to-datetime '{text}' is neither RFC 3339 (2026-11-29T12:00:00Z) nor epoch milliseconds")
+    })?;
+    Ok(t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64))
+}
+
+pub async fn group(bootstrap: &str, command: GroupCommand) -> anyhow::Result<()> {
+    use strata_client::groups::{GroupAdmin, ResetTarget};
+    let mut admin = GroupAdmin::connect(bootstrap)
+        .await
+        .with_context(|| format!("connecting to {bootstrap} (is `strata dev` running?)"))?;
+    let dash = |v: Option<i64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+    match command {
+        GroupCommand::List => {
+            let groups = admin.list().await.context("listing groups")?;
+            println!("GROUP\tSTATE\tPROTOCOL-TYPE\tCOORDINATOR");
+            for g in groups {
+                let kind = if g.protocol_type.is_empty() {
+                    "-"
+                } else {
+                    &g.protocol_type
+                };
+                println!("{}\t{}\t{kind}\t{}", g.group, g.state, g.coordinator);
+            }
+        }
+        GroupCommand::Describe { group } => {
+            let d = admin
+                .describe(&group)
+                .await
+                .with_context(|| format!("describing group '{group}'"))?;
+            if d.state == "Dead" && d.members.is_empty() && d.positions.is_empty() {
+                bail!("group '{group}' does not exist (no members and no committed offsets)");
+            }
+            println!(
+                "group {}\nstate {}\nprotocol {} {}\ncoordinator {}\nmembers {}",
+                d.group,
+                d.state,
+                if d.protocol_type.is_empty() {
+                    "-"
+                } else {
+                    &d.protocol_type
+                },
+                if d.protocol.is_empty() {
+                    "-"
+                } else {
+                    &d.protocol
+                },
+                d.coordinator,
+                d.members.len()
+            );
+            for m in &d.members {
+                let parts: Vec<String> = m
+                    .partitions
+                    .iter()
+                    .map(|(t, p)| format!("{t}-{p}"))
+                    .collect();
+                println!(
+                    "  {}\tclient {}\thost {}{}\tpartitions {}",
+                    m.member_id,
+                    m.client_id,
+                    m.client_host,
+                    m.instance_id
+                        .as_ref()
+                        .map(|i| format!("\tinstance {i}"))
+                        .unwrap_or_default(),
+                    parts.join(",")
+                );
+            }
+            println!("TOPIC\tPARTITION\tCOMMITTED\tLOG-END\tLAG\tMEMBER");
+            let mut total = 0i64;
+            for p in &d.positions {
+                total += p.lag().unwrap_or(0);
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}",
+                    p.topic,
+                    p.partition,
+                    dash(p.committed),
+                    dash(p.log_end),
+                    dash(p.lag()),
+                    p.owner.as_deref().unwrap_or("-")
+                );
+            }
+            println!("total lag {total}");
+        }
+        GroupCommand::ResetOffsets {
+            group,
+            topic,
+            to_earliest,
+            to_latest,
+            to_datetime,
+            to_offset,
+            execute,
+        } => {
+            let target = match (to_earliest, to_latest, to_datetime, to_offset) {
+                (true, ..) => ResetTarget::Earliest,
+                (_, true, ..) => ResetTarget::Latest,
+                (_, _, Some(t), _) => ResetTarget::Timestamp(parse_time(&t)?),
+                (_, _, _, Some(o)) => ResetTarget::Offset(o),
+                _ => bail!(
+                    "say where to: --to-earliest, --to-latest, --to-datetime TIME or --to-offset N"
+                ),
+            };
+            let state = admin
+                .describe(&group)
+                .await
+                .with_context(|| format!("describing group '{group}'"))?;
+            let plan = admin
+                .plan_reset(&group, &topic, target)
+                .await
+                .with_context(|| format!("planning the reset of '{group}' on '{topic}'"))?;
+            println!("TOPIC\tPARTITION\tCOMMITTED\tNEW");
+            for (p, old, new) in &plan {
+                println!("{topic}\t{p}\t{}\t{new}", dash(*old));
+            }
+            if !execute {
+                println!("dry run: nothing changed; add --execute to commit these offsets");
+                return Ok(());
+            }
+            if !state.members.is_empty() {
+                bail!(
+                    "group '{group}' has {} active member(s) (state {}); stop its consumers before resetting offsets",
+                    state.members.len(),
+                    state.state
+                );
+            }
+            admin
+                .execute_reset(&group, &topic, &plan)
+                .await
+                .with_context(|| format!("committing the new offsets of '{group}'"))?;
+            println!(
+                "reset {} partition(s) of {topic} for group {group}",
+                plan.len()
+            );
+        }
+    }
+    Ok(())
+}

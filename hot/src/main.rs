@@ -1,4 +1,5 @@
-//! `strata`: run a broker (`dev`, `server`) or administer topics (`topic`).
+//! `strata`: run a broker (`dev`, `server`) or administer topics (`topic`) and consumer
+//! groups (`group`).
 
 use std::path::PathBuf;
 
@@ -58,6 +59,14 @@ enum Command {
         controller: Option<String>,
         #[command(subcommand)]
         command: cli::TopicCommand,
+    },
+    /// List, describe and reset consumer groups.
+    Group {
+        /// A broker's Kafka listener.
+        #[arg(long, default_value = "127.0.0.1:9092", global = true)]
+        bootstrap: String,
+        #[command(subcommand)]
+        command: cli::GroupCommand,
     },
     /// Produce lines from stdin through the gRPC data plane (the native Rust producer).
     Produce(cli::ProduceArgs),
@@ -128,6 +137,7 @@ fn main() -> anyhow::Result<()> {
             controller,
             command,
         } => runtime.block_on(cli::quorum(&controller, command)),
+        Command::Group { bootstrap, command } => runtime.block_on(cli::group(&bootstrap, command)),
         Command::Produce(args) => runtime.block_on(cli::produce(args)),
         Command::Consume(args) => runtime.block_on(cli::consume(args)),
     }

@@ -261,13 +261,83 @@ impl Metrics {
         let _ = writeln!(out, "# HELP strata_partition_high_watermark Offsets below it are durable and visible.\n# TYPE strata_partition_high_watermark gauge");
         let _ = writeln!(out, "# TYPE strata_partition_log_end_offset gauge\n# TYPE strata_partition_log_start_offset gauge");
         out.push_str(&partitions);
+        render_groups(&mut out, broker);
         out
     }
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The groups this broker coordinates: members, committed offsets, and the lag behind the
+/// high watermark of each partition this broker holds a replica of.
+fn render_groups(out: &mut String, broker: &Broker) {
+    let mut members = String::new();
+    let mut committed = String::new();
+    let mut lag = String::new();
+    for c in broker.groups().coordinators() {
+        for (group, _, _) in c.list() {
+            let g = label(&group);
+            if let Some(view) = c.describe(&group) {
+                let _ = writeln!(
+                    members,
+                    "strata_group_members{{group=\"{g}\",state=\"{}\"}} {}",
+                    view.state.name(),
+                    view.members.len()
+                );
+            }
+            for ((topic, partition), o) in c.committed(&group) {
+                let labels = format!(
+                    "group=\"{g}\",topic=\"{}\",partition=\"{partition}\"",
+                    label(&topic)
+                );
+                let _ = writeln!(
+                    committed,
+                    "strata_group_committed_offset{{{labels}}} {}",
+                    o.offset
+                );
+                let local = broker.topic(&topic).and_then(|t| {
+                    usize::try_from(partition)
+                        .ok()
+                        .and_then(|i| t.partitions.get(i).cloned().flatten())
+                });
+                if let Some(p) = local {
+                    let hw = p.progress().high_watermark as i64;
+                    let _ = writeln!(
+                        lag,
+                        "strata_group_lag_records{{{labels}}} {}",
+                        (hw - o.offset).max(0)
+                    );
+                }
+            }
+        }
+    }
+    let _ = writeln!(out, "# HELP strata_group_members Members of each group this broker coordinates, by state.\n# TYPE strata_group_members gauge");
+    out.push_str(&members);
+    let _ = writeln!(out, "# HELP strata_group_committed_offset Committed offset of each group partition this broker coordinates.\n# TYPE strata_group_committed_offset gauge");
+    out.push_str(&committed);
+    let _ = writeln!(out, "# HELP strata_group_lag_records High watermark minus committed offset, for partitions with a replica on this broker.\n# TYPE strata_group_lag_records gauge");
+    out.push_str(&lag);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(
+            label(
+                r#"a"b\c
+d"#
+            ),
+            r#"a\"b\\c\nd"#
+        );
+    }
 
     #[test]
     fn histogram_buckets_are_cumulative() {

@@ -234,30 +234,6 @@ impl GroupState {
     }
 }
 
-/// The partitions a consumer-protocol assignment names; `None` when the bytes are not one.
-pub fn assigned_partitions(bytes: &[u8]) -> Option<std::collections::HashSet<(String, i32)>> {
-    use kafka_protocol::messages::ConsumerProtocolAssignment;
-    use kafka_protocol::protocol::Decodable;
-    let mut out = std::collections::HashSet::new();
-    if bytes.is_empty() {
-        return Some(out);
-    }
-    let mut buf = Bytes::copy_from_slice(bytes);
-    if buf.len() < 2 {
-        return None;
-    }
-    let version = i16::from_be_bytes([buf[0], buf[1]]);
-    bytes::Buf::advance(&mut buf, 2);
-    // Versions above 3 are read as 3, as Kafka's consumers do (fields are only added).
-    let assignment = ConsumerProtocolAssignment::decode(&mut buf, version.clamp(0, 3)).ok()?;
-    for t in assignment.assigned_partitions {
-        for p in t.partitions {
-            out.insert((t.topic.to_string(), p));
-        }
-    }
-    Some(out)
-}
-
 impl Group {
     pub fn new(id: impl Into<String>, config: GroupConfig) -> Group {
         Group {
@@ -971,7 +947,9 @@ impl Group {
             return None;
         }
         let m = self.members.get(member)?;
-        let mut owned = assigned_partitions(&m.assignment)?;
+        use strata_client::groups::assigned_partitions;
+        let mut owned: std::collections::HashSet<(String, i32)> =
+            assigned_partitions(&m.assignment)?.into_iter().collect();
         owned.extend(assigned_partitions(&m.previous_assignment).unwrap_or_default());
         Some(partitions.iter().all(|p| owned.contains(p)))
     }
