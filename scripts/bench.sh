@@ -8,7 +8,7 @@ seconds="${1:-10}"
 bench_dir="${BENCH_DIR:-$PWD/target}"
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 python3 -m pip install -q --disable-pip-version-check -r tests/requirements.txt
-cargo build --locked --release --bin strata --bin strata-bench --bin strata-loadgen
+cargo build --locked --release --bin strata --bin strata-bench --bin strata-loadgen --bin strata-groupbench
 
 echo "== log engine"
 "$target_dir/release/strata-bench" --dir "$bench_dir" --seconds "$seconds"
@@ -31,3 +31,6 @@ STRATA_BIN="$target_dir/release/strata" python3 bench/replication_bench.py --sec
 
 echo "== cluster: metadata propagation and fencing (3 controllers + 3 brokers)"
 STRATA_BIN="$target_dir/release/strata" python3 bench/cluster_bench.py
+
+echo "== consumer groups: rebalance time and offset commits (3 controllers + 3 brokers)"
+STRATA_BIN="$target_dir/release/strata" python3 bench/groups_bench.py

@@ -230,6 +230,12 @@ impl GroupManager {
                 ..
             }) => Ok(c.clone()),
             Some(_) => Err(COORDINATOR_LOAD_IN_PROGRESS),
+            // Elected here but the role is not applied yet: the same broker will answer soon.
+            None if topic.layout.get(index as usize).and_then(|l| l.leader)
+                == Some(broker.config().node_id) =>
+            {
+                Err(COORDINATOR_LOAD_IN_PROGRESS)
+            }
             None => Err(NOT_COORDINATOR),
         }
     }
