@@ -106,6 +106,12 @@ impl Connection {
         })
     }
 
+    /// The client id sent in request headers (brokers log it; group members are told
+    /// apart by it).
+    pub fn set_client_id(&mut self, client_id: impl Into<String>) {
+        self.client_id = client_id.into();
+    }
+
     fn frame<R: Request>(&mut self, req: &R, version: i16) -> Result<(i32, BytesMut)> {
         let correlation_id = self.next_correlation_id;
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);

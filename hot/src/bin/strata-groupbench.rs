@@ -118,6 +118,7 @@ async fn member(
 ) -> anyhow::Result<()> {
     let group = GroupId(s(&spec.group));
     let mut member_id = String::new();
+    conn.set_client_id(format!("bench-member-{}", spec.index));
     'rejoin: loop {
         let join = JoinGroupRequest::default()
             .with_group_id(group.clone())
@@ -151,6 +152,7 @@ async fn member(
             15 | 16 => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 conn = coordinator(&spec.bootstrap, &spec.group).await?;
+                conn.set_client_id(format!("bench-member-{}", spec.index));
                 continue;
             }
             code => bail!("member {}: JoinGroup error {code}", spec.index),

@@ -134,6 +134,8 @@ struct Member {
     /// The assignment of the generation before (kept for commits of partitions being
     /// given up, which a cooperative member makes after its new assignment).
     previous_assignment: Bytes,
+    /// It rejoined with a changed subscription (so the rebalance it forces is its own doing).
+    changed: bool,
 }
 
 impl Member {
@@ -174,6 +176,9 @@ pub struct Group {
     /// When the current PreparingRebalance / CompletingRebalance must end.
     deadline: Option<i64>,
     flaps: HashMap<String, Flaps>,
+    /// When a member of each client key last left or was removed: a new member with that
+    /// key forcing a rebalance soon after is the same client coming back (a crash loop).
+    departed: HashMap<String, i64>,
     next_member: u64,
     /// The member the latest join request was taken in as.
     last_joined: Option<String>,
@@ -248,6 +253,7 @@ impl Group {
             statics: HashMap::new(),
             deadline: None,
             flaps: HashMap::new(),
+            departed: HashMap::new(),
             next_member: 0,
             last_joined: None,
         }
@@ -426,6 +432,7 @@ impl Group {
                 awaiting_sync: false,
                 assignment: Bytes::new(),
                 previous_assignment: Bytes::new(),
+                changed: false,
             },
         );
         let mut replies = self.prepare_rebalance(now, Some(&id));
@@ -436,6 +443,7 @@ impl Group {
     fn update_member(&mut self, id: &str, j: Join, now: i64) {
         self.last_joined = Some(id.to_string());
         if let Some(m) = self.members.get_mut(id) {
+            m.changed = m.protocols != j.protocols;
             m.protocols = j.protocols;
             m.session_timeout_ms = j.session_timeout_ms;
             m.rebalance_timeout_ms = j.rebalance_timeout_ms;
@@ -493,11 +501,15 @@ impl Group {
         if self.state == GroupState::PreparingRebalance {
             return Replies::new();
         }
-        if let Some(key) = forced_by
-            .and_then(|id| self.members.get(id))
-            .map(Member::client_key)
-        {
-            self.record_flap(key, now);
+        // A rebalance counts against a client when it comes back soon after it left, or
+        // rejoins with a changed subscription; a group growing counts against nobody.
+        let window = self.config.flap_window_ms;
+        if let Some(m) = forced_by.and_then(|id| self.members.get(id)) {
+            let key = m.client_key();
+            let returning = self.departed.get(&key).is_some_and(|t| now - t <= window);
+            if m.changed || returning {
+                self.record_flap(key, now);
+            }
         }
         let mut replies = Replies::new();
         for (id, m) in self.members.iter_mut() {
@@ -573,7 +585,7 @@ impl Group {
             .map(|(id, _)| id.clone())
             .collect();
         for id in missing {
-            self.remove_member(&id);
+            self.remove_member(&id, now);
         }
         if self.members.is_empty() {
             self.become_empty();
@@ -766,7 +778,7 @@ impl Group {
             return (codes::UNKNOWN_MEMBER_ID, Replies::new());
         }
         let mut replies = self.answer_pending(&id, codes::UNKNOWN_MEMBER_ID);
-        self.remove_member(&id);
+        self.remove_member(&id, now);
         replies.extend(self.after_removal(now));
         (codes::NONE, replies)
     }
@@ -784,7 +796,7 @@ impl Group {
             .collect();
         for id in &expired {
             replies.extend(self.answer_pending(id, codes::UNKNOWN_MEMBER_ID));
-            self.remove_member(id);
+            self.remove_member(id, now);
         }
         if !expired.is_empty() {
             replies.extend(self.after_removal(now));
@@ -802,7 +814,7 @@ impl Group {
                         .map(|(id, _)| id.clone())
                         .collect();
                     for id in unsynced {
-                        self.remove_member(&id);
+                        self.remove_member(&id, now);
                     }
                     self.leader = None;
                     if self.members.is_empty() {
@@ -832,8 +844,9 @@ impl Group {
         replies
     }
 
-    fn remove_member(&mut self, id: &str) {
+    fn remove_member(&mut self, id: &str, now: i64) {
         if let Some(m) = self.members.remove(id) {
+            self.departed.insert(m.client_key(), now);
             if let Some(instance) = m.instance_id {
                 if self.statics.get(&instance).map(String::as_str) == Some(id) {
                     self.statics.remove(&instance);
@@ -932,6 +945,7 @@ impl Group {
                     awaiting_sync: false,
                     assignment: m.assignment.clone(),
                     previous_assignment: Bytes::new(),
+                    changed: false,
                 },
             );
         }

@@ -246,13 +246,36 @@ fn settle(g: &mut Group, now: i64) {
 }
 
 #[test]
+fn a_group_growing_from_one_host_is_not_throttled() {
+    // Many consumers with the same client id on one host (librdkafka's default client.id)
+    // join one after another: a scale-up, not a flapping member.
+    let mut g = Group::new("g", CONFIG);
+    stable_pair(&mut g);
+    for round in 0..3 * CONFIG.max_rebalances_per_member {
+        let r = g.join(join("", None, "worker"), 100 + round as i64);
+        assert!(
+            r.iter()
+                .all(|(_, reply)| !matches!(reply, Reply::Join(j) if j.throttle_ms > 0)),
+            "round {round} throttled: {r:?}"
+        );
+        settle(&mut g, 101 + round as i64);
+    }
+    assert_eq!(
+        g.member_ids().len(),
+        2 + 3 * CONFIG.max_rebalances_per_member
+    );
+    assert!(g.backoff_of("worker@10.0.0.1", 1_000).is_none());
+}
+
+#[test]
 fn a_member_that_keeps_forcing_rebalances_is_turned_away_with_growing_backoff() {
     let mut g = Group::new("g", CONFIG);
     let (a, _b) = stable_pair(&mut g);
     let mut now = 1_000;
     let flappy = |g: &Group| g.member_ids().into_iter().find(|m| m.starts_with("flappy"));
-    // it joins and leaves over and over; each join forces a rebalance
-    for round in 0..CONFIG.max_rebalances_per_member {
+    // it joins and leaves over and over; each join after the first forces a rebalance
+    // that counts against it (it is a client coming back)
+    for round in 0..=CONFIG.max_rebalances_per_member {
         let r = g.join(join("", None, "flappy"), now);
         assert!(r.is_empty(), "round {round}: waits for the others");
         settle(&mut g, now + 1);
