@@ -324,3 +324,27 @@ def test_operator_view_lists_describes_and_resets_offsets(cluster):
     assert set(out.stdout.split()) == produced
     strata_group(cluster, "reset-offsets", "ops", "-t", TOPIC, "--to-offset", "50", "--execute")
     assert total_lag(strata_group(cluster, "describe", "ops")) == len(produced) - 50 * PARTITIONS
+
+
+def test_native_and_kafka_members_share_group_offsets(cluster):
+    """A native (gRPC) member, assigned by the coordinator, commits; a kafka-python member of
+    the same group then starts where it stopped: one coordinator, one set of offsets."""
+    import os
+    create_topic(cluster)
+    produced = produce(cluster, 0, 900)
+    env = dict(os.environ)
+    env.pop("RUST_BACKTRACE", None)
+    grpc = f"127.0.0.1:{cluster.grpc_ports[1]}"
+    native = subprocess.run([strata_bin(), "consume", "--grpc", grpc, "-t", TOPIC, "--group", "mixed",
+                             "--assignor", "roundrobin", "--idle", "3s"],
+                            capture_output=True, text=True, timeout=90, env=env)
+    assert native.returncode == 0, native.stderr
+    got = {line.split(" ")[3] for line in native.stdout.splitlines() if line.count(" ") >= 3}
+    assert got == produced, f"native member read {len(got)} of {len(produced)}: {native.stderr[-1500:]}"
+    described = strata_group(cluster, "describe", "mixed")
+    assert total_lag(described) == 0, described
+    produced_later = produce(cluster, 900, 120)
+    member = Member(cluster, "kafka-python", "mixed", "k0")
+    wait_until(lambda: consumed_values([member]) >= produced_later, "the kafka-python member", 60)
+    time.sleep(1)
+    assert consumed_values([member]) == produced_later, "it resumed at the native member's commits"

@@ -20,6 +20,9 @@ use tonic::transport::Channel;
 
 use crate::{ClientError, Result};
 
+mod group;
+pub use group::{GroupConsumer, GroupConsumerConfig, OffsetReset};
+
 const NOT_LEADER_OR_FOLLOWER: i32 = 6;
 const UNKNOWN_TOPIC_OR_PARTITION: i32 = 3;
 const LEADER_NOT_AVAILABLE: i32 = 5;
@@ -198,6 +201,46 @@ impl Cluster {
             .cloned()
             .ok_or_else(|| ClientError::Protocol(format!("broker {leader} serves no gRPC")))?;
         self.channel(&mut state, &addr).await
+    }
+
+    /// A client for broker `id` (by its gRPC address in the metadata).
+    pub(crate) async fn broker(&self, id: i32) -> Result<BrokerClient<Channel>> {
+        let known = self.state.lock().await.grpc_addr.get(&id).cloned();
+        let addr = match known {
+            Some(a) => a,
+            None => {
+                self.refresh().await?;
+                self.state
+                    .lock()
+                    .await
+                    .grpc_addr
+                    .get(&id)
+                    .cloned()
+                    .ok_or_else(|| ClientError::Protocol(format!("broker {id} serves no gRPC")))?
+            }
+        };
+        let mut state = self.state.lock().await;
+        self.channel(&mut state, &addr).await
+    }
+
+    /// A client for any reachable broker.
+    pub(crate) async fn any(&self) -> Result<BrokerClient<Channel>> {
+        let mut state = self.state.lock().await;
+        let mut candidates: Vec<String> = state.grpc_addr.values().cloned().collect();
+        candidates.extend(self.bootstrap.iter().cloned());
+        let mut last = ClientError::Protocol("no bootstrap brokers given".into());
+        for addr in candidates {
+            match self.channel(&mut state, &addr).await {
+                Ok(c) => return Ok(c),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Forgets a channel that failed, so the next call reconnects.
+    pub(crate) async fn forget(&self) {
+        self.state.lock().await.channels.clear();
     }
 
     /// Whether an error means "refresh metadata and try again".
@@ -459,26 +502,15 @@ impl Consumer {
         let mut out = Vec::new();
         for i in 0..self.positions.len() {
             let (partition, offset) = self.positions[i];
-            let fetched = async {
-                let mut client = self.cluster.leader(&self.topic, partition).await?;
-                let resp = client
-                    .fetch(FetchRequest {
-                        topic: self.topic.clone(),
-                        partition,
-                        offset,
-                        max_bytes: 1 << 20,
-                        max_wait_ms: max_wait.as_millis() as u32,
-                    })
-                    .await
-                    .map_err(ClientError::from)?
-                    .into_inner();
-                match resp.error {
-                    Some(e) => Err(broker_error(e.code, e.message)),
-                    None => Ok(resp.records),
-                }
-            }
-            .await;
-            let records = match fetched {
+            let records = match fetch_records(
+                &self.cluster,
+                &self.topic,
+                partition,
+                offset,
+                max_wait,
+            )
+            .await
+            {
                 Ok(r) => r,
                 Err(e) if Cluster::retriable(&e) => {
                     let _ = self.cluster.refresh().await;
@@ -486,31 +518,59 @@ impl Consumer {
                 }
                 Err(e) => return Err(e),
             };
-            let mut buf = Bytes::from(records);
-            let sets = RecordBatchDecoder::decode_all(&mut buf).map_err(|e| {
-                ClientError::Protocol(format!(
-                    "undecodable records from {}-{partition}: {e}",
-                    self.topic
-                ))
-            })?;
-            for set in sets {
-                for r in set.records {
-                    if r.offset < offset {
-                        continue;
-                    }
-                    self.positions[i].1 = r.offset + 1;
-                    out.push(Consumed {
-                        partition,
-                        offset: r.offset,
-                        timestamp: r.timestamp,
-                        key: r.key,
-                        value: r.value,
-                    });
-                }
+            if let Some(last) = records.last() {
+                self.positions[i].1 = last.offset + 1;
             }
+            out.extend(records);
         }
         Ok(out)
     }
+}
+
+/// Fetches the records of one partition from `offset` on its leader, waiting up to
+/// `max_wait` when there are none yet.
+pub(crate) async fn fetch_records(
+    cluster: &Cluster,
+    topic: &str,
+    partition: u32,
+    offset: i64,
+    max_wait: Duration,
+) -> Result<Vec<Consumed>> {
+    let mut client = cluster.leader(topic, partition).await?;
+    let resp = client
+        .fetch(FetchRequest {
+            topic: topic.to_string(),
+            partition,
+            offset,
+            max_bytes: 1 << 20,
+            max_wait_ms: max_wait.as_millis() as u32,
+        })
+        .await
+        .map_err(ClientError::from)?
+        .into_inner();
+    if let Some(e) = resp.error {
+        return Err(broker_error(e.code, e.message));
+    }
+    let mut buf = Bytes::from(resp.records);
+    let sets = RecordBatchDecoder::decode_all(&mut buf).map_err(|e| {
+        ClientError::Protocol(format!("undecodable records from {topic}-{partition}: {e}"))
+    })?;
+    let mut out = Vec::new();
+    for set in sets {
+        for r in set.records {
+            if r.offset < offset {
+                continue;
+            }
+            out.push(Consumed {
+                partition,
+                offset: r.offset,
+                timestamp: r.timestamp,
+                key: r.key,
+                value: r.value,
+            });
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -253,6 +253,13 @@ pub struct ConsumeArgs {
     /// Stop when nothing arrives for this long (e.g. "5s").
     #[arg(long, default_value = "5s")]
     pub idle: humantime::Duration,
+    /// Consume as a member of this consumer group: partitions assigned by the
+    /// coordinator, starting from the group's committed offsets, committing as it goes.
+    #[arg(long, short)]
+    pub group: Option<String>,
+    /// The group's assignor: range, roundrobin or sticky.
+    #[arg(long, default_value = "range")]
+    pub assignor: String,
 }
 
 pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
@@ -296,11 +303,78 @@ pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn print_record(r: &strata_client::native::Consumed) {
+    let text = |b: &Option<bytes::Bytes>| {
+        b.as_ref()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default()
+    };
+    println!(
+        "{} {} {} {}",
+        r.partition,
+        r.offset,
+        text(&r.key),
+        text(&r.value)
+    );
+}
+
+/// `strata consume --group`: a native group member, committing after each poll.
+async fn consume_in_group(
+    cluster: std::sync::Arc<strata_client::native::Cluster>,
+    args: &ConsumeArgs,
+    group: &str,
+) -> anyhow::Result<()> {
+    use strata_client::native::{GroupConsumer, GroupConsumerConfig};
+    let mut consumer = GroupConsumer::join(
+        cluster,
+        GroupConsumerConfig {
+            group: group.to_string(),
+            topics: vec![args.topic.clone()],
+            assignor: args.assignor.clone(),
+            ..GroupConsumerConfig::default()
+        },
+    )
+    .await
+    .with_context(|| format!("joining group '{group}'"))?;
+    eprintln!(
+        "joined group {group} as {} (generation {}), partitions {:?}",
+        consumer.member_id(),
+        consumer.generation(),
+        consumer
+            .assignment()
+            .iter()
+            .map(|(_, p)| *p)
+            .collect::<Vec<_>>()
+    );
+    let idle: std::time::Duration = args.idle.into();
+    let mut seen = 0usize;
+    let mut last = std::time::Instant::now();
+    while args.count.is_none_or(|c| seen < c) && last.elapsed() < idle {
+        let records = consumer.poll(std::time::Duration::from_millis(200)).await?;
+        if records.is_empty() {
+            continue;
+        }
+        last = std::time::Instant::now();
+        for (_, r) in &records {
+            print_record(r);
+            seen += 1;
+        }
+        if let Err(e) = consumer.commit().await {
+            eprintln!("commit failed (the records will be read again): {e}");
+        }
+    }
+    consumer.close().await.context("leaving the group")?;
+    Ok(())
+}
+
 pub async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
     use strata_client::native::{Cluster, Consumer};
     let cluster = Cluster::connect(std::slice::from_ref(&args.grpc))
         .await
         .with_context(|| format!("connecting to {}", args.grpc))?;
+    if let Some(group) = &args.group {
+        return consume_in_group(cluster, &args, group).await;
+    }
     let mut consumer = Consumer::from_offset(cluster, &args.topic, 0).await?;
     let idle: std::time::Duration = args.idle.into();
     let mut seen = 0usize;
@@ -314,18 +388,7 @@ pub async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
             if args.count.is_some_and(|c| seen >= c) {
                 break;
             }
-            let text = |b: &Option<bytes::Bytes>| {
-                b.as_ref()
-                    .map(|b| String::from_utf8_lossy(b).into_owned())
-                    .unwrap_or_default()
-            };
-            println!(
-                "{} {} {} {}",
-                r.partition,
-                r.offset,
-                text(&r.key),
-                text(&r.value)
-            );
+            print_record(&r);
             seen += 1;
         }
     }

@@ -1,15 +1,20 @@
 //! The native data plane over gRPC (`strata.v1.Broker`): metadata, produce, fetch, list
-//! offsets and producer ids, with the same validation, append path and durability waits as
-//! the Kafka listener, and Kafka's error codes in the answers.
+//! offsets, producer ids and consumer groups, with the same validation, append path,
+//! durability waits and group coordinator as the Kafka listener, and Kafka's error codes in
+//! the answers.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use strata_proto::v1::broker_server::{Broker as BrokerApi, BrokerServer};
 use strata_proto::v1::{
-    BrokerEndpoint, ClusterMetadataRequest, ClusterMetadataResponse, Error, FetchRequest,
-    FetchResponse, InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest,
-    ListOffsetsResponse, PartitionInfo, ProduceRequest, ProduceResponse, TopicInfo,
+    BrokerEndpoint, ClusterMetadataRequest, ClusterMetadataResponse, CommitOffsetsRequest,
+    CommitOffsetsResponse, Error, FetchOffsetsRequest, FetchOffsetsResponse, FetchRequest,
+    FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupHeartbeatRequest,
+    GroupHeartbeatResponse, GroupJoinRequest, GroupJoinResponse, GroupLeaveRequest,
+    GroupLeaveResponse, InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest,
+    ListOffsetsResponse, PartitionInfo, PartitionOffset, ProduceRequest, ProduceResponse,
+    TopicInfo, TopicPartitions,
 };
 use tonic::{Request, Response, Status};
 
@@ -155,8 +160,9 @@ impl GrpcService {
     }
 }
 
+/// An error for an answer; `None` for code 0 (no error).
 fn error(code: i16, message: impl Into<String>) -> Option<Error> {
-    Some(Error {
+    (code != codes::NONE).then(|| Error {
         code: i32::from(code),
         message: message.into(),
         leader: None,
@@ -296,6 +302,181 @@ impl BrokerApi for GrpcService {
                 error: error(codes::KAFKA_STORAGE_ERROR, e.to_string()),
                 offset: -1,
             },
+        }))
+    }
+
+    async fn find_coordinator(
+        &self,
+        req: Request<FindCoordinatorRequest>,
+    ) -> Result<Response<FindCoordinatorResponse>, Status> {
+        let group = req.into_inner().group;
+        Ok(Response::new(
+            match self.broker.groups().find(&group).await {
+                Ok(broker) => FindCoordinatorResponse {
+                    error: None,
+                    broker,
+                },
+                Err(code) => FindCoordinatorResponse {
+                    error: error(code, format!("no coordinator for group '{group}' yet")),
+                    broker: -1,
+                },
+            },
+        ))
+    }
+
+    async fn group_join(
+        &self,
+        req: Request<GroupJoinRequest>,
+    ) -> Result<Response<GroupJoinResponse>, Status> {
+        let host = req
+            .remote_addr()
+            .map_or_else(String::new, |a| format!("/{}", a.ip()));
+        let r = req.into_inner();
+        let join = crate::group::native::NativeJoin {
+            group: r.group,
+            member_id: r.member_id.clone(),
+            instance_id: r.instance_id,
+            topics: r.topics,
+            assignor: r.assignor,
+            session_timeout_ms: i64::from(r.session_timeout_ms),
+            rebalance_timeout_ms: i64::from(r.rebalance_timeout_ms),
+            client_id: r.client_id,
+            client_host: host,
+        };
+        Ok(Response::new(
+            match crate::group::native::join(&self.broker, join).await {
+                Ok(j) => {
+                    let mut by_topic: std::collections::BTreeMap<String, Vec<i32>> =
+                        Default::default();
+                    for (t, p) in j.assignment {
+                        by_topic.entry(t).or_default().push(p);
+                    }
+                    GroupJoinResponse {
+                        error: None,
+                        member_id: j.member_id,
+                        generation: j.generation,
+                        assignment: by_topic
+                            .into_iter()
+                            .map(|(topic, partitions)| TopicPartitions { topic, partitions })
+                            .collect(),
+                    }
+                }
+                Err((code, message)) => GroupJoinResponse {
+                    error: error(code, message),
+                    member_id: r.member_id,
+                    generation: -1,
+                    assignment: Vec::new(),
+                },
+            },
+        ))
+    }
+
+    async fn group_heartbeat(
+        &self,
+        req: Request<GroupHeartbeatRequest>,
+    ) -> Result<Response<GroupHeartbeatResponse>, Status> {
+        let r = req.into_inner();
+        let code = match self.broker.groups().coordinator(&r.group) {
+            Ok(c) => c.heartbeat(&r.group, &r.member_id, r.generation),
+            Err(code) => code,
+        };
+        Ok(Response::new(GroupHeartbeatResponse {
+            error: error(code, "heartbeat refused"),
+        }))
+    }
+
+    async fn group_leave(
+        &self,
+        req: Request<GroupLeaveRequest>,
+    ) -> Result<Response<GroupLeaveResponse>, Status> {
+        let r = req.into_inner();
+        let code = match self.broker.groups().coordinator(&r.group) {
+            Ok(c) => c.leave(&r.group, &r.member_id, None),
+            Err(code) => code,
+        };
+        Ok(Response::new(GroupLeaveResponse {
+            error: error(code, "leave refused"),
+        }))
+    }
+
+    async fn commit_offsets(
+        &self,
+        req: Request<CommitOffsetsRequest>,
+    ) -> Result<Response<CommitOffsetsResponse>, Status> {
+        let r = req.into_inner();
+        let unknown = r.offsets.iter().find(|o| {
+            self.broker
+                .topic(&o.topic)
+                .is_none_or(|t| o.partition < 0 || o.partition as u32 >= t.spec.partitions)
+        });
+        if let Some(o) = unknown {
+            return Ok(Response::new(CommitOffsetsResponse {
+                error: error(
+                    codes::UNKNOWN_TOPIC_OR_PARTITION,
+                    format!(
+                        "{}-{} does not exist; nothing committed",
+                        o.topic, o.partition
+                    ),
+                ),
+            }));
+        }
+        let commits = r
+            .offsets
+            .into_iter()
+            .map(|o| crate::group::coordinator::Commit {
+                topic: o.topic,
+                partition: o.partition,
+                offset: o.offset,
+                leader_epoch: -1,
+                metadata: String::new(),
+            })
+            .collect();
+        let code = match self.broker.groups().coordinator(&r.group) {
+            Ok(c) => {
+                c.commit(&r.group, &r.member_id, r.generation, commits)
+                    .await
+            }
+            Err(code) => code,
+        };
+        Ok(Response::new(CommitOffsetsResponse {
+            error: error(code, "commit refused; nothing committed"),
+        }))
+    }
+
+    async fn fetch_offsets(
+        &self,
+        req: Request<FetchOffsetsRequest>,
+    ) -> Result<Response<FetchOffsetsResponse>, Status> {
+        let r = req.into_inner();
+        let c = match self.broker.groups().coordinator(&r.group) {
+            Ok(c) => c,
+            Err(code) => {
+                return Ok(Response::new(FetchOffsetsResponse {
+                    error: error(
+                        code,
+                        format!("this broker does not coordinate '{}'", r.group),
+                    ),
+                    offsets: Vec::new(),
+                }))
+            }
+        };
+        let asked: Vec<(String, i32)> = r
+            .partitions
+            .iter()
+            .flat_map(|t| t.partitions.iter().map(|p| (t.topic.clone(), *p)))
+            .collect();
+        let found = c.fetch(&r.group, &asked);
+        Ok(Response::new(FetchOffsetsResponse {
+            error: None,
+            offsets: asked
+                .into_iter()
+                .zip(found)
+                .map(|((topic, partition), o)| PartitionOffset {
+                    topic,
+                    partition,
+                    offset: o.map_or(-1, |o| o.offset),
+                })
+                .collect(),
         }))
     }
 

@@ -214,6 +214,8 @@ pub struct MemberView {
     /// The member's metadata for the group's chosen protocol.
     pub metadata: Bytes,
     pub assignment: Bytes,
+    /// What it owned before the rebalance under way (its assignment when none is).
+    pub owned: Bytes,
 }
 
 /// What DescribeGroups shows of a group.
@@ -994,6 +996,11 @@ impl Group {
                     client_host: m.client_host.clone(),
                     metadata: self.chosen_metadata(m),
                     assignment: m.assignment.clone(),
+                    owned: if m.assignment.is_empty() {
+                        m.previous_assignment.clone()
+                    } else {
+                        m.assignment.clone()
+                    },
                 })
                 .collect(),
         }
