@@ -126,13 +126,22 @@ fn join_request(group: &str, member: &str) -> JoinGroupRequest {
             ))])
 }
 
-/// FindCoordinator, as clients start: creates the offsets topic and waits for its load.
+/// FindCoordinator, as clients start: creates the offsets topic and waits for its load,
+/// retrying COORDINATOR_NOT_AVAILABLE as clients do.
 async fn find(conn: &mut Connection, group: &str) {
-    let r = conn
-        .send(&FindCoordinatorRequest::default().with_key(s(group)), 3)
-        .await
-        .unwrap();
-    assert_eq!((r.error_code, r.node_id.0), (0, 0), "{:?}", r.error_message);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = conn
+            .send(&FindCoordinatorRequest::default().with_key(s(group)), 3)
+            .await
+            .unwrap();
+        if r.error_code == 15 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        assert_eq!((r.error_code, r.node_id.0), (0, 0), "{:?}", r.error_message);
+        return;
+    }
 }
 
 /// Joins `group` alone and syncs with `partitions` assigned: (member id, generation).
@@ -231,6 +240,8 @@ async fn fetched(conn: &mut Connection, group: &str) -> Vec<i64> {
 async fn every_group_api_answers_at_every_served_version() {
     let b = start().await;
     let mut conn = Connection::connect(&b.addr).await.unwrap();
+    // The first FindCoordinator creates the offsets topic (clients retry until it exists).
+    find(&mut conn, "warm-up").await;
     let group_apis = [
         ApiKey::FindCoordinator,
         ApiKey::JoinGroup,
@@ -652,7 +663,16 @@ async fn committed_offsets_and_groups_survive_a_broker_restart() {
         .unwrap();
     let groups = broker.groups().clone();
     for g in ["audit", "reporting"] {
-        assert_eq!(groups.find(g).await, Ok(0));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match groups.find(g).await {
+                Ok(node) => break assert_eq!(node, 0),
+                Err(15) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(code) => panic!("FindCoordinator {g}: error {code}"),
+            }
+        }
     }
     // The coordinator loads in the background once the topic exists.
     let c = loaded(&groups, "audit").await;

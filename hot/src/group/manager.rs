@@ -18,6 +18,11 @@ use super::state::{codes, GroupConfig};
 use crate::broker::{AdminError, Broker, Clock, NewTopic, Partition};
 
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+/// The longest a FindCoordinator waits for the offsets topic to be created or a new
+/// coordinator to load. A Kafka connection answers in request order, so a slow
+/// FindCoordinator would hold up the fetches behind it; clients retry
+/// COORDINATOR_NOT_AVAILABLE.
+const FIND_WAIT: Duration = Duration::from_millis(500);
 /// Kafka's COORDINATOR_LOAD_IN_PROGRESS.
 pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
 
@@ -72,8 +77,8 @@ pub struct GroupManager {
     clock: Arc<dyn Clock>,
     config: GroupsConfig,
     slots: Mutex<HashMap<u32, Slot>>,
-    /// Serialises the creation of the internal topic.
-    creating: tokio::sync::Mutex<()>,
+    /// Set while the internal topic is being created (in the background).
+    creating: std::sync::atomic::AtomicBool,
     /// Bumped each time a coordinator finished loading.
     loaded: tokio::sync::watch::Sender<u64>,
 }
@@ -86,7 +91,7 @@ impl GroupManager {
             clock,
             config,
             slots: Mutex::new(HashMap::new()),
-            creating: tokio::sync::Mutex::new(()),
+            creating: std::sync::atomic::AtomicBool::new(false),
             loaded: tokio::sync::watch::channel(0).0,
         });
         let weak = Arc::downgrade(&manager);
@@ -250,17 +255,27 @@ impl GroupManager {
 
     /// FindCoordinator: the broker that coordinates `group`, creating `__consumer_offsets`
     /// first if it does not exist. Err: COORDINATOR_NOT_AVAILABLE (retriable).
-    pub async fn find(&self, group: &str) -> Result<i32, i16> {
+    /// Answers within `FIND_WAIT`, even when the controllers are unreachable.
+    pub async fn find(self: &Arc<Self>, group: &str) -> Result<i32, i16> {
         let broker = self
             .broker
             .upgrade()
             .ok_or(codes::COORDINATOR_NOT_AVAILABLE)?;
         if broker.topic(OFFSETS_TOPIC).is_none() {
-            self.create_offsets_topic(&broker).await?;
+            use std::sync::atomic::Ordering;
+            if self.creating.swap(true, Ordering::AcqRel) {
+                // Another request is creating it: the client retries.
+                return Err(codes::COORDINATOR_NOT_AVAILABLE);
+            }
+            let (manager, b) = (self.clone(), broker.clone());
+            tokio::spawn(async move {
+                let _ = manager.create_offsets_topic(&b).await;
+                manager.creating.store(false, Ordering::Release);
+            });
         }
         // A new topic's leaders are elected (and loaded) in a moment: wait briefly rather
         // than send the client into its retry backoff.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        let deadline = tokio::time::Instant::now() + FIND_WAIT;
         let mut changes = broker.watch_layout();
         let mut loaded = self.loaded.subscribe();
         loop {
@@ -288,7 +303,6 @@ impl GroupManager {
     }
 
     async fn create_offsets_topic(&self, broker: &Arc<Broker>) -> Result<(), i16> {
-        let _guard = self.creating.lock().await;
         if broker.topic(OFFSETS_TOPIC).is_some() {
             return Ok(());
         }
