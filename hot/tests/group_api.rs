@@ -699,3 +699,73 @@ async fn committed_offsets_and_groups_survive_a_broker_restart() {
     assert_eq!(got[0].as_ref().map(|o| o.offset), Some(50));
     assert!(got[1].is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_incarnation_of_a_static_member_is_fenced() {
+    let b = start().await;
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    find(&mut conn, "custody").await;
+    let static_join = |member: &str| {
+        join_request("custody", member).with_group_instance_id(Some(s("custody-host-1")))
+    };
+    let first = conn.send(&static_join(""), 5).await.unwrap();
+    assert_eq!(first.error_code, 0, "a static member needs no second join");
+    let old = first.member_id.to_string();
+    let sync = conn
+        .send(
+            &SyncGroupRequest::default()
+                .with_group_id(gid("custody"))
+                .with_generation_id(first.generation_id)
+                .with_member_id(s(&old))
+                .with_group_instance_id(Some(s("custody-host-1")))
+                .with_assignments(vec![SyncGroupRequestAssignment::default()
+                    .with_member_id(s(&old))
+                    .with_assignment(assignment(&[0, 1]))]),
+            3,
+        )
+        .await
+        .unwrap();
+    assert_eq!(sync.error_code, 0);
+    // The process restarts: same instance id, no member id. It takes the old place back,
+    // in the same generation (no rebalance).
+    let again = conn.send(&static_join(""), 5).await.unwrap();
+    assert_eq!(again.error_code, 0);
+    assert_ne!(again.member_id.as_str(), old);
+    assert_eq!(again.generation_id, first.generation_id, "no rebalance");
+    // The old incarnation is fenced everywhere.
+    let hb = conn
+        .send(
+            &HeartbeatRequest::default()
+                .with_group_id(gid("custody"))
+                .with_generation_id(first.generation_id)
+                .with_member_id(s(&old))
+                .with_group_instance_id(Some(s("custody-host-1"))),
+            3,
+        )
+        .await
+        .unwrap();
+    assert_eq!(hb.error_code, 82, "FENCED_INSTANCE_ID");
+    let refused = conn
+        .send(
+            &commit_request("custody", &old, first.generation_id, &[(0, 5)])
+                .with_group_instance_id(Some(s("custody-host-1"))),
+            8,
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused.topics[0].partitions[0].error_code, 82);
+    assert_eq!(fetched(&mut conn, "custody").await, vec![-1; 4]);
+    // The new incarnation commits its (inherited) partitions.
+    let new = again.member_id.to_string();
+    assert_eq!(
+        commit(
+            &mut conn,
+            "custody",
+            &new,
+            again.generation_id,
+            &[(0, 5), (1, 6)]
+        )
+        .await,
+        vec![0, 0]
+    );
+}

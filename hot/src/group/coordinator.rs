@@ -272,6 +272,15 @@ impl Coordinator {
         }
     }
 
+    /// Whether a request from `member` naming static instance `instance` comes from a
+    /// fenced, older incarnation of that instance.
+    pub fn fenced(&self, group: &str, member: &str, instance: Option<&str>) -> bool {
+        self.lock()
+            .groups
+            .get(group)
+            .is_some_and(|g| g.is_fenced(member, instance))
+    }
+
     pub fn heartbeat(&self, group: &str, member: &str, generation: i32) -> i16 {
         if self.is_closed() {
             return NOT_COORDINATOR;

@@ -954,6 +954,14 @@ impl Group {
         g
     }
 
+    /// Whether a request naming static instance `instance` comes from a member id that is
+    /// not that instance's current one: an old incarnation, fenced (FENCED_INSTANCE_ID).
+    pub fn is_fenced(&self, member: &str, instance: Option<&str>) -> bool {
+        instance
+            .and_then(|i| self.statics.get(i))
+            .is_some_and(|current| current != member)
+    }
+
     /// Whether `member` may commit offsets of these partitions: each must be in its
     /// assignment of this generation or of the one before (a cooperative member commits the
     /// partitions it gives up after it got its new assignment). `None` when the group does

@@ -170,6 +170,10 @@ pub(super) async fn sync(ctx: Request, req: SyncGroupRequest) -> SyncGroupRespon
         Ok(c) => c,
         Err(code) => return SyncGroupResponse::default().with_error_code(code),
     };
+    let instance = req.group_instance_id.as_ref().map(|i| i.as_str());
+    if c.fenced(&group, &req.member_id, instance) {
+        return SyncGroupResponse::default().with_error_code(group_codes::FENCED_INSTANCE_ID);
+    }
     let assignments = req
         .assignments
         .into_iter()
@@ -187,7 +191,9 @@ pub(super) async fn sync(ctx: Request, req: SyncGroupRequest) -> SyncGroupRespon
 
 pub(super) fn heartbeat(ctx: &Request, req: HeartbeatRequest) -> HeartbeatResponse {
     let group = req.group_id.0.to_string();
+    let instance = req.group_instance_id.as_ref().map(|i| i.as_str());
     let code = match coordinator(ctx, &group) {
+        Ok(c) if c.fenced(&group, &req.member_id, instance) => group_codes::FENCED_INSTANCE_ID,
         Ok(c) => c.heartbeat(&group, &req.member_id, req.generation_id),
         Err(code) => code,
     };
@@ -261,6 +267,15 @@ pub(super) async fn offset_commit(ctx: Request, req: OffsetCommitRequest) -> Off
     let code = match refused {
         Some(code) => code,
         None => match coordinator(&ctx, &group) {
+            Ok(c)
+                if c.fenced(
+                    &group,
+                    &req.member_id,
+                    req.group_instance_id.as_ref().map(|i| i.as_str()),
+                ) =>
+            {
+                group_codes::FENCED_INSTANCE_ID
+            }
             Ok(c) => {
                 let generation = req.generation_id_or_member_epoch;
                 c.commit(&group, &req.member_id, generation, commits).await
