@@ -153,6 +153,11 @@ pub struct GroupsSection {
     pub max_rebalances_per_member: usize,
     #[serde(deserialize_with = "duration")]
     pub flap_window: Duration,
+    /// An offsets partition rewrites its live state and deletes what that supersedes after
+    /// this many records (or twice its live state if larger).
+    pub offsets_snapshot_records: u64,
+    /// `segment.bytes` of `__consumer_offsets` (fixed once it exists).
+    pub offsets_topic_segment_bytes: u64,
 }
 
 impl Default for GroupsSection {
@@ -167,6 +172,8 @@ impl Default for GroupsSection {
             commit_timeout: d.commit_timeout,
             max_rebalances_per_member: d.group.max_rebalances_per_member,
             flap_window: ms(d.group.flap_window_ms),
+            offsets_snapshot_records: d.offsets_snapshot_records,
+            offsets_topic_segment_bytes: d.offsets_segment_bytes,
         }
     }
 }
@@ -186,6 +193,8 @@ impl GroupsSection {
             offsets_partitions: self.offsets_topic_partitions,
             offsets_replication_factor: self.offsets_topic_replication_factor,
             commit_timeout: self.commit_timeout,
+            offsets_snapshot_records: self.offsets_snapshot_records,
+            offsets_segment_bytes: self.offsets_topic_segment_bytes,
             ..d
         }
     }
@@ -385,6 +394,12 @@ impl ServerConfig {
         }
         if g.min_session_timeout > g.max_session_timeout {
             bail!("groups.min_session_timeout is above groups.max_session_timeout");
+        }
+        if g.offsets_topic_segment_bytes < 1024 {
+            bail!("groups.offsets_topic_segment_bytes must be at least 1024");
+        }
+        if g.offsets_snapshot_records < 100 {
+            bail!("groups.offsets_snapshot_records must be at least 100");
         }
         if g.commit_timeout.is_zero() {
             bail!("groups.commit_timeout must be above zero");

@@ -629,6 +629,9 @@ async fn committed_offsets_and_groups_survive_a_broker_restart() {
     let open = || async {
         let groups = strata_hot::group::manager::GroupsConfig {
             offsets_partitions: 3,
+            // Small segments and frequent snapshots, so the restart replays a trimmed log.
+            offsets_snapshot_records: 100,
+            offsets_segment_bytes: 2048,
             ..Default::default()
         };
         Broker::open(
@@ -685,10 +688,23 @@ async fn committed_offsets_and_groups_survive_a_broker_restart() {
             metadata: String::new(),
         }]
     };
-    for o in 1..=50 {
+    for o in 1..=500 {
         assert_eq!(c.commit("audit", "", -1, commits(o)).await, 0);
     }
-    drop((c, groups));
+    // Snapshots deleted the superseded segments of the group's offsets partition.
+    let index = strata_hot::group::records::partition_for_group("audit", 3) as usize;
+    let offsets = broker.topic("__consumer_offsets").unwrap();
+    let partition = offsets.partitions[index].clone().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while partition.progress().log_start < 300 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no snapshot trimmed the log: {:?}",
+            partition.progress()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop((c, groups, partition, offsets));
     broker.shutdown();
     drop(broker);
 
@@ -696,7 +712,7 @@ async fn committed_offsets_and_groups_survive_a_broker_restart() {
     let groups = broker.groups().clone();
     let c = loaded(&groups, "audit").await;
     let got = c.fetch("audit", &[("orders".into(), 1), ("orders".into(), 0)]);
-    assert_eq!(got[0].as_ref().map(|o| o.offset), Some(50));
+    assert_eq!(got[0].as_ref().map(|o| o.offset), Some(500));
     assert!(got[1].is_none());
 }
 

@@ -639,8 +639,20 @@ impl Partition {
 
     /// Applies retention; publishes the new log start.
     pub fn apply_retention(&self, now_ms: i64) -> std::io::Result<usize> {
+        self.delete_segments(|log| log.apply_retention(now_ms))
+    }
+
+    /// Deletes the segments wholly below `offset` (see [`PartitionLog::trim_before`]).
+    pub fn trim_before(&self, offset: u64) -> std::io::Result<usize> {
+        self.delete_segments(|log| log.trim_before(offset))
+    }
+
+    fn delete_segments(
+        &self,
+        delete: impl FnOnce(&mut PartitionLog) -> std::io::Result<Vec<u64>>,
+    ) -> std::io::Result<usize> {
         let mut log = self.lock();
-        let deleted = log.apply_retention(now_ms)?;
+        let deleted = delete(&mut log)?;
         let start = log.start_offset();
         drop(log);
         self.progress.send_modify(|p| p.log_start = start);

@@ -9,7 +9,7 @@
 //! ([`Coordinator::load`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,7 +27,21 @@ use crate::broker::Clock;
 #[tonic::async_trait]
 pub trait OffsetsLog: Send + Sync + 'static {
     async fn append(&self, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), String>;
+
+    /// Where the next record will go; `None` when the log cannot say (no snapshots then).
+    fn end_offset(&self) -> Option<u64> {
+        None
+    }
+
+    /// Deletes what lies wholly below `offset` (superseded by a snapshot).
+    fn trim_before(&self, _offset: u64) {}
 }
+
+/// Records written since the last snapshot before one is taken (at least; also at least
+/// twice the live state, so a snapshot never costs more than what it removes).
+pub const SNAPSHOT_MIN_RECORDS: u64 = 50_000;
+/// Records per batch in a snapshot.
+const SNAPSHOT_BATCH: usize = 1_000;
 
 /// One partition's commit in an OffsetCommit request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +59,8 @@ struct Groups {
     /// member id -> the sender its pending JoinGroup / SyncGroup waits on.
     pending: HashMap<(String, String), oneshot::Sender<Reply>>,
     offsets: HashMap<String, BTreeMap<(String, i32), CommittedOffset>>,
+    /// The last group record written (or replayed) for each group: what a snapshot keeps.
+    persisted: HashMap<String, Bytes>,
 }
 
 pub struct Coordinator {
@@ -55,6 +71,12 @@ pub struct Coordinator {
     /// Set when the partition's leadership moved away: every request is refused with
     /// NOT_COORDINATOR so clients find the new coordinator.
     closed: AtomicBool,
+    /// Writes hold it shared; a snapshot holds it alone, so no record lands between its
+    /// batches (a commit written there would be overwritten by an older snapshot value).
+    writes: tokio::sync::RwLock<()>,
+    since_snapshot: AtomicU64,
+    snapshot_min_records: AtomicU64,
+    snapshotting: AtomicBool,
 }
 
 /// Kafka's NOT_COORDINATOR.
@@ -74,6 +96,10 @@ impl Coordinator {
             log,
             state: Mutex::new(Groups::default()),
             closed: AtomicBool::new(false),
+            writes: tokio::sync::RwLock::new(()),
+            since_snapshot: AtomicU64::new(0),
+            snapshot_min_records: AtomicU64::new(SNAPSHOT_MIN_RECORDS),
+            snapshotting: AtomicBool::new(false),
         })
     }
 
@@ -93,12 +119,100 @@ impl Coordinator {
                     .insert(id.clone(), Group::restore(id.clone(), config, stored, now));
             }
             s.offsets = replayed.offsets;
+            s.persisted = replayed
+                .groups
+                .iter()
+                .map(|(id, g)| (id.clone(), g.encode()))
+                .collect();
         }
         c
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Groups> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Snapshots are taken once this many records were written since the last one (and at
+    /// least twice the live state).
+    pub fn set_snapshot_min_records(&self, n: u64) {
+        self.snapshot_min_records.store(n, Ordering::Relaxed);
+    }
+
+    /// Appends records (durably) and then applies them to memory, both under the shared
+    /// write lock.
+    async fn write(
+        &self,
+        records: Vec<(Bytes, Option<Bytes>)>,
+        apply: impl FnOnce(&mut Groups),
+    ) -> Result<(), String> {
+        let _shared = self.writes.read().await;
+        let n = records.len() as u64;
+        self.log.append(records).await?;
+        apply(&mut self.lock());
+        self.since_snapshot.fetch_add(n, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Starts a snapshot when enough was written since the last one.
+    fn maybe_snapshot(self: &Arc<Self>) {
+        let written = self.since_snapshot.load(Ordering::Relaxed);
+        if written < self.snapshot_min_records.load(Ordering::Relaxed) || self.is_closed() {
+            return;
+        }
+        let live = {
+            let s = self.lock();
+            s.offsets.values().map(BTreeMap::len).sum::<usize>() + s.persisted.len()
+        } as u64;
+        if written < 2 * live || self.snapshotting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let c = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = c.snapshot().await {
+                tracing::warn!(error = %e, "offsets snapshot failed; will try again");
+            }
+            c.snapshotting.store(false, Ordering::Release);
+        });
+    }
+
+    /// Writes the live state (every committed offset, every group's last record) after
+    /// everything else, then deletes the log's segments wholly before it: the partition
+    /// stays about as large as its state, and a new coordinator replays little. A crash
+    /// midway leaves the old records in place; replay then reads both, to the same state.
+    pub async fn snapshot(&self) -> Result<usize, String> {
+        let _alone = self.writes.write().await;
+        let Some(start) = self.log.end_offset() else {
+            return Ok(0);
+        };
+        let records: Vec<(Bytes, Option<Bytes>)> = {
+            let s = self.lock();
+            let offsets = s.offsets.iter().flat_map(|(group, offsets)| {
+                offsets.iter().map(move |((topic, partition), o)| {
+                    let key = RecordKey::Offset {
+                        group: group.clone(),
+                        topic: topic.clone(),
+                        partition: *partition,
+                    };
+                    (key.encode(), Some(o.encode()))
+                })
+            });
+            let groups = s
+                .persisted
+                .iter()
+                .map(|(id, v)| (RecordKey::Group(id.clone()).encode(), Some(v.clone())));
+            offsets.chain(groups).collect()
+        };
+        for chunk in records.chunks(SNAPSHOT_BATCH) {
+            self.log.append(chunk.to_vec()).await?;
+        }
+        self.log.trim_before(start);
+        self.since_snapshot.store(0, Ordering::Relaxed);
+        tracing::info!(
+            records = records.len(),
+            from = start,
+            "wrote an offsets snapshot and deleted what it supersedes"
+        );
+        Ok(records.len())
     }
 
     fn is_closed(&self) -> bool {
@@ -136,7 +250,14 @@ impl Coordinator {
         );
         let (c, group) = (self.clone(), group.to_string());
         tokio::spawn(async move {
-            if let Err(e) = c.log.append(vec![record]).await {
+            let value = record.1.clone().unwrap_or_default();
+            let id = group.clone();
+            let written = c
+                .write(vec![record], move |s| {
+                    s.persisted.insert(id, value);
+                })
+                .await;
+            if let Err(e) = written {
                 tracing::warn!(group, error = %e, "could not persist the emptied group");
             }
         });
@@ -252,7 +373,14 @@ impl Coordinator {
         if let Some(((key, value), reply)) = persist {
             // The leader's sync made the group stable: its generation is written before the
             // leader is answered (the others were answered with their assignments already).
-            return match self.log.append(vec![(key, Some(value))]).await {
+            let id = group.to_string();
+            let kept = value.clone();
+            let written = self
+                .write(vec![(key, Some(value))], move |s| {
+                    s.persisted.insert(id, kept);
+                })
+                .await;
+            return match written {
                 Ok(()) => reply,
                 Err(e) => {
                     tracing::warn!(group, error = %e, "could not persist the group's generation");
@@ -381,19 +509,22 @@ impl Coordinator {
             .iter()
             .map(|(k, v)| (k.encode(), Some(v.encode())))
             .collect();
-        if let Err(e) = self.log.append(encoded).await {
+        let written = self
+            .write(encoded, |s| {
+                let offsets = s.offsets.entry(group.to_string()).or_default();
+                for (k, v) in records {
+                    if let RecordKey::Offset {
+                        topic, partition, ..
+                    } = k
+                    {
+                        offsets.insert((topic, partition), v);
+                    }
+                }
+            })
+            .await;
+        if let Err(e) = written {
             tracing::warn!(group, error = %e, "offset commit not durable");
             return codes::COORDINATOR_NOT_AVAILABLE;
-        }
-        let mut s = self.lock();
-        let offsets = s.offsets.entry(group.to_string()).or_default();
-        for (k, v) in records {
-            if let RecordKey::Offset {
-                topic, partition, ..
-            } = k
-            {
-                offsets.insert((topic, partition), v);
-            }
         }
         codes::NONE
     }
@@ -455,20 +586,24 @@ impl Coordinator {
             }
         }
         let tombstone = (RecordKey::Group(group.to_string()).encode(), None);
-        if let Err(e) = self.log.append(vec![tombstone]).await {
+        let written = self
+            .write(vec![tombstone], |s| {
+                // A member that joined while the tombstone was written keeps the group
+                // alive (its offsets are gone, as they would be had it joined just after).
+                if s.groups
+                    .get(group)
+                    .is_none_or(|g| g.state() == GroupState::Empty)
+                {
+                    s.groups.remove(group);
+                }
+                s.offsets.remove(group);
+                s.persisted.remove(group);
+            })
+            .await;
+        if let Err(e) = written {
             tracing::warn!(group, error = %e, "group deletion not durable");
             return codes::COORDINATOR_NOT_AVAILABLE;
         }
-        let mut s = self.lock();
-        // A member that joined while the tombstone was written keeps the group alive (its
-        // offsets are gone, as they would be had it joined just after).
-        if s.groups
-            .get(group)
-            .is_none_or(|g| g.state() == GroupState::Empty)
-        {
-            s.groups.remove(group);
-        }
-        s.offsets.remove(group);
         codes::NONE
     }
 
@@ -494,6 +629,7 @@ impl Coordinator {
     }
 
     pub fn tick(self: &Arc<Self>) {
+        self.maybe_snapshot();
         let now = self.clock.now_ms();
         let mut s = self.lock();
         let due: Vec<String> = s

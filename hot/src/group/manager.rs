@@ -43,6 +43,11 @@ pub struct GroupsConfig {
     pub commit_timeout: Duration,
     /// How often group timeouts are checked.
     pub tick: Duration,
+    /// An offsets partition is snapshotted (its live state rewritten, the superseded
+    /// segments deleted) after this many records, or twice its live state if larger.
+    pub offsets_snapshot_records: u64,
+    /// `segment.bytes` of `__consumer_offsets`: snapshots delete whole segments only.
+    pub offsets_segment_bytes: u64,
 }
 
 impl Default for GroupsConfig {
@@ -53,6 +58,8 @@ impl Default for GroupsConfig {
             offsets_replication_factor: 3,
             commit_timeout: Duration::from_secs(5),
             tick: Duration::from_millis(100),
+            offsets_snapshot_records: super::coordinator::SNAPSHOT_MIN_RECORDS,
+            offsets_segment_bytes: 16 << 20,
         }
     }
 }
@@ -201,6 +208,7 @@ impl GroupManager {
             timeout: self.config.commit_timeout,
         });
         let coordinator = Coordinator::load(self.config.group, self.clock.clone(), log, replayed);
+        coordinator.set_snapshot_min_records(self.config.offsets_snapshot_records);
         let mut slots = self.slots();
         match slots.get_mut(&index) {
             Some(slot) if slot.same(topic_id, epoch, &partition) => {
@@ -315,10 +323,14 @@ impl GroupManager {
             .min(u16::try_from(registered).unwrap_or(u16::MAX))
             .max(1);
         let configs = BTreeMap::from([
-            // Until compaction exists, offsets are kept for good (see docs/consumer-groups.md).
+            // Never expired by time or size: the coordinators' snapshots delete what is
+            // superseded (see docs/consumer-groups.md).
             ("retention.ms".to_string(), "-1".to_string()),
             ("retention.bytes".to_string(), "-1".to_string()),
-            ("segment.bytes".to_string(), (100u64 << 20).to_string()),
+            (
+                "segment.bytes".to_string(),
+                self.config.offsets_segment_bytes.to_string(),
+            ),
             ("max.message.bytes".to_string(), (10u64 << 20).to_string()),
         ]);
         let req = NewTopic {
@@ -431,5 +443,15 @@ impl OffsetsLog for PartitionOffsets {
             .wait_durable(appended.last_offset + 1, epoch, self.timeout)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    fn end_offset(&self) -> Option<u64> {
+        Some(self.partition.progress().log_end)
+    }
+
+    fn trim_before(&self, offset: u64) {
+        if let Err(e) = self.partition.trim_before(offset) {
+            tracing::warn!(partition = self.partition.index, error = %e, "could not delete superseded offsets segments");
+        }
     }
 }

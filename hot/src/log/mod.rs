@@ -618,34 +618,61 @@ impl PartitionLog {
     /// Deletes sealed segments past `retention.ms` or beyond `retention.bytes`, oldest first.
     /// Returns the base offsets deleted. The active segment is never deleted.
     pub fn apply_retention(&mut self, now_ms: i64) -> io::Result<Vec<u64>> {
-        let mut deleted = Vec::new();
         let mut total = self.size_bytes();
-        loop {
-            if self.segments.len() <= 1 {
-                break;
-            }
-            let (&base, oldest) = self.segments.iter().next().expect("non-empty");
-            let expired_by_time = self.config.retention_ms.is_some_and(|r| {
+        let (retention_ms, retention_bytes) =
+            (self.config.retention_ms, self.config.retention_bytes);
+        let deleted = self.delete_oldest_while(|oldest, _| {
+            let expired_by_time = retention_ms.is_some_and(|r| {
                 let newest = oldest.max_timestamp.unwrap_or(oldest.created_ms);
                 now_ms.saturating_sub(newest) as u128 > r.as_millis()
             });
-            let expired_by_size = self
-                .config
-                .retention_bytes
-                .is_some_and(|limit| total - oldest.size >= limit);
-            if !(expired_by_time || expired_by_size) {
+            let expired_by_size = retention_bytes.is_some_and(|limit| total - oldest.size >= limit);
+            if expired_by_time || expired_by_size {
+                total -= oldest.size;
+                return true;
+            }
+            false
+        })?;
+        if !deleted.is_empty() {
+            tracing::info!(dir = %self.dir.display(), segments = deleted.len(), log_start = self.start_offset(), "retention deleted segments");
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes the sealed segments whose records are all below `offset` (whole segments
+    /// only: the log start becomes at most `offset`). Used when everything before `offset`
+    /// is superseded (a consumer-offsets snapshot), and by followers to follow their
+    /// leader's log start.
+    pub fn trim_before(&mut self, offset: u64) -> io::Result<Vec<u64>> {
+        let deleted = self.delete_oldest_while(|_, next_base| next_base <= offset)?;
+        if !deleted.is_empty() {
+            tracing::debug!(dir = %self.dir.display(), segments = deleted.len(), log_start = self.start_offset(), "deleted segments below {offset}");
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes the oldest segment while `expired(oldest, base of the next segment)` holds,
+    /// never the active one; returns the base offsets deleted.
+    fn delete_oldest_while(
+        &mut self,
+        mut expired: impl FnMut(&Segment, u64) -> bool,
+    ) -> io::Result<Vec<u64>> {
+        let mut deleted = Vec::new();
+        while self.segments.len() > 1 {
+            let mut it = self.segments.iter();
+            let (&base, oldest) = it.next().expect("non-empty");
+            let (&next_base, _) = it.next().expect("two segments");
+            if !expired(oldest, next_base) {
                 break;
             }
             let seg = self.segments.remove(&base).expect("present");
             seg.delete_files()?;
-            total -= seg.size;
             deleted.push(base);
         }
         if !deleted.is_empty() {
             self.prune_snapshots()?;
             self.epochs.truncate_from_start(self.start_offset());
             self.persist_epochs()?;
-            tracing::info!(dir = %self.dir.display(), segments = deleted.len(), log_start = self.start_offset(), "retention deleted segments");
         }
         Ok(deleted)
     }

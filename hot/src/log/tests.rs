@@ -146,6 +146,28 @@ fn timestamp_lookup_finds_first_record_at_or_after() {
 }
 
 #[test]
+fn trim_before_deletes_only_whole_segments_below_the_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    append_many(&mut log, 100);
+    let bases: Vec<u64> = log.segments.keys().copied().collect();
+    assert!(bases.len() >= 4, "{bases:?}");
+    // An offset inside the third segment: the first two go, the third stays whole.
+    let cut = bases[2] + 1;
+    let deleted = log.trim_before(cut).unwrap();
+    assert_eq!(deleted, bases[..2].to_vec());
+    assert_eq!(log.start_offset(), bases[2]);
+    assert!(log.plan_read(bases[2], u64::MAX).unwrap().is_some());
+    // Nothing below the start: a no-op. Past the end: every sealed segment goes, never the
+    // active one.
+    assert!(log.trim_before(bases[2]).unwrap().is_empty());
+    let end = log.end_offset();
+    log.trim_before(u64::MAX).unwrap();
+    assert_eq!(log.segment_count(), 1);
+    assert_eq!(log.end_offset(), end);
+}
+
+#[test]
 fn retention_by_bytes_and_time_deletes_oldest_sealed_segments() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();

@@ -248,6 +248,13 @@ async fn fetch_loop(
             return refused(e.code, format!("leader answered {} ({code})", e.message));
         }
         *backoff = MIN_BACKOFF;
+        if resp.log_start_offset > partition.progress().log_start {
+            // The leader deleted its oldest segments (retention, or a superseded prefix of
+            // an offsets partition): so do we, whole segments below its start only.
+            if let Err(err) = partition.trim_before(resp.log_start_offset) {
+                tracing::warn!(topic = %target.topic, partition = partition.index, error = %err, "could not delete segments below the leader's log start");
+            }
+        }
         if !resp.records.is_empty() {
             match append(partition, resp.records, directory.now_ms()) {
                 Ok(end) => {

@@ -10,10 +10,11 @@ impl Clock for TestClock {
     }
 }
 
-/// The partition as a list of committed records; can be made to fail.
+/// The partition as a list of committed records from offset `base`; can be made to fail.
 #[derive(Default)]
 struct MemoryLog {
     records: Mutex<Vec<(Bytes, Option<Bytes>)>>,
+    base: std::sync::atomic::AtomicU64,
     failing: AtomicBool,
 }
 
@@ -26,13 +27,26 @@ impl OffsetsLog for MemoryLog {
         self.records.lock().unwrap().extend(records);
         Ok(())
     }
+
+    fn end_offset(&self) -> Option<u64> {
+        Some(self.base.load(Ordering::SeqCst) + self.records.lock().unwrap().len() as u64)
+    }
+
+    fn trim_before(&self, offset: u64) {
+        let mut records = self.records.lock().unwrap();
+        let base = self.base.load(Ordering::SeqCst);
+        let cut = (offset.saturating_sub(base) as usize).min(records.len());
+        records.drain(..cut);
+        self.base.store(base + cut as u64, Ordering::SeqCst);
+    }
 }
 
 impl MemoryLog {
     fn replay(&self) -> Replayed {
         let mut r = Replayed::default();
+        let base = self.base.load(Ordering::SeqCst) as i64;
         for (i, (k, v)) in self.records.lock().unwrap().iter().enumerate() {
-            r.apply(i as i64, k.clone(), v.clone());
+            r.apply(base + i as i64, k.clone(), v.clone());
         }
         r
     }
@@ -267,4 +281,75 @@ async fn each_join_gets_its_own_reply_whatever_the_member_order() {
     assert!(b.member_id.starts_with('b'));
     assert_ne!(b.member_id, z2.member_id);
     assert_eq!((z2.generation, b.generation), (2, 2));
+}
+
+#[tokio::test]
+async fn a_snapshot_keeps_the_live_state_and_deletes_what_it_supersedes() {
+    let (c, log, _) = coordinator();
+    c.set_snapshot_min_records(100);
+    let (a, b) = two_members(&c).await;
+    let generation = c.group_state("g").unwrap().1;
+    for round in 0..200 {
+        assert_eq!(
+            c.commit("g", &a, generation, vec![commit("orders", 0, round)])
+                .await,
+            0
+        );
+        assert_eq!(
+            c.commit("g", &b, generation, vec![commit("orders", 1, round * 2)])
+                .await,
+            0
+        );
+        assert_eq!(
+            c.commit("other", "", -1, vec![commit("audit", 3, round)])
+                .await,
+            0
+        );
+    }
+    assert_eq!(
+        c.commit("gone", "", -1, vec![commit("orders", 2, 7)]).await,
+        0
+    );
+    assert_eq!(c.delete("gone").await, 0);
+    let before = log.replay();
+    let written = log.records.lock().unwrap().len();
+    assert!(written > 600);
+
+    // The timer starts it once enough was written; it runs in the background.
+    c.tick();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while log.records.lock().unwrap().len() >= written {
+        assert!(std::time::Instant::now() < deadline, "no snapshot");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    while c.snapshotting.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // What is left replays to the same offsets and groups: 3 offsets and 1 group record.
+    let after = log.replay();
+    assert_eq!(after.offsets, before.offsets);
+    assert_eq!(after.groups, before.groups);
+    assert!(!after.offsets.contains_key("gone"));
+    assert_eq!(log.records.lock().unwrap().len(), 4);
+    assert!(log.base.load(Ordering::SeqCst) >= written as u64);
+    // Writes go on after it, and a new coordinator from the trimmed log sees them.
+    assert_eq!(
+        c.commit("g", &a, generation, vec![commit("orders", 0, 1_000)])
+            .await,
+        0
+    );
+    let fresh = Coordinator::load(
+        CONFIG,
+        Arc::new(TestClock(AtomicI64::new(2_000))),
+        log.clone(),
+        log.replay(),
+    );
+    let got = fresh.fetch("g", &[("orders".into(), 0), ("orders".into(), 1)]);
+    assert_eq!(got[0].as_ref().map(|o| o.offset), Some(1_000));
+    assert_eq!(got[1].as_ref().map(|o| o.offset), Some(398));
+    assert_eq!(
+        fresh.group_state("g").map(|g| g.2.len()),
+        Some(2),
+        "members kept"
+    );
 }
