@@ -26,7 +26,10 @@ MEMBER = Path(__file__).resolve().parent / "group_member.py"
 
 @pytest.fixture
 def cluster(request, tmp_path):
-    extra = f'\n[groups]\noffsets_topic_partitions = {OFFSETS_PARTITIONS}\nmin_session_timeout = "1s"\n'
+    # Small offsets segments and frequent snapshots, so the tests also run the coordinators
+    # (and their failover) on trimmed __consumer_offsets partitions.
+    extra = (f'\n[groups]\noffsets_topic_partitions = {OFFSETS_PARTITIONS}\nmin_session_timeout = "1s"\n'
+             'offsets_snapshot_records = 100\noffsets_topic_segment_bytes = 4096\n')
     c = Cluster(strata_bin(), tmp_path, broker_extra=extra)
     members = []
     c.members = members
@@ -324,6 +327,30 @@ def test_operator_view_lists_describes_and_resets_offsets(cluster):
     assert set(out.stdout.split()) == produced
     strata_group(cluster, "reset-offsets", "ops", "-t", TOPIC, "--to-offset", "50", "--execute")
     assert total_lag(strata_group(cluster, "describe", "ops")) == len(produced) - 50 * PARTITIONS
+
+    # Many commits: the coordinator snapshots its offsets partition and every replica
+    # deletes the superseded segments; the offsets are intact.
+    for n in range(12):
+        strata_group(cluster, "reset-offsets", "ops", "-t", TOPIC, "--to-offset", str(60 + n), "--execute")
+    index = java_hash_partition("ops", OFFSETS_PARTITIONS)
+
+    def first_segment(i):
+        d = cluster.workdir / f"broker-{i}" / "logs" / f"__consumer_offsets-{index}"
+        return min(int(f.name.split(".")[0]) for f in d.glob("*.log"))
+    wait_until(lambda: all(first_segment(i) > 0 for i in (1, 2, 3)), "every replica to drop superseded segments", 30)
+    expected = len(produced) - 71 * PARTITIONS
+    assert total_lag(strata_group(cluster, "describe", "ops")) == expected
+
+    # The coordinator's broker dies: a follower replays the trimmed partition to the same
+    # offsets.
+    cluster.kill(f"broker-{coordinator_of(cluster, 'ops')}")
+
+    def recovered():
+        try:
+            return total_lag(strata_group(cluster, "describe", "ops")) == expected
+        except AssertionError:
+            return False
+    wait_until(recovered, "the new coordinator to serve the same offsets", 30)
 
 
 def test_native_and_kafka_members_share_group_offsets(cluster):
