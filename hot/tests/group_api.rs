@@ -2,6 +2,8 @@
 //! each, and the error codes Kafka clients rely on (unknown members, stale generations,
 //! commits of partitions a member was not given, the internal topic's protections).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,15 +51,9 @@ async fn start() -> TestBroker {
     };
     let broker = Broker::open(
         BrokerConfig {
-            data_dir: dir.path().to_path_buf(),
-            node_id: 0,
-            topic_defaults: BTreeMap::new(),
             default_partitions: 2,
-            retention_check_interval: Duration::from_secs(3600),
-            replica_lag_time_max: Duration::from_secs(30),
-            replica_open_timeout: Duration::from_secs(30),
             groups,
-            auto_create_topics: false,
+            ..common::broker_config(dir.path())
         },
         Arc::new(SystemClock),
         None,
@@ -636,15 +632,9 @@ async fn committed_offsets_and_groups_survive_a_broker_restart() {
         };
         Broker::open(
             BrokerConfig {
-                data_dir: dir.path().to_path_buf(),
-                node_id: 0,
-                topic_defaults: BTreeMap::new(),
                 default_partitions: 2,
-                retention_check_interval: Duration::from_secs(3600),
-                replica_lag_time_max: Duration::from_secs(30),
-                replica_open_timeout: Duration::from_secs(30),
                 groups,
-                auto_create_topics: false,
+                ..common::broker_config(dir.path())
             },
             Arc::new(SystemClock),
             None,

@@ -1,6 +1,8 @@
 //! The native data plane in process: the Rust producer (murmur2 partitioning, batching,
 //! idempotence) and consumer against a broker's gRPC service.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use strata_client::native::{partition_for_key, Cluster, Consumer, Producer, ProducerConfig};
 use strata_client::ClientError;
-use strata_hot::broker::{Broker, BrokerConfig, NewTopic, SystemClock};
+use strata_hot::broker::{Broker, NewTopic, SystemClock};
 use strata_hot::grpc::GrpcService;
 use strata_proto::v1::BrokerEndpoint;
 use tokio::net::TcpListener;
@@ -16,17 +18,7 @@ use tokio::net::TcpListener;
 async fn start() -> (String, Arc<Broker>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let broker = Broker::open(
-        BrokerConfig {
-            data_dir: dir.path().to_path_buf(),
-            node_id: 0,
-            topic_defaults: BTreeMap::new(),
-            default_partitions: 1,
-            retention_check_interval: Duration::from_secs(3600),
-            replica_lag_time_max: Duration::from_secs(30),
-            replica_open_timeout: Duration::from_secs(30),
-            groups: Default::default(),
-            auto_create_topics: false,
-        },
+        common::broker_config(dir.path()),
         Arc::new(SystemClock),
         None,
     )

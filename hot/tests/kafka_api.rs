@@ -2,6 +2,8 @@
 //! every served version, the error codes Kafka clients rely on, and refusals of malformed
 //! input (the connection is closed; the broker keeps serving).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,15 +49,9 @@ async fn start() -> TestBroker {
     defaults.insert("max.message.bytes".to_string(), "10000".to_string());
     let broker = Broker::open(
         BrokerConfig {
-            data_dir: dir.path().to_path_buf(),
-            node_id: 0,
             topic_defaults: defaults,
             default_partitions: 2,
-            retention_check_interval: Duration::from_secs(3600),
-            replica_lag_time_max: Duration::from_secs(30),
-            replica_open_timeout: Duration::from_secs(30),
-            groups: Default::default(),
-            auto_create_topics: false,
+            ..common::broker_config(dir.path())
         },
         Arc::new(SystemClock),
         None,
