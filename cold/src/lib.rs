@@ -1,0 +1,2 @@
+pub mod manifest;
+pub mod store;

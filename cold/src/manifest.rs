@@ -1,0 +1,304 @@
+//! The partition manifest: the only truth about what a partition holds in the cold tier.
+//!
+//! Each change writes a new manifest object, `manifest/{version:020}.json`, with a
+//! create-only put (`PutMode::Create`: `If-None-Match: *` on S3, a hard link on a local
+//! file system). Two writers racing for the same version cannot both win: the loser reads
+//! the winner's manifest and tries again, so no update is lost, and the object store alone
+//! linearizes them (no If-Match needed, which local file systems lack). The newest version
+//! is the manifest; a few older ones are kept for readers that listed just before.
+//!
+//! Every manifest carries the highest leader epoch that wrote it. A leader first claims the
+//! manifest with its epoch; a deposed leader (lower epoch) is then refused, so an upload it
+//! finishes late can never be committed. Objects it left behind are orphans, found later by
+//! comparing the bucket with the manifest.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, PutMode, PutOptions};
+use serde::{Deserialize, Serialize};
+
+/// The manifest format written by this code.
+pub const FORMAT: u32 = 1;
+/// Attempts of one update against concurrent writers before giving up.
+const MAX_ATTEMPTS: usize = 16;
+
+/// One remote segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteSegment {
+    pub base_offset: u64,
+    /// One past its last offset.
+    pub end_offset: u64,
+    pub max_timestamp: i64,
+    pub size_bytes: u64,
+    /// The leader epoch that uploaded it.
+    pub leader_epoch: i32,
+    /// Its data object, relative to the partition's prefix.
+    pub key: String,
+}
+
+/// What one partition holds in the cold tier.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: u32,
+    /// This manifest's sequence number (its object's name); 0 = none written yet.
+    pub version: u64,
+    /// The highest leader epoch that wrote it.
+    pub leader_epoch: i32,
+    /// The remote log start: what lies below was deleted by retention.
+    pub log_start: u64,
+    /// Contiguous, in offset order.
+    pub segments: Vec<RemoteSegment>,
+}
+
+impl Manifest {
+    /// One past the last offset held remotely (the remote log start when empty).
+    pub fn end_offset(&self) -> u64 {
+        self.segments
+            .last()
+            .map_or(self.log_start, |s| s.end_offset)
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.size_bytes).sum()
+    }
+
+    /// The segment holding `offset`, if any.
+    pub fn segment_for(&self, offset: u64) -> Option<&RemoteSegment> {
+        let i = self.segments.partition_point(|s| s.end_offset <= offset);
+        self.segments.get(i).filter(|s| s.base_offset <= offset)
+    }
+
+    /// Checks the invariants: segments non-empty, contiguous, in order, at or after the log
+    /// start.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut next = None;
+        for s in &self.segments {
+            if s.end_offset <= s.base_offset {
+                return Err(format!(
+                    "segment {} is empty or reversed (end {})",
+                    s.base_offset, s.end_offset
+                ));
+            }
+            if s.base_offset < self.log_start {
+                return Err(format!(
+                    "segment {} starts below the log start {}",
+                    s.base_offset, self.log_start
+                ));
+            }
+            if let Some(n) = next {
+                if s.base_offset != n {
+                    return Err(format!(
+                        "segment {} does not follow the previous one, which ends at {n}",
+                        s.base_offset
+                    ));
+                }
+            }
+            next = Some(s.end_offset);
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("fenced: leader epoch {mine} is older than the manifest's {manifest}")]
+    Fenced { mine: i32, manifest: i32 },
+    #[error("gave up after {0} attempts against concurrent manifest writers")]
+    Contended(usize),
+    #[error("the manifest object {key} is unreadable: {why}")]
+    Invalid { key: String, why: String },
+    #[error("refused manifest change: {0}")]
+    Rejected(String),
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+}
+
+/// Where a partition's objects live: `{cluster}/{topic id}/{partition}/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionPrefix(String);
+
+impl PartitionPrefix {
+    pub fn new(cluster: &str, topic_id: &str, partition: u32) -> Self {
+        PartitionPrefix(format!("{cluster}/{topic_id}/{partition}"))
+    }
+
+    fn manifest_dir(&self) -> Path {
+        Path::from(format!("{}/manifest", self.0))
+    }
+
+    fn manifest(&self, version: u64) -> Path {
+        Path::from(format!("{}/manifest/{version:020}.json", self.0))
+    }
+
+    /// The object key of a segment uploaded by `leader_epoch`: named by base offset, epoch
+    /// and a unique id, so retried or competing uploads never overwrite each other.
+    pub fn segment_key(&self, base_offset: u64, leader_epoch: i32, id: uuid::Uuid) -> String {
+        format!(
+            "{}/segments/{base_offset:020}-{leader_epoch}-{}.log",
+            self.0,
+            id.simple()
+        )
+    }
+}
+
+/// Reads and conditionally updates one partition's manifest.
+pub struct ManifestStore {
+    store: Arc<dyn ObjectStore>,
+    prefix: PartitionPrefix,
+    /// Older versions kept after an update.
+    keep: u64,
+}
+
+impl ManifestStore {
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: PartitionPrefix) -> Self {
+        ManifestStore {
+            store,
+            prefix,
+            keep: 3,
+        }
+    }
+
+    /// The newest manifest version written (0: none).
+    async fn latest_version(&self) -> Result<u64, ManifestError> {
+        let listed: Vec<_> = self
+            .store
+            .list(Some(&self.prefix.manifest_dir()))
+            .try_collect()
+            .await?;
+        Ok(listed
+            .iter()
+            .filter_map(|o| {
+                o.location
+                    .filename()?
+                    .strip_suffix(".json")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .max()
+            .unwrap_or(0))
+    }
+
+    /// The current manifest (an empty one, version 0, when none was written).
+    pub async fn load(&self) -> Result<Manifest, ManifestError> {
+        loop {
+            let version = self.latest_version().await?;
+            if version == 0 {
+                return Ok(Manifest {
+                    format: FORMAT,
+                    ..Manifest::default()
+                });
+            }
+            let key = self.prefix.manifest(version);
+            let bytes = match self.store.get(&key).await {
+                Ok(r) => r.bytes().await?,
+                // Deleted between the listing and the read: a newer one exists.
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let invalid = |why: String| ManifestError::Invalid {
+                key: key.to_string(),
+                why,
+            };
+            let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+            if m.format > FORMAT {
+                return Err(invalid(format!(
+                    "format {} is newer than this broker's {FORMAT}; upgrade it",
+                    m.format
+                )));
+            }
+            if m.version != version {
+                return Err(invalid(format!(
+                    "says version {} in object {version}",
+                    m.version
+                )));
+            }
+            m.validate().map_err(invalid)?;
+            return Ok(m);
+        }
+    }
+
+    /// Applies `change` to the current manifest as leader `epoch` and writes the result as
+    /// the next version, retrying against concurrent writers. `change` returns `None` when
+    /// there is nothing to do (it must be idempotent: after a write whose answer was lost,
+    /// it sees its own change already made). Refused when the manifest has a newer epoch.
+    pub async fn update(
+        &self,
+        epoch: i32,
+        change: impl Fn(&Manifest) -> Result<Option<Manifest>, String>,
+    ) -> Result<Manifest, ManifestError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let current = self.load().await?;
+            if current.leader_epoch > epoch {
+                return Err(ManifestError::Fenced {
+                    mine: epoch,
+                    manifest: current.leader_epoch,
+                });
+            }
+            let Some(mut next) = change(&current).map_err(ManifestError::Rejected)? else {
+                return Ok(current);
+            };
+            next.format = FORMAT;
+            next.version = current.version + 1;
+            next.leader_epoch = epoch.max(current.leader_epoch);
+            next.validate().map_err(ManifestError::Rejected)?;
+            let body =
+                Bytes::from(serde_json::to_vec_pretty(&next).expect("a manifest serializes"));
+            let opts = PutOptions {
+                mode: PutMode::Create,
+                ..PutOptions::default()
+            };
+            match self
+                .store
+                .put_opts(&self.prefix.manifest(next.version), body.into(), opts)
+                .await
+            {
+                Ok(_) => {
+                    self.remove_old(next.version).await;
+                    return Ok(next);
+                }
+                // Another writer took this version: read it and try again.
+                Err(object_store::Error::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ManifestError::Contended(MAX_ATTEMPTS))
+    }
+
+    /// A new leader takes the manifest over: from now on, writers with an older epoch are
+    /// refused.
+    pub async fn claim(&self, epoch: i32) -> Result<Manifest, ManifestError> {
+        self.update(epoch, |m| Ok((m.leader_epoch < epoch).then(|| m.clone())))
+            .await
+    }
+
+    /// Deletes manifest versions older than the few kept (best effort).
+    async fn remove_old(&self, newest: u64) {
+        let Some(below) = newest.checked_sub(self.keep) else {
+            return;
+        };
+        let listed: Result<Vec<_>, _> = self
+            .store
+            .list(Some(&self.prefix.manifest_dir()))
+            .try_collect()
+            .await;
+        for o in listed.unwrap_or_default() {
+            let old = o
+                .location
+                .filename()
+                .and_then(|f| f.strip_suffix(".json"))
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|v| v < below);
+            if old {
+                if let Err(e) = self.store.delete(&o.location).await {
+                    tracing::debug!(key = %o.location, error = %e, "could not delete an old manifest");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

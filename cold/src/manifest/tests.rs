@@ -1,0 +1,293 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{
+    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, PutMultipartOptions,
+    PutPayload, PutResult,
+};
+
+use super::*;
+
+/// A store that fails on demand: the next `fail_puts` puts fail before writing, the next
+/// `lose_put_answers` puts are written but answered with an error (a lost response).
+#[derive(Debug, Default)]
+struct Flaky {
+    inner: InMemory,
+    fail_puts: AtomicUsize,
+    lose_put_answers: AtomicUsize,
+    fail_reads: AtomicUsize,
+}
+
+fn take(counter: &AtomicUsize) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+fn injected() -> object_store::Error {
+    object_store::Error::Generic {
+        store: "flaky",
+        source: "injected failure".into(),
+    }
+}
+
+impl std::fmt::Display for Flaky {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Flaky")
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Flaky {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        if take(&self.fail_puts) {
+            return Err(injected());
+        }
+        let r = self.inner.put_opts(location, payload, opts).await?;
+        if take(&self.lose_put_answers) {
+            return Err(injected());
+        }
+        Ok(r)
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        if take(&self.fail_reads) {
+            return Err(injected());
+        }
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn delete(&self, location: &Path) -> object_store::Result<()> {
+        self.inner.delete(location).await
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&Path>,
+    ) -> futures_util::stream::BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy(&self, from: &Path, to: &Path) -> object_store::Result<()> {
+        self.inner.copy(from, to).await
+    }
+
+    async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> object_store::Result<()> {
+        self.inner.copy_if_not_exists(from, to).await
+    }
+}
+
+fn prefix() -> PartitionPrefix {
+    PartitionPrefix::new("c1", "7f3a", 4)
+}
+
+fn segment(base: u64, end: u64, key: &str) -> RemoteSegment {
+    RemoteSegment {
+        base_offset: base,
+        end_offset: end,
+        max_timestamp: 1_000 + end as i64,
+        size_bytes: 100 * (end - base),
+        leader_epoch: 3,
+        key: key.to_string(),
+    }
+}
+
+/// The uploader's change: append `s` at the manifest's end, unless it is already there
+/// (idempotent: a write whose answer was lost is seen on the retry).
+fn append(s: RemoteSegment) -> impl Fn(&Manifest) -> Result<Option<Manifest>, String> {
+    move |m| {
+        if m.segments.iter().any(|x| x.key == s.key) {
+            return Ok(None);
+        }
+        let mut next = m.clone();
+        let mut s = s.clone();
+        let len = s.end_offset - s.base_offset;
+        s.base_offset = m.end_offset();
+        s.end_offset = s.base_offset + len;
+        next.segments.push(s);
+        Ok(Some(next))
+    }
+}
+
+#[tokio::test]
+async fn updates_write_new_versions_and_load_reads_the_newest() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let m = ManifestStore::new(store.clone(), prefix());
+    assert_eq!(m.load().await.unwrap().version, 0, "none yet");
+    for i in 0..6u64 {
+        let got = m
+            .update(3, append(segment(0, 10, &format!("s{i}"))))
+            .await
+            .unwrap();
+        assert_eq!(got.version, i + 1);
+    }
+    let loaded = m.load().await.unwrap();
+    assert_eq!(loaded.end_offset(), 60);
+    assert_eq!(loaded.leader_epoch, 3);
+    assert_eq!(loaded.segment_for(25).map(|s| s.key.as_str()), Some("s2"));
+    assert!(loaded.segment_for(60).is_none());
+    // Only the newest few versions are kept.
+    let listed: Vec<_> = store.list(None).try_collect().await.unwrap();
+    assert_eq!(listed.len(), 4, "{listed:?}");
+}
+
+#[tokio::test]
+async fn concurrent_writers_lose_no_update() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let m = ManifestStore::new(store, prefix());
+            for i in 0..10 {
+                m.update(1, append(segment(0, 5, &format!("w{w}-{i}"))))
+                    .await
+                    .unwrap();
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let m = ManifestStore::new(store, prefix()).load().await.unwrap();
+    assert_eq!(m.segments.len(), 40, "every writer's every segment is in");
+    assert_eq!(m.version, 40, "one version per update");
+    assert_eq!(m.end_offset(), 200);
+    m.validate().unwrap();
+}
+
+#[tokio::test]
+async fn a_deposed_leader_cannot_commit_after_the_new_one_claims() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let old = ManifestStore::new(store.clone(), prefix());
+    let new = ManifestStore::new(store.clone(), prefix());
+    old.update(4, append(segment(0, 10, "old-1")))
+        .await
+        .unwrap();
+    let claimed = new.claim(5).await.unwrap();
+    assert_eq!((claimed.leader_epoch, claimed.segments.len()), (5, 1));
+    // The old leader finishes an upload late: refused, the manifest is unchanged.
+    let late = old.update(4, append(segment(0, 10, "old-2"))).await;
+    assert!(
+        matches!(
+            late,
+            Err(ManifestError::Fenced {
+                mine: 4,
+                manifest: 5
+            })
+        ),
+        "{late:?}"
+    );
+    let m = new.load().await.unwrap();
+    assert_eq!(m.segments.len(), 1);
+    // The new leader continues from the manifest's end.
+    let m = new
+        .update(5, append(segment(0, 10, "new-1")))
+        .await
+        .unwrap();
+    assert_eq!(m.segments[1].base_offset, 10);
+    // Claiming again at the same epoch writes nothing.
+    assert_eq!(new.claim(5).await.unwrap().version, m.version);
+}
+
+#[tokio::test]
+async fn store_failures_change_nothing_and_a_lost_answer_is_not_applied_twice() {
+    let flaky = Arc::new(Flaky::default());
+    let m = ManifestStore::new(flaky.clone(), prefix());
+    m.update(1, append(segment(0, 10, "a"))).await.unwrap();
+
+    flaky.fail_puts.store(1, Ordering::SeqCst);
+    let failed = m.update(1, append(segment(0, 10, "b"))).await;
+    assert!(matches!(failed, Err(ManifestError::Store(_))), "{failed:?}");
+    assert_eq!(
+        m.load().await.unwrap().segments.len(),
+        1,
+        "nothing half-written"
+    );
+
+    flaky.fail_reads.store(1, Ordering::SeqCst);
+    assert!(
+        m.load().await.is_err(),
+        "a failed read is an error, not an empty manifest"
+    );
+
+    // The put lands but its answer is lost: the retry sees "b" already there.
+    flaky.lose_put_answers.store(1, Ordering::SeqCst);
+    assert!(m.update(1, append(segment(0, 10, "b"))).await.is_err());
+    let again = m.update(1, append(segment(0, 10, "b"))).await.unwrap();
+    let keys: Vec<&str> = again.segments.iter().map(|s| s.key.as_str()).collect();
+    assert_eq!(keys, ["a", "b"]);
+}
+
+#[tokio::test]
+async fn damaged_manifests_and_invalid_changes_are_refused_with_the_reason() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let m = ManifestStore::new(store.clone(), prefix());
+    m.update(1, append(segment(0, 10, "a"))).await.unwrap();
+    // A change that leaves a gap is refused before anything is written.
+    let gap = m
+        .update(1, |cur| {
+            let mut next = cur.clone();
+            next.segments.push(segment(15, 20, "gap"));
+            Ok(Some(next))
+        })
+        .await;
+    assert!(
+        matches!(&gap, Err(ManifestError::Rejected(why)) if why.contains("does not follow")),
+        "{gap:?}"
+    );
+    // A truncated manifest object is named in the error.
+    store
+        .put(
+            &prefix().manifest(2),
+            Bytes::from_static(b"{\"format\":1,\"ver").into(),
+        )
+        .await
+        .unwrap();
+    let e = m.load().await.unwrap_err().to_string();
+    assert!(e.contains("manifest/00000000000000000002.json"), "{e}");
+}
+
+#[tokio::test]
+async fn the_file_store_linearizes_writers_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::open(&crate::store::StoreConfig {
+        url: format!("file://{}", dir.path().display()),
+        ..Default::default()
+    })
+    .unwrap();
+    let a = ManifestStore::new(store.clone(), prefix());
+    let b = ManifestStore::new(store, prefix());
+    let (x, y) = tokio::join!(
+        a.update(2, append(segment(0, 10, "x"))),
+        b.update(2, append(segment(0, 10, "y")))
+    );
+    x.unwrap();
+    y.unwrap();
+    let m = a.load().await.unwrap();
+    assert_eq!(m.segments.len(), 2);
+    assert_eq!(m.version, 2);
+}

@@ -1,0 +1,157 @@
+//! Opening the object store from a URL: `file:///abs/dir` (the embedded default, under the
+//! data directory), `s3://bucket[/prefix]` for S3 and S3-compatible servers, `memory://`
+//! for tests. `object_store` is the only way to the bucket.
+
+use std::sync::Arc;
+
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::prefix::PrefixStore;
+use object_store::ObjectStore;
+
+/// Where the cold tier lives and how to reach it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// `file:///abs/dir`, `s3://bucket[/prefix]` or `memory://`.
+    pub url: String,
+    /// S3-compatible servers: the endpoint URL (e.g. `http://127.0.0.1:9000`).
+    pub endpoint: Option<String>,
+    /// Defaults to `AWS_REGION`, else us-east-1.
+    pub region: Option<String>,
+    /// Path-style requests (`endpoint/bucket/key`), as most S3-compatible servers want.
+    pub path_style: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("invalid object store URL '{url}': {why}")]
+    BadUrl { url: String, why: String },
+    #[error("cannot use the object store at '{url}': {source}")]
+    Open {
+        url: String,
+        source: object_store::Error,
+    },
+    #[error("cannot create the object store directory {dir}: {source}")]
+    Dir { dir: String, source: std::io::Error },
+}
+
+/// The store a URL names, ready for use; keys are relative to the URL's path.
+pub fn open(config: &StoreConfig) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    let url = config.url.trim();
+    let bad = |why: &str| StoreError::BadUrl {
+        url: url.to_string(),
+        why: why.to_string(),
+    };
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| bad("expected file:///abs/dir, s3://bucket[/prefix] or memory://"))?;
+    match scheme {
+        "memory" => Ok(Arc::new(InMemory::new())),
+        "file" => {
+            if !rest.starts_with('/') {
+                return Err(bad(
+                    "a file:// URL needs an absolute path (file:///var/lib/strata/cold)",
+                ));
+            }
+            std::fs::create_dir_all(rest).map_err(|source| StoreError::Dir {
+                dir: rest.to_string(),
+                source,
+            })?;
+            let fs = LocalFileSystem::new_with_prefix(rest).map_err(|source| StoreError::Open {
+                url: url.to_string(),
+                source,
+            })?;
+            Ok(Arc::new(fs))
+        }
+        "s3" => {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(bad("an s3:// URL names a bucket (s3://bucket/prefix)"));
+            }
+            // Credentials and settings from the environment (AWS_ACCESS_KEY_ID, ...), then
+            // what the config says.
+            let mut b = AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_conditional_put(S3ConditionalPut::ETagMatch)
+                .with_virtual_hosted_style_request(!config.path_style);
+            let region = config
+                .region
+                .clone()
+                .or_else(|| std::env::var("AWS_REGION").ok())
+                .unwrap_or_else(|| "us-east-1".to_string());
+            b = b.with_region(region);
+            if let Some(endpoint) = &config.endpoint {
+                b = b
+                    .with_endpoint(endpoint)
+                    .with_allow_http(endpoint.starts_with("http://"));
+            }
+            let s3 = b.build().map_err(|source| StoreError::Open {
+                url: url.to_string(),
+                source,
+            })?;
+            let prefix = prefix.trim_matches('/');
+            if prefix.is_empty() {
+                Ok(Arc::new(s3))
+            } else {
+                Ok(Arc::new(PrefixStore::new(s3, prefix)))
+            }
+        }
+        other => Err(bad(&format!(
+            "unsupported scheme '{other}'; use file://, s3:// or memory://"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(url: &str) -> StoreConfig {
+        StoreConfig {
+            url: url.to_string(),
+            ..StoreConfig::default()
+        }
+    }
+
+    #[test]
+    fn urls_are_checked_with_a_clear_error() {
+        for (url, says) in [
+            ("cold", "expected file:///abs/dir"),
+            ("file://relative/dir", "absolute path"),
+            ("s3://", "names a bucket"),
+            ("gs://bucket", "unsupported scheme 'gs'"),
+        ] {
+            let e = open(&cfg(url)).expect_err(url).to_string();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn file_and_memory_stores_open_and_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}/cold", dir.path().display());
+        for store in [open(&cfg(&url)).unwrap(), open(&cfg("memory://")).unwrap()] {
+            let path = object_store::path::Path::from("a/b");
+            store
+                .put(&path, bytes::Bytes::from_static(b"x").into())
+                .await
+                .unwrap();
+            let got = store.get(&path).await.unwrap().bytes().await.unwrap();
+            assert_eq!(&got[..], b"x");
+        }
+        assert!(dir.path().join("cold/a/b").exists());
+    }
+
+    #[test]
+    fn s3_urls_build_with_a_prefix_and_an_endpoint() {
+        let store = open(&StoreConfig {
+            url: "s3://bucket/cluster-a".into(),
+            endpoint: Some("http://127.0.0.1:9000".into()),
+            region: Some("eu-west-1".into()),
+            path_style: true,
+        })
+        .unwrap();
+        assert!(store.to_string().contains("cluster-a"), "{store}");
+    }
+}
