@@ -1,2 +1,9 @@
+//! Tiered storage: the object store behind a URL (`store`), the partition manifest with
+//! conditional writes (`manifest`) and the uploader of sealed segments (`upload`).
+
 pub mod manifest;
 pub mod store;
+pub mod upload;
+
+#[cfg(test)]
+pub(crate) mod testing;

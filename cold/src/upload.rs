@@ -1,0 +1,414 @@
+//! Uploading a sealed local segment to the cold tier and committing it in the manifest.
+//!
+//! The leader uploads, in offset order, the part of each sealed segment that the manifest
+//! does not hold yet: normally the whole segment, after a failover the rest of one whose
+//! start an earlier leader already uploaded (replicas roll segments independently). The
+//! objects are, under a key naming base offset, leader epoch and a unique id:
+//!
+//! - `KEY` — the batches, byte for byte as stored locally (multipart when large);
+//! - `KEY.index` / `KEY.timeindex` — a sparse offset and time index of those bytes, built
+//!   while reading them (core's index formats, offsets relative to the object's base);
+//! - `KEY.epochs` — the leader epochs that wrote the range (JSON `[[epoch, start], ...]`).
+//! - `KEY.snapshot` — the producer state at the object's base, when there is one.
+//!
+//! Only then is the manifest updated (create-only, epoch-fenced). A crash or failure before
+//! that leaves objects no manifest references (orphans for the compactor to remove); the
+//! next attempt uses a new id, so nothing is overwritten, and the manifest's end tells where
+//! to resume, so nothing is uploaded twice into the manifest.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::path::Path;
+use object_store::{ObjectStore, PutPayload, WriteMultipart};
+use strata_core::batch::{BatchHeader, HEADER_LEN};
+use strata_core::segment::{encode_offset_entries, encode_time_entries, OffsetEntry, TimeEntry};
+use tokio::sync::Semaphore;
+
+use crate::manifest::{Manifest, ManifestError, ManifestStore, PartitionPrefix, RemoteSegment};
+
+/// A sealed local segment, as the log describes it.
+#[derive(Debug, Clone)]
+pub struct SealedSegment {
+    pub base_offset: u64,
+    /// One past its last offset.
+    pub end_offset: u64,
+    pub log: PathBuf,
+    /// The producer-state snapshot taken at `base_offset`, if the log kept one.
+    pub producer_snapshot: Option<PathBuf>,
+    /// Leader epochs and the offset each started at (the log's epoch checkpoint).
+    pub epochs: Vec<(i32, u64)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct UploadConfig {
+    /// Objects larger than this go up in parts of `part_size`.
+    pub multipart_threshold: u64,
+    pub part_size: usize,
+    /// An index entry every this many bytes of batches.
+    pub index_interval: u32,
+    /// Uploads running at once (per uploader).
+    pub concurrency: usize,
+    /// Upload bandwidth cap in bytes per second (`None`: uncapped).
+    pub max_bytes_per_sec: Option<u64>,
+    /// Attempts per object before the upload fails (the caller tries again later).
+    pub attempts: usize,
+    pub min_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for UploadConfig {
+    fn default() -> Self {
+        UploadConfig {
+            multipart_threshold: 32 << 20,
+            part_size: 8 << 20,
+            index_interval: 64 << 10,
+            concurrency: 4,
+            max_bytes_per_sec: None,
+            attempts: 5,
+            min_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    #[error("manifest: {0}")]
+    Manifest(#[from] ManifestError),
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("segment {path} is damaged at byte {position}: {why}")]
+    Damaged {
+        path: String,
+        position: u64,
+        why: String,
+    },
+    #[error("the cold tier ends at offset {manifest_end}, but this segment covers [{base}, {end}): segments must be uploaded in order")]
+    Gap {
+        manifest_end: u64,
+        base: u64,
+        end: u64,
+    },
+}
+
+/// What an upload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Uploaded {
+    /// The manifest already held the segment's range: nothing was written.
+    AlreadyThere,
+    /// Uploaded [from, end) and committed it as manifest `version`.
+    Committed { from: u64, bytes: u64, version: u64 },
+}
+
+/// A token bucket shared by an uploader's transfers.
+struct Limiter {
+    per_sec: Option<u64>,
+    state: tokio::sync::Mutex<(tokio::time::Instant, f64)>,
+}
+
+impl Limiter {
+    fn new(per_sec: Option<u64>) -> Self {
+        Limiter {
+            per_sec,
+            state: tokio::sync::Mutex::new((tokio::time::Instant::now(), 0.0)),
+        }
+    }
+
+    /// Waits until `n` more bytes fit under the cap.
+    async fn take(&self, n: u64) {
+        let Some(rate) = self.per_sec.filter(|r| *r > 0) else {
+            return;
+        };
+        let mut s = self.state.lock().await;
+        let now = tokio::time::Instant::now();
+        // Credit: up to one second's worth may accumulate while idle.
+        let elapsed = now.duration_since(s.0).as_secs_f64();
+        s.1 = (s.1 + elapsed * rate as f64).min(rate as f64);
+        s.0 = now;
+        s.1 -= n as f64;
+        if s.1 < 0.0 {
+            let wait = Duration::from_secs_f64(-s.1 / rate as f64);
+            tokio::time::sleep(wait).await;
+            s.0 = tokio::time::Instant::now();
+            s.1 = 0.0;
+        }
+    }
+}
+
+/// The batches of a segment file from `from` on: where they start and the indexes of them.
+struct Scanned {
+    start_position: u64,
+    end_position: u64,
+    offsets: Vec<OffsetEntry>,
+    times: Vec<TimeEntry>,
+    max_timestamp: i64,
+}
+
+/// Reads the batch headers of `log` (not the records) from the batch holding `from` to the
+/// one ending at `end`, building a sparse index relative to `from`'s batch.
+fn scan(log: &std::path::Path, from: u64, end: u64, interval: u32) -> Result<Scanned, UploadError> {
+    let path = log.display().to_string();
+    let read_err = |source| UploadError::Read {
+        path: path.clone(),
+        source,
+    };
+    let damaged = |position: u64, why: String| UploadError::Damaged {
+        path: path.clone(),
+        position,
+        why,
+    };
+    let mut file = std::fs::File::open(log).map_err(read_err)?;
+    let size = file.metadata().map_err(read_err)?.len();
+    let mut position = 0u64;
+    let mut header = [0u8; HEADER_LEN];
+    let mut out = Scanned {
+        start_position: 0,
+        end_position: 0,
+        offsets: Vec::new(),
+        times: Vec::new(),
+        max_timestamp: -1,
+    };
+    let mut started = false;
+    let mut since_entry = u64::MAX;
+    let mut base = 0u64;
+    while position < size {
+        file.seek(SeekFrom::Start(position)).map_err(read_err)?;
+        file.read_exact(&mut header).map_err(read_err)?;
+        let h = BatchHeader::parse(&header).map_err(|e| damaged(position, e.to_string()))?;
+        let (first, last) = (h.base_offset as u64, h.last_offset() as u64);
+        let len = h.total_len() as u64;
+        if last >= end {
+            break;
+        }
+        if last >= from {
+            if !started {
+                started = true;
+                out.start_position = position;
+                base = first;
+            }
+            let relative = u32::try_from(first - base)
+                .map_err(|_| damaged(position, "more than 2^32 offsets in one segment".into()))?;
+            let at = u32::try_from(position - out.start_position)
+                .map_err(|_| damaged(position, "segment part larger than 4 GiB".into()))?;
+            if since_entry >= u64::from(interval) {
+                out.offsets.push(OffsetEntry {
+                    relative_offset: relative,
+                    position: at,
+                });
+                out.max_timestamp = out.max_timestamp.max(h.max_timestamp);
+                out.times.push(TimeEntry {
+                    timestamp: out.max_timestamp,
+                    relative_offset: relative,
+                });
+                since_entry = 0;
+            }
+            out.max_timestamp = out.max_timestamp.max(h.max_timestamp);
+            since_entry += len;
+        }
+        position += len;
+        if started {
+            out.end_position = position;
+        }
+    }
+    if !started {
+        return Err(damaged(
+            0,
+            format!("no batch at or after offset {from} below {end}"),
+        ));
+    }
+    Ok(out)
+}
+
+/// Uploads sealed segments of one partition and commits them in its manifest.
+pub struct Uploader {
+    store: Arc<dyn ObjectStore>,
+    manifest: ManifestStore,
+    prefix: PartitionPrefix,
+    config: UploadConfig,
+    limiter: Arc<Limiter>,
+    slots: Arc<Semaphore>,
+}
+
+impl Uploader {
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: PartitionPrefix, config: UploadConfig) -> Self {
+        Uploader {
+            manifest: ManifestStore::new(store.clone(), prefix.clone()),
+            limiter: Arc::new(Limiter::new(config.max_bytes_per_sec)),
+            slots: Arc::new(Semaphore::new(config.concurrency.max(1))),
+            store,
+            prefix,
+            config,
+        }
+    }
+
+    pub fn manifest(&self) -> &ManifestStore {
+        &self.manifest
+    }
+
+    /// Puts one object, retrying with backoff; multipart above the threshold.
+    async fn put(&self, key: &Path, data: Bytes) -> Result<(), UploadError> {
+        let mut backoff = self.config.min_backoff;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            self.limiter.take(data.len() as u64).await;
+            let result = if data.len() as u64 > self.config.multipart_threshold {
+                self.put_multipart(key, data.clone()).await
+            } else {
+                self.store
+                    .put(key, PutPayload::from_bytes(data.clone()))
+                    .await
+                    .map(|_| ())
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                Err(e) if attempt < self.config.attempts => {
+                    tracing::warn!(key = %key, attempt, error = %e, "upload failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    async fn put_multipart(&self, key: &Path, data: Bytes) -> object_store::Result<()> {
+        let upload = self.store.put_multipart(key).await?;
+        let mut w = WriteMultipart::new_with_chunk_size(upload, self.config.part_size);
+        for part in data.chunks(self.config.part_size) {
+            w.wait_for_capacity(2).await?;
+            w.put(Bytes::copy_from_slice(part));
+        }
+        w.finish().await.map(|_| ())
+    }
+
+    /// Uploads what the manifest lacks of `seg` as leader `epoch` and commits it.
+    pub async fn upload(&self, epoch: i32, seg: &SealedSegment) -> Result<Uploaded, UploadError> {
+        let _slot = self.slots.acquire().await.expect("never closed");
+        let current = self.manifest.load().await?;
+        let from = current.end_offset();
+        if from >= seg.end_offset {
+            return Ok(Uploaded::AlreadyThere);
+        }
+        if from < seg.base_offset && !current.segments.is_empty() {
+            return Err(UploadError::Gap {
+                manifest_end: from,
+                base: seg.base_offset,
+                end: seg.end_offset,
+            });
+        }
+        let from = from.max(seg.base_offset);
+        let (log, interval) = (seg.log.clone(), self.config.index_interval);
+        let end = seg.end_offset;
+        let scanned = tokio::task::spawn_blocking(move || scan(&log, from, end, interval))
+            .await
+            .map_err(|e| UploadError::Read {
+                path: seg.log.display().to_string(),
+                source: std::io::Error::other(e),
+            })??;
+        let data = read_range(&seg.log, scanned.start_position, scanned.end_position).await?;
+        let bytes = data.len() as u64;
+        let key = self.prefix.segment_key(from, epoch, uuid::Uuid::new_v4());
+        let epochs: Vec<(i32, u64)> = seg
+            .epochs
+            .iter()
+            .filter(|(_, start)| *start < end)
+            .copied()
+            .collect();
+        self.put(&Path::from(key.clone()), data).await?;
+        self.put(
+            &Path::from(format!("{key}.index")),
+            Bytes::from(encode_offset_entries(&scanned.offsets)),
+        )
+        .await?;
+        self.put(
+            &Path::from(format!("{key}.timeindex")),
+            Bytes::from(encode_time_entries(&scanned.times)),
+        )
+        .await?;
+        self.put(
+            &Path::from(format!("{key}.epochs")),
+            Bytes::from(serde_json::to_vec(&epochs).expect("pairs serialize")),
+        )
+        .await?;
+        if let (Some(snapshot), true) = (&seg.producer_snapshot, from == seg.base_offset) {
+            let data = read_range(snapshot, 0, u64::MAX).await?;
+            self.put(&Path::from(format!("{key}.snapshot")), data)
+                .await?;
+        }
+        let remote = RemoteSegment {
+            base_offset: from,
+            end_offset: end,
+            max_timestamp: scanned.max_timestamp,
+            size_bytes: bytes,
+            leader_epoch: epoch,
+            key: key.clone(),
+        };
+        let committed = self
+            .manifest
+            .update(epoch, |m: &Manifest| {
+                if m.end_offset() >= remote.end_offset {
+                    return Ok(None); // committed by our own lost-answer attempt, or a race
+                }
+                let first = m.segments.is_empty() && remote.base_offset >= m.log_start;
+                if m.end_offset() != remote.base_offset && !first {
+                    return Err(format!(
+                        "the manifest now ends at {}, not at {}",
+                        m.end_offset(),
+                        remote.base_offset
+                    ));
+                }
+                let mut next = m.clone();
+                if first {
+                    // What lies below was never tiered (deleted locally before): the cold
+                    // tier starts here.
+                    next.log_start = remote.base_offset;
+                }
+                next.segments.push(remote.clone());
+                Ok(Some(next))
+            })
+            .await?;
+        if !committed.segments.iter().any(|s| s.key == key) {
+            return Ok(Uploaded::AlreadyThere);
+        }
+        tracing::info!(key = %key, from, end, bytes, version = committed.version, "uploaded segment to the cold tier");
+        Ok(Uploaded::Committed {
+            from,
+            bytes,
+            version: committed.version,
+        })
+    }
+}
+
+/// Reads `[start, end)` of a file (to its end when `end` is past it).
+async fn read_range(path: &std::path::Path, start: u64, end: u64) -> Result<Bytes, UploadError> {
+    let p = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut f = std::fs::File::open(&p)?;
+        let size = f.metadata()?.len();
+        let end = end.min(size);
+        f.seek(SeekFrom::Start(start))?;
+        let mut buf = vec![0u8; end.saturating_sub(start) as usize];
+        f.read_exact(&mut buf)?;
+        Ok::<_, std::io::Error>(Bytes::from(buf))
+    })
+    .await
+    .map_err(std::io::Error::other)
+    .and_then(|r| r)
+    .map_err(|source| UploadError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests;
