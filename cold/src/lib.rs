@@ -7,3 +7,6 @@ pub mod upload;
 
 #[cfg(test)]
 pub(crate) mod testing;
+
+/// The object store crate, so users name the same version.
+pub use object_store;

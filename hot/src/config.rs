@@ -27,6 +27,8 @@ pub struct ServerConfig {
     pub kafka: KafkaSection,
     pub topics: TopicsSection,
     pub groups: GroupsSection,
+    /// The cold tier; absent: no tiering (`strata dev` uses `<data_dir>/cold`).
+    pub cold: Option<ColdSection>,
     pub controller: Option<ControllerSection>,
     /// Where the controllers are, for a broker in a cluster; absent for a single node.
     pub cluster: Option<ClusterSection>,
@@ -130,6 +132,69 @@ pub struct KafkaSection {
     pub frame_timeout: Duration,
 }
 
+/// The cold tier (tiered storage).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColdSection {
+    /// `file:///abs/dir`, `s3://bucket[/prefix]`.
+    pub url: String,
+    /// S3-compatible servers: the endpoint (e.g. `http://127.0.0.1:9000`).
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// Path-style S3 requests, as most S3-compatible servers want.
+    #[serde(default)]
+    pub path_style: bool,
+    /// Segment uploads running at once, per partition.
+    #[serde(default = "default_upload_concurrency")]
+    pub upload_concurrency: usize,
+    /// Upload bandwidth cap per partition, bytes per second (0: uncapped).
+    #[serde(default)]
+    pub upload_bytes_per_sec: u64,
+    /// How often sealed segments are looked for.
+    #[serde(default = "default_tier_interval", deserialize_with = "duration")]
+    pub interval: Duration,
+}
+
+fn default_upload_concurrency() -> usize {
+    4
+}
+
+fn default_tier_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+impl ColdSection {
+    fn at(url: String) -> Self {
+        ColdSection {
+            url,
+            endpoint: None,
+            region: None,
+            path_style: false,
+            upload_concurrency: default_upload_concurrency(),
+            upload_bytes_per_sec: 0,
+            interval: default_tier_interval(),
+        }
+    }
+
+    fn runtime(&self) -> crate::broker::tier::TierConfig {
+        crate::broker::tier::TierConfig {
+            store: strata_cold::store::StoreConfig {
+                url: self.url.clone(),
+                endpoint: self.endpoint.clone(),
+                region: self.region.clone(),
+                path_style: self.path_style,
+            },
+            upload: strata_cold::upload::UploadConfig {
+                concurrency: self.upload_concurrency.max(1),
+                max_bytes_per_sec: (self.upload_bytes_per_sec > 0)
+                    .then_some(self.upload_bytes_per_sec),
+                ..Default::default()
+            },
+            interval: self.interval,
+        }
+    }
+}
+
 /// Consumer group coordination (Kafka's `offsets.*` and `group.*` broker settings).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -220,6 +285,7 @@ impl Default for ServerConfig {
             kafka: KafkaSection::default(),
             topics: TopicsSection::default(),
             groups: GroupsSection::default(),
+            cold: None,
             controller: None,
             cluster: None,
             grpc: None,
@@ -312,6 +378,14 @@ impl ServerConfig {
             None => {}
         }
         let mut config = ServerConfig::load(path, overrides.into_iter())?;
+        if config.cold.is_none() {
+            // The embedded default: the cold tier in a directory beside the data.
+            let dir = std::env::current_dir()
+                .context("reading the current directory")?
+                .join(&config.data_dir)
+                .join("cold");
+            config.cold = Some(ColdSection::at(format!("file://{}", dir.display())));
+        }
         if path.is_none() && config.controller.is_none() && config.cluster.is_none() {
             let listen: SocketAddr = flags
                 .controller_listen
@@ -395,6 +469,24 @@ impl ServerConfig {
         if g.min_session_timeout > g.max_session_timeout {
             bail!("groups.min_session_timeout is above groups.max_session_timeout");
         }
+        if let Some(c) = &self.cold {
+            if c.interval.is_zero() {
+                bail!("cold.interval must be above zero");
+            }
+            strata_cold::store::open(&strata_cold::store::StoreConfig {
+                url: c.url.clone(),
+                endpoint: c.endpoint.clone(),
+                region: c.region.clone(),
+                path_style: c.path_style,
+            })
+            .map(|_| ())
+            .or_else(|e| match e {
+                // Only the URL's shape is checked here; the store is opened at start.
+                strata_cold::store::StoreError::BadUrl { .. } => Err(e),
+                _ => Ok(()),
+            })
+            .context("invalid [cold]")?;
+        }
         if g.offsets_topic_segment_bytes < 1024 {
             bail!("groups.offsets_topic_segment_bytes must be at least 1024");
         }
@@ -469,6 +561,7 @@ impl ServerConfig {
                 .as_ref()
                 .map_or_else(default_replica_open_timeout, |c| c.replica_open_timeout),
             groups: self.groups.runtime(),
+            tier: self.cold.as_ref().map(ColdSection::runtime),
         }
     }
 

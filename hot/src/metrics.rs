@@ -68,6 +68,12 @@ pub struct Metrics {
     pub replicated_bytes: AtomicU64,
     pub isr_shrinks: AtomicU64,
     pub isr_expands: AtomicU64,
+    /// Cold tier: bytes and segments uploaded and committed, failed uploads, and the bytes
+    /// of sealed local segments of tiered topics not in the cold tier yet.
+    pub tiered_bytes: AtomicU64,
+    pub tiered_segments: AtomicU64,
+    pub tier_upload_errors: AtomicU64,
+    pub under_tiered_bytes: AtomicU64,
     /// Produce request received -> response ready (includes the acks=all wait).
     pub produce_latency: Histogram,
     /// An acks=all append until the high watermark passed it (replication and fsyncs).
@@ -253,6 +259,30 @@ impl Metrics {
             "strata_replicated_bytes_total",
             "Record bytes sent to followers.",
             &self.replicated_bytes,
+        );
+        counter(
+            &mut out,
+            "strata_tiered_bytes_total",
+            "Segment bytes uploaded to the cold tier and committed in its manifests.",
+            &self.tiered_bytes,
+        );
+        counter(
+            &mut out,
+            "strata_tiered_segments_total",
+            "Segments uploaded to the cold tier and committed.",
+            &self.tiered_segments,
+        );
+        counter(
+            &mut out,
+            "strata_tier_upload_errors_total",
+            "Failed uploads and manifest claims (retried; local data is kept).",
+            &self.tier_upload_errors,
+        );
+        gauge(
+            &mut out,
+            "strata_under_tiered_bytes",
+            "Bytes of sealed local segments of tiered topics not yet in the cold tier.",
+            self.under_tiered_bytes.load(Ordering::Relaxed),
         );
         let _ = writeln!(out, "# HELP strata_replica_lag_records Records a follower is behind this leader's log end.\n# TYPE strata_replica_lag_records gauge");
         let _ = writeln!(out, "# HELP strata_replica_lag_seconds Time since a follower was last caught up.\n# TYPE strata_replica_lag_seconds gauge");

@@ -7,6 +7,7 @@
 mod isr;
 pub mod partition;
 mod reconcile;
+pub mod tier;
 pub mod topics;
 
 use std::collections::{BTreeMap, HashMap};
@@ -55,6 +56,8 @@ pub struct BrokerConfig {
     pub replica_open_timeout: Duration,
     /// Consumer group coordination.
     pub groups: crate::group::manager::GroupsConfig,
+    /// The cold tier (`None`: topics cannot enable `remote.storage.enable`).
+    pub tier: Option<tier::TierConfig>,
 }
 
 /// Why a topic administration request was refused.
@@ -269,6 +272,11 @@ impl Broker {
             broker.config.groups.clone(),
         );
         let _ = broker.groups.set(groups);
+        if let Some(config) = broker.config.tier.clone() {
+            let store = strata_cold::store::open(&config.store).map_err(io::Error::other)?;
+            tracing::info!(store = %store, "tiering sealed segments of topics with remote.storage.enable");
+            tokio::spawn(tier::run(Arc::downgrade(&broker), store, config));
+        }
         remove_deleted_dirs(&logs)?;
         for spec in specs {
             let topic = broker.open_topic(spec).await?;

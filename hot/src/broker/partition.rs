@@ -40,6 +40,9 @@ pub struct Progress {
     pub leader_epoch: Option<i32>,
     /// The committed ISR is smaller than `min.insync.replicas`.
     pub under_min_isr: bool,
+    /// Where the cold tier's manifest ends (tiered topics; `None` until known): local
+    /// retention deletes nothing at or past it.
+    pub tiered_end: Option<u64>,
 }
 
 /// Why waiting for an acknowledgement ended without one.
@@ -133,6 +136,7 @@ impl Partition {
             failed: false,
             leader_epoch: None,
             under_min_isr: false,
+            tiered_end: None,
         });
         let (stop, _) = watch::channel(false);
         let p = Arc::new(Partition {
@@ -639,7 +643,23 @@ impl Partition {
 
     /// Applies retention; publishes the new log start.
     pub fn apply_retention(&self, now_ms: i64) -> std::io::Result<usize> {
-        self.delete_segments(|log| log.apply_retention(now_ms))
+        let tiered_end = self.progress().tiered_end;
+        self.delete_segments(|log| log.apply_retention(now_ms, tiered_end))
+    }
+
+    /// Records where the cold tier's manifest ends.
+    pub fn set_tiered_end(&self, end: u64) {
+        self.progress.send_if_modified(|p| {
+            let changed = p.tiered_end != Some(end);
+            p.tiered_end = Some(end);
+            changed
+        });
+    }
+
+    /// The sealed segments (every one but the active), oldest first, with what an upload
+    /// needs: range, files, and the leader epochs of the log.
+    pub fn sealed_segments(&self) -> Vec<strata_cold::upload::SealedSegment> {
+        self.lock().sealed_segments()
     }
 
     /// Deletes the segments wholly below `offset` (see [`PartitionLog::trim_before`]).

@@ -37,6 +37,13 @@ pub struct LogConfig {
     pub retention_ms: Option<Duration>,
     /// `None` = no size limit (`retention.bytes=-1`).
     pub retention_bytes: Option<u64>,
+    /// `remote.storage.enable`: sealed segments are uploaded to the cold tier, and local
+    /// segments are deleted by `local.retention.*` once (and only once) they are uploaded.
+    pub remote_storage: bool,
+    /// `local.retention.ms` / `local.retention.bytes` (-2, the default, = the total
+    /// retention; -1 = no limit): how much stays on local disk when tiered.
+    pub local_retention_ms: Option<Duration>,
+    pub local_retention_bytes: Option<u64>,
     pub flush: FlushPolicy,
     pub max_message_bytes: u32,
     pub index_interval_bytes: u32,
@@ -56,11 +63,14 @@ pub const TOPIC_CONFIG_KEYS: &[(&str, &str)] = &[
     ("cleanup.policy", "delete"),
     ("flush.messages", "1"),
     ("index.interval.bytes", "4096"),
+    ("local.retention.bytes", "-2"),
+    ("local.retention.ms", "-2"),
     ("max.message.bytes", "1048588"),
     ("min.acks", "0"),
     ("min.insync.replicas", "1"),
     ("retention.bytes", "-1"),
     ("retention.ms", "604800000"),
+    ("remote.storage.enable", "false"),
     ("segment.bytes", "1073741824"),
     ("segment.ms", "604800000"),
     ("unclean.leader.election.enable", "false"),
@@ -109,6 +119,20 @@ impl LogConfig {
         let retention_ms = int("retention.ms", get("retention.ms"), -1, i64::MAX)?;
         let retention_bytes = int("retention.bytes", get("retention.bytes"), -1, i64::MAX)?;
         let flush_messages = int("flush.messages", get("flush.messages"), 1, i64::MAX)?;
+        let local_ms = int(
+            "local.retention.ms",
+            get("local.retention.ms"),
+            -2,
+            i64::MAX,
+        )?;
+        let local_bytes = int(
+            "local.retention.bytes",
+            get("local.retention.bytes"),
+            -2,
+            i64::MAX,
+        )?;
+        let retention_ms = (retention_ms >= 0).then(|| Duration::from_millis(retention_ms as u64));
+        let retention_bytes = (retention_bytes >= 0).then_some(retention_bytes as u64);
         let cleanup_policy = get("cleanup.policy").trim().to_string();
         if cleanup_policy != "delete" {
             return Err(ConfigError::InvalidValue {
@@ -124,8 +148,29 @@ impl LogConfig {
             segment_ms: Duration::from_millis(
                 int("segment.ms", get("segment.ms"), 1, i64::MAX)? as u64
             ),
-            retention_ms: (retention_ms >= 0).then(|| Duration::from_millis(retention_ms as u64)),
-            retention_bytes: (retention_bytes >= 0).then_some(retention_bytes as u64),
+            retention_ms,
+            retention_bytes,
+            remote_storage: match get("remote.storage.enable").trim() {
+                "true" => true,
+                "false" => false,
+                other => {
+                    return Err(ConfigError::InvalidValue {
+                        key: "remote.storage.enable".into(),
+                        value: other.to_string(),
+                        reason: "must be true or false".into(),
+                    })
+                }
+            },
+            local_retention_ms: match local_ms {
+                -2 => retention_ms,
+                -1 => None,
+                ms => Some(Duration::from_millis(ms as u64)),
+            },
+            local_retention_bytes: match local_bytes {
+                -2 => retention_bytes,
+                -1 => None,
+                b => Some(b as u64),
+            },
             flush: match flush_messages {
                 1 => FlushPolicy::EveryAppend,
                 i64::MAX => FlushPolicy::Os,

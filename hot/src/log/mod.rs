@@ -615,13 +615,55 @@ impl PartitionLog {
         Some((ts, offset))
     }
 
+    /// The sealed segments (every one but the active), oldest first.
+    pub fn sealed_segments(&self) -> Vec<strata_cold::upload::SealedSegment> {
+        let bases: Vec<u64> = self.segments.keys().copied().collect();
+        let epochs: Vec<(i32, u64)> = self
+            .epochs
+            .entries()
+            .iter()
+            .map(|e| (e.epoch, e.start_offset))
+            .collect();
+        bases
+            .windows(2)
+            .map(|w| {
+                let snapshot = self.dir.join(fmt::file_name(w[0], SNAPSHOT_SUFFIX));
+                strata_cold::upload::SealedSegment {
+                    base_offset: w[0],
+                    end_offset: w[1],
+                    log: self.dir.join(fmt::file_name(w[0], LOG_SUFFIX)),
+                    producer_snapshot: snapshot.exists().then_some(snapshot),
+                    epochs: epochs.clone(),
+                }
+            })
+            .collect()
+    }
+
     /// Deletes sealed segments past `retention.ms` or beyond `retention.bytes`, oldest first.
     /// Returns the base offsets deleted. The active segment is never deleted.
-    pub fn apply_retention(&mut self, now_ms: i64) -> io::Result<Vec<u64>> {
+    ///
+    /// With `remote.storage.enable`, `local.retention.*` applies instead, and only to
+    /// segments wholly below `tiered_end` (the end of what the cold tier's manifest holds;
+    /// `None` when unknown): nothing is deleted that is not safely uploaded.
+    pub fn apply_retention(
+        &mut self,
+        now_ms: i64,
+        tiered_end: Option<u64>,
+    ) -> io::Result<Vec<u64>> {
         let mut total = self.size_bytes();
-        let (retention_ms, retention_bytes) =
-            (self.config.retention_ms, self.config.retention_bytes);
-        let deleted = self.delete_oldest_while(|oldest, _| {
+        let remote = self.config.remote_storage;
+        let (retention_ms, retention_bytes) = if remote {
+            (
+                self.config.local_retention_ms,
+                self.config.local_retention_bytes,
+            )
+        } else {
+            (self.config.retention_ms, self.config.retention_bytes)
+        };
+        let deleted = self.delete_oldest_while(|oldest, next_base| {
+            if remote && tiered_end.is_none_or(|end| next_base > end) {
+                return false;
+            }
             let expired_by_time = retention_ms.is_some_and(|r| {
                 let newest = oldest.max_timestamp.unwrap_or(oldest.created_ms);
                 now_ms.saturating_sub(newest) as u128 > r.as_millis()
@@ -644,6 +686,7 @@ impl PartitionLog {
     /// is superseded (a consumer-offsets snapshot), and by followers to follow their
     /// leader's log start.
     pub fn trim_before(&mut self, offset: u64) -> io::Result<Vec<u64>> {
+        // (Retention of a tiered topic does the same, behind the manifest: apply_retention.)
         let deleted = self.delete_oldest_while(|_, next_base| next_base <= offset)?;
         if !deleted.is_empty() {
             tracing::debug!(dir = %self.dir.display(), segments = deleted.len(), log_start = self.start_offset(), "deleted segments below {offset}");

@@ -177,7 +177,7 @@ fn retention_by_bytes_and_time_deletes_oldest_sealed_segments() {
     config.retention_bytes = Some(4096);
     config.retention_ms = None;
     log.set_config(config.clone());
-    let deleted = log.apply_retention(0).unwrap();
+    let deleted = log.apply_retention(0, None).unwrap();
     assert!(!deleted.is_empty());
     assert!(log.size_bytes() >= 4096 - 2048 && log.size_bytes() < 4096 + 2048);
     assert_eq!(
@@ -192,7 +192,7 @@ fn retention_by_bytes_and_time_deletes_oldest_sealed_segments() {
     config.retention_bytes = None;
     config.retention_ms = Some(Duration::from_millis(100));
     log.set_config(config);
-    let deleted_by_time = log.apply_retention(1_000_000).unwrap();
+    let deleted_by_time = log.apply_retention(1_000_000, None).unwrap();
     assert_eq!(log.segment_count(), 1);
     assert_eq!(deleted.len() + deleted_by_time.len(), segments - 1);
     assert!(!dir.path().join(fmt::file_name(0, LOG_SUFFIX)).exists());
@@ -592,7 +592,7 @@ fn truncating_below_the_log_start_empties_the_log_at_that_offset() {
     let mut config = small_config(2048);
     config.retention_bytes = Some(2048);
     log.set_config(config);
-    log.apply_retention(0).unwrap();
+    log.apply_retention(0, None).unwrap();
     let start = log.start_offset();
     assert!(start > 0);
     log.truncate_to(start - 1, 0).unwrap();

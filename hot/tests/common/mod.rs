@@ -17,6 +17,7 @@ pub fn broker_config(dir: &Path) -> BrokerConfig {
         replica_lag_time_max: Duration::from_secs(30),
         replica_open_timeout: Duration::from_secs(30),
         groups: Default::default(),
+        tier: None,
         auto_create_topics: false,
     }
 }

@@ -1,0 +1,161 @@
+//! Tiering: the broker's side of the cold tier. For every local replica of a topic with
+//! `remote.storage.enable=true`:
+//!
+//! - as leader, it claims the partition's manifest with its leader epoch (fencing earlier
+//!   leaders), then uploads, in offset order, each sealed segment whose end is at or below
+//!   the high watermark and past the manifest's end;
+//! - as follower, it reads where the manifest ends now and then;
+//!
+//! and records that end in the partition (`Progress::tiered_end`), so local retention
+//! (`local.retention.*`) deletes only what the cold tier holds. When the object store
+//! fails, uploads stop for the round and are retried on the next; local data stays, and
+//! the backlog shows in `strata_under_tiered_bytes`.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use strata_cold::manifest::{ManifestError, PartitionPrefix};
+use strata_cold::object_store::ObjectStore;
+use strata_cold::upload::{UploadConfig, UploadError, Uploaded, Uploader};
+use uuid::Uuid;
+
+use super::Broker;
+
+/// The cold tier as a broker uses it.
+#[derive(Debug, Clone)]
+pub struct TierConfig {
+    pub store: strata_cold::store::StoreConfig,
+    pub upload: UploadConfig,
+    /// How often sealed segments are looked for.
+    pub interval: Duration,
+}
+
+/// How often a follower re-reads where the manifest ends.
+const FOLLOWER_CHECK: Duration = Duration::from_secs(10);
+
+struct PartitionTier {
+    uploader: Uploader,
+    /// The leader epoch the manifest was claimed with (`None`: not claimed yet).
+    claimed: Option<i32>,
+    checked: Option<Instant>,
+}
+
+pub(super) async fn run(broker: Weak<Broker>, store: Arc<dyn ObjectStore>, config: TierConfig) {
+    let mut tick = tokio::time::interval(config.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut state: HashMap<(Uuid, i32), PartitionTier> = HashMap::new();
+    loop {
+        tick.tick().await;
+        let Some(b) = broker.upgrade() else { return };
+        b.tier_round(&store, &config, &mut state).await;
+    }
+}
+
+impl Broker {
+    async fn tier_round(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        config: &TierConfig,
+        state: &mut HashMap<(Uuid, i32), PartitionTier>,
+    ) {
+        let mut under_tiered = 0u64;
+        let mut seen = Vec::new();
+        for topic in self.topics() {
+            for p in topic.local() {
+                if !p.lock().config().remote_storage {
+                    continue;
+                }
+                let key = (topic.spec.id, p.index);
+                seen.push(key);
+                let tier = state.entry(key).or_insert_with(|| PartitionTier {
+                    uploader: Uploader::new(
+                        store.clone(),
+                        PartitionPrefix::new(
+                            self.cluster_id(),
+                            &topic.spec.id.simple().to_string(),
+                            p.index as u32,
+                        ),
+                        config.upload.clone(),
+                    ),
+                    claimed: None,
+                    checked: None,
+                });
+                let progress = p.progress();
+                match progress.leader_epoch {
+                    Some(epoch) => self.tier_leader(p, tier, epoch).await,
+                    None => {
+                        tier.claimed = None;
+                        if tier.checked.is_none_or(|t| t.elapsed() >= FOLLOWER_CHECK) {
+                            tier.checked = Some(Instant::now());
+                            match tier.uploader.manifest().load().await {
+                                Ok(m) => p.set_tiered_end(m.end_offset()),
+                                Err(e) => {
+                                    tracing::debug!(topic = %topic.spec.name, partition = p.index, error = %e, "could not read the cold tier's manifest")
+                                }
+                            }
+                        }
+                    }
+                }
+                let tiered_end = p.progress().tiered_end.unwrap_or(0);
+                under_tiered += p
+                    .sealed_segments()
+                    .iter()
+                    .filter(|s| s.end_offset > tiered_end)
+                    .map(|s| std::fs::metadata(&s.log).map_or(0, |m| m.len()))
+                    .sum::<u64>();
+            }
+        }
+        state.retain(|k, _| seen.contains(k));
+        self.metrics()
+            .under_tiered_bytes
+            .store(under_tiered, Relaxed);
+    }
+
+    /// As leader at `epoch`: claims the manifest if not yet, then uploads what is sealed,
+    /// committed and not tiered yet, in order, stopping at the first failure.
+    async fn tier_leader(&self, p: &Arc<super::Partition>, tier: &mut PartitionTier, epoch: i32) {
+        let m = self.metrics();
+        if tier.claimed != Some(epoch) {
+            match tier.uploader.manifest().claim(epoch).await {
+                Ok(manifest) => {
+                    tier.claimed = Some(epoch);
+                    p.set_tiered_end(manifest.end_offset());
+                }
+                Err(e) => {
+                    m.tier_upload_errors.fetch_add(1, Relaxed);
+                    tracing::warn!(topic = %p.topic, partition = p.index, epoch, error = %e, "could not claim the cold tier's manifest; will retry");
+                    return;
+                }
+            }
+        }
+        for seg in p.sealed_segments() {
+            let progress = p.progress();
+            if seg.end_offset <= progress.tiered_end.unwrap_or(0) {
+                continue;
+            }
+            if seg.end_offset > progress.high_watermark || progress.leader_epoch != Some(epoch) {
+                return;
+            }
+            match tier.uploader.upload(epoch, &seg).await {
+                Ok(Uploaded::Committed { bytes, .. }) => {
+                    m.tiered_bytes.fetch_add(bytes, Relaxed);
+                    m.tiered_segments.fetch_add(1, Relaxed);
+                    p.set_tiered_end(seg.end_offset);
+                }
+                Ok(Uploaded::AlreadyThere) => p.set_tiered_end(seg.end_offset),
+                Err(UploadError::Manifest(ManifestError::Fenced { manifest, .. })) => {
+                    tracing::info!(topic = %p.topic, partition = p.index, epoch, manifest, "a newer leader claimed the cold tier; not uploading");
+                    tier.claimed = None;
+                    return;
+                }
+                Err(e) => {
+                    m.tier_upload_errors.fetch_add(1, Relaxed);
+                    tracing::warn!(topic = %p.topic, partition = p.index, base = seg.base_offset, error = %e, "segment upload failed; local data is kept and the upload retried");
+                    return;
+                }
+            }
+        }
+    }
+}

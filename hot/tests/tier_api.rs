@@ -1,0 +1,211 @@
+//! Tiering in process: a standalone broker with a `file://` cold tier uploads the sealed
+//! segments of a topic with `remote.storage.enable`, commits them in the manifest, and
+//! deletes local segments by `local.retention.bytes` only once they are uploaded.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use strata_cold::manifest::{ManifestStore, PartitionPrefix};
+use strata_core::batch::build::{batch, ProducerIds, Rec};
+use strata_hot::broker::tier::TierConfig;
+use strata_hot::broker::{Broker, BrokerConfig, NewTopic, SystemClock};
+
+async fn produce(broker: &Broker, topic: &str, from: usize, n: usize) {
+    for i in from..from + n {
+        let value = format!("record-{i:06}-{}", "x".repeat(200));
+        let raw = batch(
+            1_000,
+            ProducerIds::NONE,
+            &[Rec {
+                key: None,
+                value: Some(value.as_bytes()),
+                timestamp_delta: 0,
+            }],
+        );
+        let pending = broker
+            .append(topic, 0, Bytes::from(raw), -1, 1_000)
+            .unwrap();
+        pending
+            .durable(Duration::from_secs(5), &broker.metrics().commit_latency)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let cold = dir.path().join("cold");
+    let tier = TierConfig {
+        store: strata_cold::store::StoreConfig {
+            url: format!("file://{}", cold.display()),
+            ..Default::default()
+        },
+        upload: Default::default(),
+        interval: Duration::from_millis(50),
+    };
+    let broker = Broker::open(
+        BrokerConfig {
+            retention_check_interval: Duration::from_millis(50),
+            tier: Some(tier.clone()),
+            ..common::broker_config(&dir.path().join("data"))
+        },
+        Arc::new(SystemClock),
+        None,
+    )
+    .await
+    .unwrap();
+    broker.spawn_retention();
+    let configs = BTreeMap::from([
+        ("segment.bytes".to_string(), "4096".to_string()),
+        ("remote.storage.enable".to_string(), "true".to_string()),
+        ("local.retention.bytes".to_string(), "8192".to_string()),
+    ]);
+    let spec = broker
+        .create_topic(
+            NewTopic {
+                name: "ledger".into(),
+                partitions: Some(1),
+                configs,
+                ..NewTopic::default()
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    produce(&broker, "ledger", 0, 300).await;
+
+    let store = strata_cold::store::open(&tier.store).unwrap();
+    let manifest = ManifestStore::new(
+        store,
+        PartitionPrefix::new(broker.cluster_id(), &spec.id.simple().to_string(), 0),
+    );
+    let partition = broker.topic("ledger").unwrap().partitions[0]
+        .clone()
+        .unwrap();
+    let local_bytes = || -> u64 {
+        std::fs::read_dir(dir.path().join("data/logs/ledger-0"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+            .map(|e| e.metadata().unwrap().len())
+            .sum()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = manifest.load().await.unwrap();
+        let p = partition.progress();
+        let sealed_end = partition
+            .sealed_segments()
+            .last()
+            .map_or(0, |s| s.end_offset);
+        // (The records' timestamps are from 1970, so time retention would delete every
+        // sealed segment at once: only what is tiered may go.)
+        if m.end_offset() >= sealed_end && p.log_start > 0 && local_bytes() <= 8192 {
+            // Everything sealed is tiered; local retention deleted only tiered segments.
+            assert!(p.log_start <= m.end_offset(), "{p:?} {m:?}");
+            assert_eq!(p.tiered_end, Some(m.end_offset()));
+            assert_eq!(m.segments[0].base_offset, 0, "from the very start");
+            m.validate().unwrap();
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not tiered: manifest {m:?}, progress {p:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        broker
+            .metrics()
+            .tiered_segments
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 2
+    );
+    // Each remote object is the local segment's bytes: the first record of the second
+    // segment is where the first ended.
+    let m = manifest.load().await.unwrap();
+    assert_eq!(m.segments[1].base_offset, m.segments[0].end_offset);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_store_fails_nothing_local_is_deleted_and_the_backlog_shows() {
+    let dir = tempfile::tempdir().unwrap();
+    let cold = dir.path().join("cold");
+    let broker = Broker::open(
+        BrokerConfig {
+            retention_check_interval: Duration::from_millis(50),
+            tier: Some(TierConfig {
+                store: strata_cold::store::StoreConfig {
+                    url: format!("file://{}", cold.display()),
+                    ..Default::default()
+                },
+                upload: strata_cold::upload::UploadConfig {
+                    attempts: 1,
+                    ..Default::default()
+                },
+                interval: Duration::from_millis(50),
+            }),
+            ..common::broker_config(&dir.path().join("data"))
+        },
+        Arc::new(SystemClock),
+        None,
+    )
+    .await
+    .unwrap();
+    broker.spawn_retention();
+    // The store breaks: its directory becomes a file, so every write fails.
+    std::fs::remove_dir_all(&cold).unwrap();
+    std::fs::write(&cold, b"not a directory").unwrap();
+    let configs = BTreeMap::from([
+        ("segment.bytes".to_string(), "4096".to_string()),
+        ("remote.storage.enable".to_string(), "true".to_string()),
+        ("local.retention.bytes".to_string(), "4096".to_string()),
+    ]);
+    broker
+        .create_topic(
+            NewTopic {
+                name: "ledger".into(),
+                partitions: Some(1),
+                configs,
+                ..NewTopic::default()
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    produce(&broker, "ledger", 0, 100).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let p = broker.topic("ledger").unwrap().partitions[0]
+        .clone()
+        .unwrap();
+    // Expired by time and by local.retention.bytes, yet not uploaded: kept.
+    assert_eq!(p.progress().log_start, 0);
+    let m = broker.metrics();
+    assert!(
+        m.tier_upload_errors
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    assert!(
+        m.under_tiered_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 4096
+    );
+    // The store comes back: the backlog goes up and local retention catches up.
+    std::fs::remove_file(&cold).unwrap();
+    std::fs::create_dir_all(&cold).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while p.progress().log_start == 0
+        || m.under_tiered_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    {
+        assert!(std::time::Instant::now() < deadline, "{:?}", p.progress());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
