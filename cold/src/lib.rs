@@ -2,6 +2,7 @@
 //! conditional writes (`manifest`) and the uploader of sealed segments (`upload`).
 
 pub mod manifest;
+pub mod read;
 pub mod store;
 pub mod upload;
 

@@ -1,6 +1,10 @@
 //! Test helpers: an object store that fails on demand.
 
+use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use strata_core::batch::build::{batch, ProducerIds, Rec};
+use strata_core::batch::{stamped_prefix, STAMP_LEN};
 
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -103,4 +107,27 @@ impl ObjectStore for Flaky {
     async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> object_store::Result<()> {
         self.inner.copy_if_not_exists(from, to).await
     }
+}
+
+/// Writes a segment file of `batches` batches of 10 records from `base`; returns its end.
+pub fn write_segment(path: &std::path::Path, base: u64, batches: u64) -> u64 {
+    let mut f = std::fs::File::create(path).unwrap();
+    let mut offset = base;
+    for b in 0..batches {
+        let values: Vec<String> = (0..10).map(|i| format!("value-{}", offset + i)).collect();
+        let recs: Vec<Rec<'_>> = values
+            .iter()
+            .map(|v| Rec {
+                key: None,
+                value: Some(v.as_bytes()),
+                timestamp_delta: 0,
+            })
+            .collect();
+        let raw = batch(1_000 + (offset as i64), ProducerIds::NONE, &recs);
+        f.write_all(&stamped_prefix(&raw, offset as i64, 1 + (b / 5) as i32))
+            .unwrap();
+        f.write_all(&raw[STAMP_LEN..]).unwrap();
+        offset += 10;
+    }
+    offset
 }

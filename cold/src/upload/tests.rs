@@ -1,35 +1,10 @@
-use std::io::Write;
-
 use futures_util::TryStreamExt;
 use object_store::memory::InMemory;
-use strata_core::batch::build::{batch, ProducerIds, Rec};
-use strata_core::batch::{stamped_prefix, BatchIter, STAMP_LEN};
+use strata_core::batch::BatchIter;
 use strata_core::segment::decode_offset_entries;
 
 use super::*;
-
-/// Writes a segment file of `batches` batches of 10 records from `base`; returns its end.
-fn write_segment(path: &std::path::Path, base: u64, batches: u64) -> u64 {
-    let mut f = std::fs::File::create(path).unwrap();
-    let mut offset = base;
-    for b in 0..batches {
-        let values: Vec<String> = (0..10).map(|i| format!("value-{}", offset + i)).collect();
-        let recs: Vec<Rec<'_>> = values
-            .iter()
-            .map(|v| Rec {
-                key: None,
-                value: Some(v.as_bytes()),
-                timestamp_delta: 0,
-            })
-            .collect();
-        let raw = batch(1_000 + (offset as i64), ProducerIds::NONE, &recs);
-        f.write_all(&stamped_prefix(&raw, offset as i64, 1 + (b / 5) as i32))
-            .unwrap();
-        f.write_all(&raw[STAMP_LEN..]).unwrap();
-        offset += 10;
-    }
-    offset
-}
+use crate::testing::write_segment;
 
 fn sealed(path: &std::path::Path, base: u64, end: u64) -> SealedSegment {
     SealedSegment {
