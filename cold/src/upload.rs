@@ -105,8 +105,12 @@ pub enum UploadError {
 pub enum Uploaded {
     /// The manifest already held the segment's range: nothing was written.
     AlreadyThere,
-    /// Uploaded [from, end) and committed it as manifest `version`.
-    Committed { from: u64, bytes: u64, version: u64 },
+    /// Uploaded [from, end) and committed it in `manifest`.
+    Committed {
+        from: u64,
+        bytes: u64,
+        manifest: Box<Manifest>,
+    },
 }
 
 /// A token bucket shared by an uploader's transfers.
@@ -384,7 +388,7 @@ impl Uploader {
         Ok(Uploaded::Committed {
             from,
             bytes,
-            version: committed.version,
+            manifest: Box::new(committed),
         })
     }
 }

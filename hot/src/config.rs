@@ -190,6 +190,7 @@ impl ColdSection {
                     .then_some(self.upload_bytes_per_sec),
                 ..Default::default()
             },
+            read: Default::default(),
             interval: self.interval,
         }
     }

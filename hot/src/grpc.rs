@@ -137,6 +137,46 @@ impl GrpcService {
         }
         let wait = Duration::from_millis(u64::from(r.max_wait_ms)).min(MAX_WAIT);
         let max_bytes = (r.max_bytes as usize).clamp(1, 64 << 20);
+        let progress = partition.progress();
+        if (r.offset as u64) < progress.log_start {
+            // Below the local log: from the cold tier, when it holds the offset.
+            let cold = self.broker.cold().zip(self.broker.topic(&r.topic));
+            if let Some((cold, topic)) = cold {
+                let read = cold
+                    .read(
+                        topic.spec.id,
+                        r.partition as i32,
+                        r.offset as u64,
+                        max_bytes,
+                    )
+                    .await;
+                match read {
+                    Some(Ok(records)) => {
+                        return Ok(Response::new(FetchResponse {
+                            error: None,
+                            high_watermark: progress.high_watermark as i64,
+                            log_start_offset: cold
+                                .earliest(topic.spec.id, r.partition as i32)
+                                .map_or(progress.log_start, |e| e.min(progress.log_start))
+                                as i64,
+                            records: records.into(),
+                        }))
+                    }
+                    Some(Err(e)) => {
+                        return Ok(Response::new(FetchResponse {
+                            error: error(
+                                codes::KAFKA_STORAGE_ERROR,
+                                format!("cold tier read failed (retry): {e}"),
+                            ),
+                            high_watermark: progress.high_watermark as i64,
+                            log_start_offset: progress.log_start as i64,
+                            records: Default::default(),
+                        }))
+                    }
+                    None => {}
+                }
+            }
+        }
         match partition
             .read_waiting(r.offset as u64, max_bytes, wait)
             .await

@@ -46,6 +46,7 @@ async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them(
             ..Default::default()
         },
         upload: Default::default(),
+        read: Default::default(),
         interval: Duration::from_millis(50),
     };
     let broker = Broker::open(
@@ -130,6 +131,55 @@ async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them(
     // segment is where the first ended.
     let m = manifest.load().await.unwrap();
     assert_eq!(m.segments[1].base_offset, m.segments[0].end_offset);
+
+    // A consumer from offset 0 gets every record, in order: the cold tier serves what
+    // local disk no longer has, the local log the rest. ListOffsets(earliest) says 0.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = strata_hot::kafka::KafkaServer::new(
+        broker.clone(),
+        strata_hot::kafka::ListenerConfig {
+            advertised_host: "127.0.0.1".into(),
+            advertised_port: listener.local_addr().unwrap().port(),
+            max_request_bytes: 1 << 20,
+            idle_timeout: Duration::from_secs(60),
+            frame_timeout: Duration::from_secs(5),
+        },
+    );
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(server.serve(listener, stop_rx));
+    let mut conn = strata_client::Connection::connect(&addr).await.unwrap();
+    assert_eq!(
+        strata_client::list_offset(&mut conn, "ledger", 0, -2)
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(partition.progress().log_start > 0);
+    let mut next = 0i64;
+    while next < 300 {
+        let got = strata_client::fetch(
+            &mut conn,
+            "ledger",
+            0,
+            next,
+            16 << 10,
+            Duration::from_millis(100),
+        )
+        .await
+        .unwrap();
+        let mut buf = got.records.clone();
+        let sets = kafka_protocol::records::RecordBatchDecoder::decode_all(&mut buf).unwrap();
+        assert!(!sets.is_empty(), "nothing at offset {next}");
+        for set in sets {
+            for r in set.records {
+                assert_eq!(r.offset, next, "in order, nothing skipped");
+                let value = String::from_utf8(r.value.unwrap().to_vec()).unwrap();
+                assert!(value.starts_with(&format!("record-{next:06}-")), "{value}");
+                next += 1;
+            }
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,6 +198,7 @@ async fn while_the_store_fails_nothing_local_is_deleted_and_the_backlog_shows() 
                     attempts: 1,
                     ..Default::default()
                 },
+                read: Default::default(),
                 interval: Duration::from_millis(50),
             }),
             ..common::broker_config(&dir.path().join("data"))

@@ -227,6 +227,8 @@ pub struct Broker {
     reconcile_again: Arc<tokio::sync::Notify>,
     /// The consumer group coordinators of the offsets partitions this broker leads.
     groups: std::sync::OnceLock<Arc<crate::group::manager::GroupManager>>,
+    /// The cold tier, when configured.
+    cold: std::sync::OnceLock<Arc<tier::ColdTier>>,
 }
 
 impl Broker {
@@ -265,6 +267,7 @@ impl Broker {
             opening: Mutex::new(HashMap::new()),
             reconcile_again: Arc::new(tokio::sync::Notify::new()),
             groups: std::sync::OnceLock::new(),
+            cold: std::sync::OnceLock::new(),
         });
         let groups = crate::group::manager::GroupManager::start(
             &broker,
@@ -275,7 +278,10 @@ impl Broker {
         if let Some(config) = broker.config.tier.clone() {
             let store = strata_cold::store::open(&config.store).map_err(io::Error::other)?;
             tracing::info!(store = %store, "tiering sealed segments of topics with remote.storage.enable");
-            tokio::spawn(tier::run(Arc::downgrade(&broker), store, config));
+            let reader = strata_cold::read::RemoteReader::new(store.clone(), config.read.clone());
+            let cold = Arc::new(tier::ColdTier::new(reader));
+            let _ = broker.cold.set(cold.clone());
+            tokio::spawn(tier::run(Arc::downgrade(&broker), store, cold, config));
         }
         remove_deleted_dirs(&logs)?;
         for spec in specs {
@@ -294,6 +300,11 @@ impl Broker {
             broker.warn_orphans(&logs)?;
         }
         Ok(broker)
+    }
+
+    /// The cold tier's reader and manifests, when one is configured.
+    pub fn cold(&self) -> Option<&Arc<tier::ColdTier>> {
+        self.cold.get()
     }
 
     /// The consumer group coordination of this broker.

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use strata_cold::manifest::{ManifestError, PartitionPrefix};
+use strata_cold::manifest::{Manifest, ManifestError, PartitionPrefix};
 use strata_cold::object_store::ObjectStore;
 use strata_cold::upload::{UploadConfig, UploadError, Uploaded, Uploader};
 use uuid::Uuid;
@@ -28,12 +28,64 @@ use super::Broker;
 pub struct TierConfig {
     pub store: strata_cold::store::StoreConfig,
     pub upload: UploadConfig,
+    pub read: strata_cold::read::ReadConfig,
     /// How often sealed segments are looked for.
     pub interval: Duration,
 }
 
 /// How often a follower re-reads where the manifest ends.
 const FOLLOWER_CHECK: Duration = Duration::from_secs(10);
+
+/// What the fetch path needs of the cold tier: the reader and each tiered partition's
+/// latest known manifest (kept current by the tiering task).
+pub struct ColdTier {
+    pub reader: Arc<strata_cold::read::RemoteReader>,
+    manifests: std::sync::RwLock<HashMap<(Uuid, i32), Arc<Manifest>>>,
+}
+
+impl ColdTier {
+    pub fn new(reader: Arc<strata_cold::read::RemoteReader>) -> Self {
+        ColdTier {
+            reader,
+            manifests: std::sync::RwLock::new(HashMap::new()),
+        }
+    }
+
+    fn set(&self, key: (Uuid, i32), m: Manifest) {
+        self.manifests
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, Arc::new(m));
+    }
+
+    pub fn manifest(&self, topic: Uuid, partition: i32) -> Option<Arc<Manifest>> {
+        self.manifests
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(topic, partition))
+            .cloned()
+    }
+
+    /// Whole batches from `offset` out of the cold tier, when it holds `offset`: `None`
+    /// when it does not (or nothing is known of the partition).
+    pub async fn read(
+        &self,
+        topic: Uuid,
+        partition: i32,
+        offset: u64,
+        max_bytes: usize,
+    ) -> Option<Result<bytes::Bytes, strata_cold::read::ReadError>> {
+        let m = self.manifest(topic, partition)?;
+        let seg = m.segment_for(offset)?.clone();
+        Some(self.reader.read(&seg, offset, max_bytes).await)
+    }
+
+    /// The first offset the cold tier holds, if it holds any.
+    pub fn earliest(&self, topic: Uuid, partition: i32) -> Option<u64> {
+        let m = self.manifest(topic, partition)?;
+        m.segments.first().map(|s| s.base_offset)
+    }
+}
 
 struct PartitionTier {
     uploader: Uploader,
@@ -42,14 +94,19 @@ struct PartitionTier {
     checked: Option<Instant>,
 }
 
-pub(super) async fn run(broker: Weak<Broker>, store: Arc<dyn ObjectStore>, config: TierConfig) {
+pub(super) async fn run(
+    broker: Weak<Broker>,
+    store: Arc<dyn ObjectStore>,
+    cold: Arc<ColdTier>,
+    config: TierConfig,
+) {
     let mut tick = tokio::time::interval(config.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut state: HashMap<(Uuid, i32), PartitionTier> = HashMap::new();
     loop {
         tick.tick().await;
         let Some(b) = broker.upgrade() else { return };
-        b.tier_round(&store, &config, &mut state).await;
+        b.tier_round(&store, &cold, &config, &mut state).await;
     }
 }
 
@@ -57,6 +114,7 @@ impl Broker {
     async fn tier_round(
         &self,
         store: &Arc<dyn ObjectStore>,
+        cold: &ColdTier,
         config: &TierConfig,
         state: &mut HashMap<(Uuid, i32), PartitionTier>,
     ) {
@@ -84,13 +142,16 @@ impl Broker {
                 });
                 let progress = p.progress();
                 match progress.leader_epoch {
-                    Some(epoch) => self.tier_leader(p, tier, epoch).await,
+                    Some(epoch) => self.tier_leader(p, tier, epoch, cold, key).await,
                     None => {
                         tier.claimed = None;
                         if tier.checked.is_none_or(|t| t.elapsed() >= FOLLOWER_CHECK) {
                             tier.checked = Some(Instant::now());
                             match tier.uploader.manifest().load().await {
-                                Ok(m) => p.set_tiered_end(m.end_offset()),
+                                Ok(m) => {
+                                    p.set_tiered_end(m.end_offset());
+                                    cold.set(key, m);
+                                }
                                 Err(e) => {
                                     tracing::debug!(topic = %topic.spec.name, partition = p.index, error = %e, "could not read the cold tier's manifest")
                                 }
@@ -115,13 +176,21 @@ impl Broker {
 
     /// As leader at `epoch`: claims the manifest if not yet, then uploads what is sealed,
     /// committed and not tiered yet, in order, stopping at the first failure.
-    async fn tier_leader(&self, p: &Arc<super::Partition>, tier: &mut PartitionTier, epoch: i32) {
+    async fn tier_leader(
+        &self,
+        p: &Arc<super::Partition>,
+        tier: &mut PartitionTier,
+        epoch: i32,
+        cold: &ColdTier,
+        key: (Uuid, i32),
+    ) {
         let m = self.metrics();
         if tier.claimed != Some(epoch) {
             match tier.uploader.manifest().claim(epoch).await {
                 Ok(manifest) => {
                     tier.claimed = Some(epoch);
                     p.set_tiered_end(manifest.end_offset());
+                    cold.set(key, manifest);
                 }
                 Err(e) => {
                     m.tier_upload_errors.fetch_add(1, Relaxed);
@@ -139,10 +208,13 @@ impl Broker {
                 return;
             }
             match tier.uploader.upload(epoch, &seg).await {
-                Ok(Uploaded::Committed { bytes, .. }) => {
+                Ok(Uploaded::Committed {
+                    bytes, manifest, ..
+                }) => {
                     m.tiered_bytes.fetch_add(bytes, Relaxed);
                     m.tiered_segments.fetch_add(1, Relaxed);
                     p.set_tiered_end(seg.end_offset);
+                    cold.set(key, *manifest);
                 }
                 Ok(Uploaded::AlreadyThere) => p.set_tiered_end(seg.end_offset),
                 Err(UploadError::Manifest(ManifestError::Fenced { manifest, .. })) => {

@@ -31,6 +31,8 @@ struct Target {
     max_bytes: usize,
     /// The local leader replica, or the error code to answer with.
     partition: Result<Arc<Partition>, i16>,
+    /// The cold tier and the topic's id, for offsets below the local log start.
+    remote: Option<(Arc<crate::broker::tier::ColdTier>, uuid::Uuid)>,
 }
 
 /// The local leader replica of a partition, or the error to answer with: not here, or the
@@ -77,6 +79,10 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
             .into_iter()
             .map(|t| {
                 let name = t.topic.0.to_string();
+                let remote = broker.cold().and_then(|cold| {
+                    let topic = broker.topic(&name)?;
+                    Some((cold.clone(), topic.spec.id))
+                });
                 let targets = t
                     .partitions
                     .into_iter()
@@ -90,6 +96,7 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
                             p.partition,
                             p.current_leader_epoch,
                         ),
+                        remote: remote.clone(),
                     })
                     .collect();
                 (t.topic, targets)
@@ -172,7 +179,8 @@ fn read_all(
                         }
                     };
                     let budget = t.max_bytes.min(max_bytes.saturating_sub(total));
-                    let (records, progress, error) = read_one(p, t.offset, budget, total == 0);
+                    let (records, progress, error) =
+                        read_one(p, t.offset, budget, total == 0, t.remote.as_ref());
                     total += records.len();
                     any_error |= error != codes::NONE;
                     data.with_error_code(error)
@@ -192,9 +200,39 @@ fn read_all(
 
 /// Reads one partition. `first` lets the first non-empty partition exceed the request's byte
 /// budget by one batch, so a large batch never blocks a consumer (KIP-74).
-fn read_one(p: &Partition, offset: i64, budget: usize, first: bool) -> (Bytes, Progress, i16) {
+fn read_one(
+    p: &Partition,
+    offset: i64,
+    budget: usize,
+    first: bool,
+    remote: Option<&(Arc<crate::broker::tier::ColdTier>, uuid::Uuid)>,
+) -> (Bytes, Progress, i16) {
     if offset < 0 {
         return (Bytes::new(), p.progress(), codes::OFFSET_OUT_OF_RANGE);
+    }
+    let progress = p.progress();
+    if (offset as u64) < progress.log_start {
+        // Below the local log: the cold tier serves it if it holds it. This runs on the
+        // blocking pool, so it may wait for the object store here.
+        if let Some((cold, topic_id)) = remote {
+            if budget == 0 && !first {
+                return (Bytes::new(), progress, codes::NONE);
+            }
+            let read = tokio::runtime::Handle::current().block_on(cold.read(
+                *topic_id,
+                p.index,
+                offset as u64,
+                budget.max(1),
+            ));
+            match read {
+                Some(Ok(bytes)) => return (bytes, progress, codes::NONE),
+                Some(Err(e)) => {
+                    tracing::warn!(topic = %p.topic, partition = p.index, offset, error = %e, "cold tier read failed");
+                    return (Bytes::new(), progress, codes::KAFKA_STORAGE_ERROR);
+                }
+                None => {}
+            }
+        }
     }
     match p.plan_read(offset as u64) {
         Ok((None, progress)) => (Bytes::new(), progress, codes::NONE),
@@ -237,8 +275,16 @@ pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListO
                             Ok(part) => part,
                             Err(code) => return resp.with_error_code(code),
                         };
+                        let earliest_remote = (p.timestamp == -2)
+                            .then(|| broker.cold().zip(broker.topic(&name)))
+                            .flatten()
+                            .and_then(|(cold, t)| cold.earliest(t.spec.id, p.partition_index));
                         match part.offset_for(p.timestamp) {
-                            Ok((ts, offset)) => resp.with_timestamp(ts).with_offset(offset).with_leader_epoch(epoch),
+                            // The earliest offset counts the cold tier too.
+                            Ok((ts, offset)) => resp
+                                .with_timestamp(ts)
+                                .with_offset(earliest_remote.map_or(offset, |r| (r as i64).min(offset)))
+                                .with_leader_epoch(epoch),
                             Err(e) => {
                                 tracing::error!(topic = %name, partition = p.partition_index, error = %e, "offset lookup failed");
                                 resp.with_error_code(codes::KAFKA_STORAGE_ERROR)
