@@ -64,6 +64,8 @@ class Broker:
         # Run in the child before exec (e.g. resource limits for disk-full tests).
         self.preexec = None
         self.starts = 0
+        # Extra environment (e.g. STRATA__COLD__URL) for the broker process.
+        self.extra_env = {}
         self._stderr_file = None
 
     # --- process control -------------------------------------------------------------
@@ -77,6 +79,7 @@ class Broker:
         self._stderr_file.write(f"\n===== strata start #{self.starts} =====\n".encode())
         self._stderr_file.flush()
         env = dict(os.environ)
+        env.update(self.extra_env)
         env.setdefault("RUST_BACKTRACE", "1")
         env.setdefault("NO_COLOR", "1")  # plain log lines in the stderr file
         self.proc = subprocess.Popen(

@@ -345,9 +345,17 @@ impl Uploader {
         )
         .await?;
         if let (Some(snapshot), true) = (&seg.producer_snapshot, from == seg.base_offset) {
-            let data = read_range(snapshot, 0, u64::MAX).await?;
-            self.put(&Path::from(format!("{key}.snapshot")), data)
-                .await?;
+            // The log prunes old snapshots; one gone since the segment was listed is simply
+            // not uploaded (producer state can be rebuilt from the batch headers).
+            match read_range(snapshot, 0, u64::MAX).await {
+                Ok(data) => {
+                    self.put(&Path::from(format!("{key}.snapshot")), data)
+                        .await?
+                }
+                Err(UploadError::Read { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
         }
         let remote = RemoteSegment {
             base_offset: from,
