@@ -32,8 +32,7 @@ use kafka_protocol::protocol::{Encodable, StrBytes};
 use strata_client::{Admin, Connection};
 use strata_core::batch::build::{batch, ProducerIds, Rec};
 use strata_hot::broker::{Broker, BrokerConfig, SystemClock};
-use strata_hot::kafka::{KafkaServer, ListenerConfig, SUPPORTED_APIS};
-use tokio::net::TcpListener;
+use strata_hot::kafka::SUPPORTED_APIS;
 use tokio::sync::watch;
 
 struct TestBroker {
@@ -60,27 +59,14 @@ async fn start() -> TestBroker {
     )
     .await
     .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = KafkaServer::new(
-        broker.clone(),
-        ListenerConfig {
-            advertised_host: "127.0.0.1".into(),
-            advertised_port: addr.port(),
-            max_request_bytes: 1 << 20,
-            idle_timeout: Duration::from_secs(60),
-            frame_timeout: Duration::from_millis(300),
-        },
-    );
-    let (stop, stop_rx) = watch::channel(false);
-    tokio::spawn(server.serve(listener, stop_rx));
-    let mut admin = Admin::connect(&addr.to_string()).await.unwrap();
+    let (addr, stop) = common::serve_kafka(broker.clone()).await;
+    let mut admin = Admin::connect(&addr).await.unwrap();
     admin
         .create_topic("orders", Some(4), None, &BTreeMap::new())
         .await
         .unwrap();
     TestBroker {
-        addr: addr.to_string(),
+        addr,
         _stop: stop,
         _broker: broker,
         _dir: dir,

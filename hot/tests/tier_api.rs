@@ -36,16 +36,17 @@ async fn produce(broker: &Broker, topic: &str, from: usize, n: usize) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let cold = dir.path().join("cold");
+/// A standalone broker under `dir/data` tiering to `file://dir/cold`, checking every 50 ms.
+async fn open_tiered(
+    dir: &std::path::Path,
+    upload: strata_cold::upload::UploadConfig,
+) -> (Arc<Broker>, TierConfig) {
     let tier = TierConfig {
         store: strata_cold::store::StoreConfig {
-            url: format!("file://{}", cold.display()),
+            url: format!("file://{}", dir.join("cold").display()),
             ..Default::default()
         },
-        upload: Default::default(),
+        upload,
         read: Default::default(),
         interval: Duration::from_millis(50),
     };
@@ -53,13 +54,21 @@ async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them(
         BrokerConfig {
             retention_check_interval: Duration::from_millis(50),
             tier: Some(tier.clone()),
-            ..common::broker_config(&dir.path().join("data"))
+            ..common::broker_config(&dir.join("data"))
         },
         Arc::new(SystemClock),
         None,
     )
     .await
     .unwrap();
+    (broker, tier)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, tier) =
+        open_tiered(dir.path(), strata_cold::upload::UploadConfig::default()).await;
     broker.spawn_retention();
     let configs = BTreeMap::from([
         ("segment.bytes".to_string(), "4096".to_string()),
@@ -134,20 +143,7 @@ async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them(
 
     // A consumer from offset 0 gets every record, in order: the cold tier serves what
     // local disk no longer has, the local log the rest. ListOffsets(earliest) says 0.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let server = strata_hot::kafka::KafkaServer::new(
-        broker.clone(),
-        strata_hot::kafka::ListenerConfig {
-            advertised_host: "127.0.0.1".into(),
-            advertised_port: listener.local_addr().unwrap().port(),
-            max_request_bytes: 1 << 20,
-            idle_timeout: Duration::from_secs(60),
-            frame_timeout: Duration::from_secs(5),
-        },
-    );
-    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(server.serve(listener, stop_rx));
+    let (addr, _stop) = common::serve_kafka(broker.clone()).await;
     let mut conn = strata_client::Connection::connect(&addr).await.unwrap();
     assert_eq!(
         strata_client::list_offset(&mut conn, "ledger", 0, -2)
@@ -186,28 +182,14 @@ async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them(
 async fn while_the_store_fails_nothing_local_is_deleted_and_the_backlog_shows() {
     let dir = tempfile::tempdir().unwrap();
     let cold = dir.path().join("cold");
-    let broker = Broker::open(
-        BrokerConfig {
-            retention_check_interval: Duration::from_millis(50),
-            tier: Some(TierConfig {
-                store: strata_cold::store::StoreConfig {
-                    url: format!("file://{}", cold.display()),
-                    ..Default::default()
-                },
-                upload: strata_cold::upload::UploadConfig {
-                    attempts: 1,
-                    ..Default::default()
-                },
-                read: Default::default(),
-                interval: Duration::from_millis(50),
-            }),
-            ..common::broker_config(&dir.path().join("data"))
+    let (broker, _) = open_tiered(
+        dir.path(),
+        strata_cold::upload::UploadConfig {
+            attempts: 1,
+            ..Default::default()
         },
-        Arc::new(SystemClock),
-        None,
     )
-    .await
-    .unwrap();
+    .await;
     broker.spawn_retention();
     // The store breaks: its directory becomes a file, so every write fails.
     std::fs::remove_dir_all(&cold).unwrap();

@@ -2,9 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
-use strata_hot::broker::BrokerConfig;
+use strata_hot::broker::{Broker, BrokerConfig};
+use strata_hot::kafka::{KafkaServer, ListenerConfig};
+use tokio::sync::watch;
 
 /// A single-node broker's config over `dir`, for tests to adjust with `..`.
 pub fn broker_config(dir: &Path) -> BrokerConfig {
@@ -20,4 +23,25 @@ pub fn broker_config(dir: &Path) -> BrokerConfig {
         tier: None,
         auto_create_topics: false,
     }
+}
+
+/// Serves the Kafka protocol for `broker` on a free port: its address, and the switch that
+/// stops it (dropping it stops it too).
+#[allow(dead_code)] // not every test file serves Kafka
+pub async fn serve_kafka(broker: Arc<Broker>) -> (String, watch::Sender<bool>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = KafkaServer::new(
+        broker,
+        ListenerConfig {
+            advertised_host: "127.0.0.1".into(),
+            advertised_port: addr.port(),
+            max_request_bytes: 1 << 20,
+            idle_timeout: Duration::from_secs(60),
+            frame_timeout: Duration::from_millis(300),
+        },
+    );
+    let (stop, stop_rx) = watch::channel(false);
+    tokio::spawn(server.serve(listener, stop_rx));
+    (addr.to_string(), stop)
 }
