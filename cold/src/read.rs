@@ -34,6 +34,10 @@ pub struct ReadConfig {
     pub cache_bytes: usize,
     /// Fetch the next chunk in the background after a miss (sequential replay).
     pub read_ahead: bool,
+    /// The cold-read budget: GETs at once, and bytes per second (`None`: uncapped), so a
+    /// months-long replay cannot starve the broker.
+    pub max_concurrent_reads: usize,
+    pub max_bytes_per_sec: Option<u64>,
 }
 
 impl Default for ReadConfig {
@@ -42,6 +46,8 @@ impl Default for ReadConfig {
             chunk_size: 1 << 20,
             cache_bytes: 256 << 20,
             read_ahead: true,
+            max_concurrent_reads: 8,
+            max_bytes_per_sec: None,
         }
     }
 }
@@ -60,6 +66,9 @@ pub struct ReadStats {
     pub hits: std::sync::atomic::AtomicU64,
     pub misses: std::sync::atomic::AtomicU64,
     pub bytes_fetched: std::sync::atomic::AtomicU64,
+    /// GETs running now, and GETs that waited for the budget.
+    pub in_flight: std::sync::atomic::AtomicU64,
+    pub throttled: std::sync::atomic::AtomicU64,
 }
 
 pub struct RemoteReader {
@@ -67,6 +76,8 @@ pub struct RemoteReader {
     config: ReadConfig,
     chunks: Mutex<Chunks>,
     indexes: Mutex<HashMap<String, Arc<Vec<OffsetEntry>>>>,
+    slots: tokio::sync::Semaphore,
+    limiter: crate::limit::Limiter,
     pub stats: ReadStats,
 }
 
@@ -74,10 +85,12 @@ impl RemoteReader {
     pub fn new(store: Arc<dyn ObjectStore>, config: ReadConfig) -> Arc<Self> {
         Arc::new(RemoteReader {
             store,
-            config,
             chunks: Mutex::new(Chunks::default()),
             indexes: Mutex::new(HashMap::new()),
+            slots: tokio::sync::Semaphore::new(config.max_concurrent_reads.max(1)),
+            limiter: crate::limit::Limiter::new(config.max_bytes_per_sec),
             stats: ReadStats::default(),
+            config,
         })
     }
 
@@ -136,12 +149,26 @@ impl RemoteReader {
     }
 
     async fn fetch_chunk(&self, seg: &RemoteSegment, n: u64) -> Result<Bytes, ReadError> {
+        use std::sync::atomic::Ordering::Relaxed;
         let start = n * self.config.chunk_size;
         let end = (start + self.config.chunk_size).min(seg.size_bytes);
-        let bytes = self
+        // The cold-read budget: GETs at once and bytes per second.
+        let permit = match self.slots.try_acquire() {
+            Ok(p) => p,
+            Err(_) => {
+                self.stats.throttled.fetch_add(1, Relaxed);
+                self.slots.acquire().await.expect("never closed")
+            }
+        };
+        self.limiter.take(end - start).await;
+        self.stats.in_flight.fetch_add(1, Relaxed);
+        let got = self
             .store
             .get_range(&Path::from(seg.key.as_str()), start..end)
-            .await?;
+            .await;
+        self.stats.in_flight.fetch_sub(1, Relaxed);
+        drop(permit);
+        let bytes = got?;
         self.stats
             .bytes_fetched
             .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);

@@ -153,6 +153,29 @@ pub struct ColdSection {
     /// How often sealed segments are looked for.
     #[serde(default = "default_tier_interval", deserialize_with = "duration")]
     pub interval: Duration,
+    /// The cold-read budget of this broker: GETs at once and bytes per second (0:
+    /// uncapped), so a long replay does not starve real-time traffic.
+    #[serde(default = "default_read_concurrency")]
+    pub read_concurrency: usize,
+    #[serde(default)]
+    pub read_bytes_per_sec: u64,
+    /// Memory for cached cold chunks, and the chunk (ranged GET) size.
+    #[serde(default = "default_cache_bytes")]
+    pub cache_bytes: usize,
+    #[serde(default = "default_chunk_bytes")]
+    pub chunk_bytes: u64,
+}
+
+fn default_read_concurrency() -> usize {
+    8
+}
+
+fn default_cache_bytes() -> usize {
+    256 << 20
+}
+
+fn default_chunk_bytes() -> u64 {
+    1 << 20
 }
 
 fn default_upload_concurrency() -> usize {
@@ -173,6 +196,10 @@ impl ColdSection {
             upload_concurrency: default_upload_concurrency(),
             upload_bytes_per_sec: 0,
             interval: default_tier_interval(),
+            read_concurrency: default_read_concurrency(),
+            read_bytes_per_sec: 0,
+            cache_bytes: default_cache_bytes(),
+            chunk_bytes: default_chunk_bytes(),
         }
     }
 
@@ -190,7 +217,13 @@ impl ColdSection {
                     .then_some(self.upload_bytes_per_sec),
                 ..Default::default()
             },
-            read: Default::default(),
+            read: strata_cold::read::ReadConfig {
+                chunk_size: self.chunk_bytes.max(4096),
+                cache_bytes: self.cache_bytes,
+                read_ahead: true,
+                max_concurrent_reads: self.read_concurrency.max(1),
+                max_bytes_per_sec: (self.read_bytes_per_sec > 0).then_some(self.read_bytes_per_sec),
+            },
             interval: self.interval,
         }
     }

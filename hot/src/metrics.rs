@@ -292,6 +292,39 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE strata_partition_log_end_offset gauge\n# TYPE strata_partition_log_start_offset gauge");
         out.push_str(&partitions);
         render_groups(&mut out, broker);
+        if let Some(cold) = broker.cold() {
+            let s = &cold.reader.stats;
+            counter(
+                &mut out,
+                "strata_cold_read_bytes_total",
+                "Bytes read from the cold tier (ranged GETs).",
+                &s.bytes_fetched,
+            );
+            counter(
+                &mut out,
+                "strata_cold_cache_hits_total",
+                "Cold chunks served from the cache.",
+                &s.hits,
+            );
+            counter(
+                &mut out,
+                "strata_cold_cache_misses_total",
+                "Cold chunks fetched from the object store.",
+                &s.misses,
+            );
+            counter(
+                &mut out,
+                "strata_cold_reads_throttled_total",
+                "Cold GETs that waited for the cold-read budget.",
+                &s.throttled,
+            );
+            gauge(
+                &mut out,
+                "strata_cold_reads_in_flight",
+                "Cold GETs running now.",
+                s.in_flight.load(Ordering::Relaxed),
+            );
+        }
         out
     }
 }

@@ -176,6 +176,14 @@ async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them(
             }
         }
     }
+    let stats = &broker.cold().unwrap().reader.stats;
+    assert!(
+        stats
+            .bytes_fetched
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "read from the cold tier"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,6 +45,7 @@ fn small_chunks() -> ReadConfig {
         chunk_size: 700, // smaller than a batch: batches span chunks
         cache_bytes: 1 << 20,
         read_ahead: false,
+        ..ReadConfig::default()
     }
 }
 
@@ -105,9 +106,38 @@ async fn the_cache_stays_within_its_budget() {
             chunk_size: 1_000,
             cache_bytes: 3_000,
             read_ahead: true,
+            ..ReadConfig::default()
         },
     );
     reader.read(&seg, 0, 1 << 20).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     assert!(reader.chunks().bytes <= 3_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cold_reads_keep_to_their_bandwidth_budget() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let seg = uploaded(store.clone()).await;
+    let rate = 2_000u64;
+    let reader = RemoteReader::new(
+        store,
+        ReadConfig {
+            chunk_size: 1_000,
+            read_ahead: false,
+            max_concurrent_reads: 1,
+            max_bytes_per_sec: Some(rate),
+            ..ReadConfig::default()
+        },
+    );
+    let start = tokio::time::Instant::now();
+    let all = reader.read(&seg, 0, 1 << 20).await.unwrap();
+    let took = start.elapsed().as_secs_f64();
+    // All of it at `rate`, less the first second's credit.
+    let floor = (seg.size_bytes - rate) as f64 / rate as f64;
+    assert_eq!(all.len() as u64, seg.size_bytes);
+    assert!(
+        took >= floor,
+        "{took:.2}s for {} bytes at {rate} B/s",
+        seg.size_bytes
+    );
 }

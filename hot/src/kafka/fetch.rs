@@ -186,7 +186,7 @@ fn read_all(
                     data.with_error_code(error)
                         .with_high_watermark(progress.high_watermark as i64)
                         .with_last_stable_offset(progress.high_watermark as i64)
-                        .with_log_start_offset(progress.log_start as i64)
+                        .with_log_start_offset(log_start(&progress, t.remote.as_ref(), t.index))
                         .with_records(Some(records))
                 })
                 .collect();
@@ -196,6 +196,16 @@ fn read_all(
         })
         .collect();
     (responses, total, any_error)
+}
+
+/// The partition's first offset across both tiers.
+fn log_start(
+    progress: &Progress,
+    remote: Option<&(Arc<crate::broker::tier::ColdTier>, uuid::Uuid)>,
+    index: i32,
+) -> i64 {
+    let cold = remote.and_then(|(cold, id)| cold.earliest(*id, index));
+    cold.map_or(progress.log_start, |c| c.min(progress.log_start)) as i64
 }
 
 /// Reads one partition. `first` lets the first non-empty partition exceed the request's byte
