@@ -356,26 +356,21 @@ pub(super) async fn offset_fetch(ctx: Request, req: OffsetFetchRequest) -> Offse
                 match coordinator(&ctx, &id) {
                     Ok(c) => OffsetFetchResponseGroup::default()
                         .with_group_id(g.group_id)
-                        .with_topics(
-                            fetch_group(&c, &id, asked)
-                                .into_iter()
-                                .map(|(topic, rows)| {
-                                    OffsetFetchResponseTopics::default()
-                                        .with_name(TopicName(s(topic)))
-                                        .with_partitions(
-                                            rows.into_iter()
-                                                .map(|(p, o, e, m)| {
-                                                    OffsetFetchResponsePartitions::default()
-                                                        .with_partition_index(p)
-                                                        .with_committed_offset(o)
-                                                        .with_committed_leader_epoch(e)
-                                                        .with_metadata(m.map(s))
-                                                })
-                                                .collect(),
-                                        )
-                                })
-                                .collect(),
-                        ),
+                        .with_topics(build_topics(
+                            fetch_group(&c, &id, asked),
+                            |name, parts| {
+                                OffsetFetchResponseTopics::default()
+                                    .with_name(name)
+                                    .with_partitions(parts)
+                            },
+                            |p, o, e, m| {
+                                OffsetFetchResponsePartitions::default()
+                                    .with_partition_index(p)
+                                    .with_committed_offset(o)
+                                    .with_committed_leader_epoch(e)
+                                    .with_metadata(m)
+                            },
+                        )),
                     Err(code) => OffsetFetchResponseGroup::default()
                         .with_group_id(g.group_id)
                         .with_error_code(code),
@@ -419,26 +414,40 @@ pub(super) async fn offset_fetch(ctx: Request, req: OffsetFetchRequest) -> Offse
             .map(|t| (t.name.0.to_string(), t.partition_indexes))
             .collect()
     });
-    OffsetFetchResponse::default().with_topics(
-        fetch_group(&c, &id, asked)
-            .into_iter()
-            .map(|(topic, rows)| {
-                OffsetFetchResponseTopic::default()
-                    .with_name(TopicName(s(topic)))
-                    .with_partitions(
-                        rows.into_iter()
-                            .map(|(p, o, e, m)| {
-                                OffsetFetchResponsePartition::default()
-                                    .with_partition_index(p)
-                                    .with_committed_offset(o)
-                                    .with_committed_leader_epoch(e)
-                                    .with_metadata(m.map(s))
-                            })
-                            .collect(),
-                    )
-            })
-            .collect(),
-    )
+    OffsetFetchResponse::default().with_topics(build_topics(
+        fetch_group(&c, &id, asked),
+        |name, parts| {
+            OffsetFetchResponseTopic::default()
+                .with_name(name)
+                .with_partitions(parts)
+        },
+        |p, o, e, m| {
+            OffsetFetchResponsePartition::default()
+                .with_partition_index(p)
+                .with_committed_offset(o)
+                .with_committed_leader_epoch(e)
+                .with_metadata(m)
+        },
+    ))
+}
+
+/// OffsetFetch answers in either layout (v8's per group, or v1-7's): one topic and one
+/// partition constructor, the rows from [`fetch_group`].
+fn build_topics<T, P>(
+    fetched: Vec<FetchedTopic>,
+    topic: impl Fn(TopicName, Vec<P>) -> T,
+    partition: impl Fn(i32, i64, i32, Option<StrBytes>) -> P,
+) -> Vec<T> {
+    fetched
+        .into_iter()
+        .map(|(name, rows)| {
+            let parts = rows
+                .into_iter()
+                .map(|(p, o, e, m)| partition(p, o, e, m.map(s)))
+                .collect();
+            topic(TopicName(s(name)), parts)
+        })
+        .collect()
 }
 
 pub(super) fn list_groups(ctx: &Request, req: ListGroupsRequest) -> ListGroupsResponse {
