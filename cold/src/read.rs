@@ -1,16 +1,18 @@
 //! Reading remote segments: whole batches from an offset, fetched in fixed-size chunks
-//! (ranged GETs) through a memory cache, with read-ahead of the next chunk for sequential
-//! replay. Every batch read is CRC-checked: a damaged object is an error naming it, never
+//! (ranged GETs) through a foyer hybrid cache (memory, then local disk), with read-ahead of
+//! the next chunk for sequential replay. Concurrent readers of one chunk share one GET. Every batch read is CRC-checked: a damaged object is an error naming it, never
 //! bad records handed to a consumer.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use object_store::path::Path;
 use object_store::ObjectStore;
 use strata_core::batch::{verify, BatchHeader, HEADER_LEN};
-use strata_core::segment::{decode_offset_entries, OffsetEntry};
+use strata_core::segment::{decode_offset_entries, decode_time_entries, OffsetEntry};
 
 use crate::manifest::RemoteSegment;
 
@@ -18,6 +20,11 @@ use crate::manifest::RemoteSegment;
 pub enum ReadError {
     #[error("object store: {0}")]
     Store(#[from] object_store::Error),
+    /// A failed chunk fetch as seen by a reader that shared another's GET.
+    #[error("{0}")]
+    Fetch(String),
+    #[error("cold chunk cache: {0}")]
+    Cache(String),
     #[error("remote object {key} is damaged at byte {position}: {why}")]
     Damaged {
         key: String,
@@ -32,6 +39,10 @@ pub struct ReadConfig {
     pub chunk_size: u64,
     /// Memory the chunk cache may hold.
     pub cache_bytes: usize,
+    /// The cache's local-disk tier: its directory and size (no directory or 0 bytes:
+    /// memory only). Chunks evicted from memory go there.
+    pub disk_cache_dir: Option<PathBuf>,
+    pub disk_cache_bytes: usize,
     /// Fetch the next chunk in the background after a miss (sequential replay).
     pub read_ahead: bool,
     /// The cold-read budget: GETs at once, and bytes per second (`None`: uncapped), so a
@@ -45,6 +56,8 @@ impl Default for ReadConfig {
         ReadConfig {
             chunk_size: 1 << 20,
             cache_bytes: 256 << 20,
+            disk_cache_dir: None,
+            disk_cache_bytes: 0,
             read_ahead: true,
             max_concurrent_reads: 8,
             max_bytes_per_sec: None,
@@ -52,18 +65,19 @@ impl Default for ReadConfig {
     }
 }
 
-/// An LRU of chunks by (object, chunk number).
-#[derive(Default)]
-struct Chunks {
-    map: HashMap<(String, u64), Bytes>,
-    order: VecDeque<(String, u64)>,
-    bytes: usize,
+/// Chunks by "object key#chunk number".
+type ChunkCache = foyer::HybridCache<String, Bytes>;
+
+fn chunk_key(key: &str, n: u64) -> String {
+    format!("{key}#{n}")
 }
 
 /// Counters of the cache, for metrics and benchmarks.
 #[derive(Debug, Default)]
 pub struct ReadStats {
+    /// Chunk lookups served by memory, by the local disk, and by a GET.
     pub hits: std::sync::atomic::AtomicU64,
+    pub disk_hits: std::sync::atomic::AtomicU64,
     pub misses: std::sync::atomic::AtomicU64,
     pub bytes_fetched: std::sync::atomic::AtomicU64,
     /// GETs running now, and GETs that waited for the budget.
@@ -74,7 +88,7 @@ pub struct ReadStats {
 pub struct RemoteReader {
     store: Arc<dyn ObjectStore>,
     config: ReadConfig,
-    chunks: Mutex<Chunks>,
+    chunks: ChunkCache,
     indexes: Mutex<HashMap<String, Arc<Vec<OffsetEntry>>>>,
     slots: tokio::sync::Semaphore,
     limiter: crate::limit::Limiter,
@@ -82,20 +96,58 @@ pub struct RemoteReader {
 }
 
 impl RemoteReader {
-    pub fn new(store: Arc<dyn ObjectStore>, config: ReadConfig) -> Arc<Self> {
-        Arc::new(RemoteReader {
+    /// A reader with its chunk cache (creating the disk cache's directory).
+    pub async fn open(
+        store: Arc<dyn ObjectStore>,
+        config: ReadConfig,
+    ) -> Result<Arc<Self>, ReadError> {
+        let memory = foyer::HybridCacheBuilder::new()
+            .with_name("strata-cold")
+            .memory(config.cache_bytes.max(1))
+            // Each shard holds a share of the budget: keep shards several chunks large.
+            .with_shards((config.cache_bytes / (4 * config.chunk_size as usize).max(1)).clamp(1, 8))
+            .with_weighter(|k: &String, v: &Bytes| k.len() + v.len());
+        let disk = match &config.disk_cache_dir {
+            Some(dir) if config.disk_cache_bytes > 0 => Some(dir),
+            _ => None,
+        };
+        let storage = memory.storage();
+        let chunks = match disk {
+            None => storage.build().await,
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    ReadError::Cache(format!("cannot create {}: {e}", dir.display()))
+                })?;
+                use foyer::DeviceBuilder;
+                let device = foyer::FsDeviceBuilder::new(dir)
+                    .with_capacity(config.disk_cache_bytes)
+                    .build()
+                    .map_err(|e| ReadError::Cache(format!("{}: {e}", dir.display())))?;
+                // A block bounds the largest entry: room for a chunk and its key.
+                let block = (config.chunk_size as usize + 64 * 1024).max(4 << 20);
+                storage
+                    .with_engine_config(
+                        foyer::BlockEngineConfig::new(device).with_block_size(block),
+                    )
+                    .build()
+                    .await
+            }
+        }
+        .map_err(|e| ReadError::Cache(e.to_string()))?;
+        Ok(Arc::new(RemoteReader {
             store,
-            chunks: Mutex::new(Chunks::default()),
+            chunks,
             indexes: Mutex::new(HashMap::new()),
             slots: tokio::sync::Semaphore::new(config.max_concurrent_reads.max(1)),
             limiter: crate::limit::Limiter::new(config.max_bytes_per_sec),
             stats: ReadStats::default(),
             config,
-        })
+        }))
     }
 
-    fn chunks(&self) -> std::sync::MutexGuard<'_, Chunks> {
-        self.chunks.lock().unwrap_or_else(|e| e.into_inner())
+    /// Bytes the memory tier of the chunk cache holds now.
+    pub fn cached_bytes(&self) -> usize {
+        self.chunks.memory().usage()
     }
 
     async fn index(&self, seg: &RemoteSegment) -> Result<Arc<Vec<OffsetEntry>>, ReadError> {
@@ -129,27 +181,54 @@ impl RemoteReader {
 
     /// Chunk `n` of a segment's object, from the cache or the store.
     async fn chunk(self: &Arc<Self>, seg: &RemoteSegment, n: u64) -> Result<Bytes, ReadError> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let id = (seg.key.clone(), n);
-        if let Some(b) = self.chunks().map.get(&id).cloned() {
-            self.stats.hits.fetch_add(1, Relaxed);
-            return Ok(b);
-        }
-        self.stats.misses.fetch_add(1, Relaxed);
-        let bytes = self.fetch_chunk(seg, n).await?;
-        if self.config.read_ahead && (n + 1) * self.config.chunk_size < seg.size_bytes {
+        let got = self.cached_or_fetch(seg, n).await?;
+        if got.1 && self.config.read_ahead && (n + 1) * self.config.chunk_size < seg.size_bytes {
             let (me, seg) = (self.clone(), seg.clone());
             tokio::spawn(async move {
-                if !me.chunks().map.contains_key(&(seg.key.clone(), n + 1)) {
-                    let _ = me.fetch_chunk(&seg, n + 1).await;
+                if !me.chunks.contains(&chunk_key(&seg.key, n + 1)) {
+                    let _ = me.cached_or_fetch(&seg, n + 1).await;
                 }
             });
         }
-        Ok(bytes)
+        Ok(got.0)
+    }
+
+    /// The chunk, and whether it took a GET. Readers of a chunk being fetched wait for
+    /// that one GET.
+    async fn cached_or_fetch(
+        self: &Arc<Self>,
+        seg: &RemoteSegment,
+        n: u64,
+    ) -> Result<(Bytes, bool), ReadError> {
+        let (me, s) = (self.clone(), seg.clone());
+        let entry = self
+            .chunks
+            .get_or_fetch(&chunk_key(&seg.key, n), move || async move {
+                me.fetch_chunk(&s, n).await
+            })
+            .await
+            .map_err(|e| match e.downcast_ref::<ReadError>() {
+                Some(e) => ReadError::Fetch(e.to_string()),
+                None => ReadError::Cache(e.to_string()),
+            })?;
+        let fetched = match entry.source() {
+            foyer::Source::Memory => {
+                self.stats.hits.fetch_add(1, Relaxed);
+                false
+            }
+            foyer::Source::Disk => {
+                self.stats.disk_hits.fetch_add(1, Relaxed);
+                false
+            }
+            foyer::Source::Outer => {
+                self.stats.misses.fetch_add(1, Relaxed);
+                true
+            }
+        };
+        Ok((entry.value().clone(), fetched))
     }
 
     async fn fetch_chunk(&self, seg: &RemoteSegment, n: u64) -> Result<Bytes, ReadError> {
-        use std::sync::atomic::Ordering::Relaxed;
         let start = n * self.config.chunk_size;
         let end = (start + self.config.chunk_size).min(seg.size_bytes);
         // The cold-read budget: GETs at once and bytes per second.
@@ -171,20 +250,7 @@ impl RemoteReader {
         let bytes = got?;
         self.stats
             .bytes_fetched
-            .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let mut c = self.chunks();
-        if c.map.insert((seg.key.clone(), n), bytes.clone()).is_none() {
-            c.order.push_back((seg.key.clone(), n));
-            c.bytes += bytes.len();
-        }
-        while c.bytes > self.config.cache_bytes {
-            let Some(old) = c.order.pop_front() else {
-                break;
-            };
-            if let Some(b) = c.map.remove(&old) {
-                c.bytes -= b.len();
-            }
-        }
+            .fetch_add(bytes.len() as u64, Relaxed);
         Ok(bytes)
     }
 
@@ -225,6 +291,59 @@ impl RemoteReader {
             out.extend_from_slice(part);
         }
         Ok(out.freeze())
+    }
+
+    /// The first offset of `seg` whose record timestamp is at or after `ts`, with that
+    /// timestamp (ListOffsets by time): the segment's time index narrows the search, then
+    /// batch headers are read from there. A compressed batch answers with its base offset.
+    pub async fn offset_for_timestamp(
+        self: &Arc<Self>,
+        seg: &RemoteSegment,
+        ts: i64,
+    ) -> Result<Option<(u64, i64)>, ReadError> {
+        if seg.max_timestamp < ts {
+            return Ok(None);
+        }
+        let key = format!("{}.timeindex", seg.key);
+        let bytes = self
+            .store
+            .get(&Path::from(key.as_str()))
+            .await?
+            .bytes()
+            .await?;
+        let times = decode_time_entries(&bytes).map_err(|e| ReadError::Damaged {
+            key: key.clone(),
+            position: 0,
+            why: e.to_string(),
+        })?;
+        let idx = times.partition_point(|e| e.timestamp < ts);
+        let mut at = match idx {
+            0 => seg.base_offset,
+            i => seg.base_offset + u64::from(times[i - 1].relative_offset),
+        };
+        while at < seg.end_offset {
+            let got = self.read(seg, at, self.config.chunk_size as usize).await?;
+            if got.is_empty() {
+                break;
+            }
+            let mut pos = 0;
+            while pos + HEADER_LEN <= got.len() {
+                let h = BatchHeader::parse(&got[pos..]).map_err(|e| ReadError::Damaged {
+                    key: seg.key.clone(),
+                    position: pos as u64,
+                    why: e.to_string(),
+                })?;
+                let whole = &got[pos..pos + h.total_len()];
+                if h.max_timestamp >= ts {
+                    let (delta, found) = strata_core::batch::first_record_at_or_after(whole, ts)
+                        .unwrap_or((0, h.max_timestamp));
+                    return Ok(Some((h.base_offset as u64 + u64::from(delta), found)));
+                }
+                at = h.last_offset() as u64 + 1;
+                pos += h.total_len();
+            }
+        }
+        Ok(None)
     }
 
     /// Whole batches of `seg` from the one holding `offset`, up to `max_bytes` (the first

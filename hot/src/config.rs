@@ -164,6 +164,15 @@ pub struct ColdSection {
     pub cache_bytes: usize,
     #[serde(default = "default_chunk_bytes")]
     pub chunk_bytes: u64,
+    /// The cache's local-disk tier, under `cache_dir` (default `<data_dir>/cold-cache`;
+    /// 0 bytes: memory only). Chunks evicted from memory are kept there.
+    #[serde(default = "default_disk_cache_bytes")]
+    pub disk_cache_bytes: usize,
+    pub cache_dir: Option<PathBuf>,
+}
+
+fn default_disk_cache_bytes() -> usize {
+    1 << 30
 }
 
 fn default_read_concurrency() -> usize {
@@ -200,10 +209,12 @@ impl ColdSection {
             read_bytes_per_sec: 0,
             cache_bytes: default_cache_bytes(),
             chunk_bytes: default_chunk_bytes(),
+            disk_cache_bytes: default_disk_cache_bytes(),
+            cache_dir: None,
         }
     }
 
-    fn runtime(&self) -> crate::broker::tier::TierConfig {
+    fn runtime(&self, data_dir: &std::path::Path) -> crate::broker::tier::TierConfig {
         crate::broker::tier::TierConfig {
             store: strata_cold::store::StoreConfig {
                 url: self.url.clone(),
@@ -220,6 +231,12 @@ impl ColdSection {
             read: strata_cold::read::ReadConfig {
                 chunk_size: self.chunk_bytes.max(4096),
                 cache_bytes: self.cache_bytes,
+                disk_cache_dir: Some(
+                    self.cache_dir
+                        .clone()
+                        .unwrap_or_else(|| data_dir.join("cold-cache")),
+                ),
+                disk_cache_bytes: self.disk_cache_bytes,
                 read_ahead: true,
                 max_concurrent_reads: self.read_concurrency.max(1),
                 max_bytes_per_sec: (self.read_bytes_per_sec > 0).then_some(self.read_bytes_per_sec),
@@ -595,7 +612,7 @@ impl ServerConfig {
                 .as_ref()
                 .map_or_else(default_replica_open_timeout, |c| c.replica_open_timeout),
             groups: self.groups.runtime(),
-            tier: self.cold.as_ref().map(ColdSection::runtime),
+            tier: self.cold.as_ref().map(|c| c.runtime(&self.data_dir)),
         }
     }
 

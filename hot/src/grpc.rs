@@ -330,9 +330,7 @@ impl BrokerApi for GrpcService {
             }
         };
         let ts = r.timestamp;
-        let found = tokio::task::spawn_blocking(move || partition.offset_for(ts))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let found = crate::broker::tier::list_offset(&self.broker, partition, ts).await;
         Ok(Response::new(match found {
             Ok((_, offset)) => ListOffsetsResponse {
                 error: None,

@@ -303,8 +303,14 @@ impl Metrics {
             counter(
                 &mut out,
                 "strata_cold_cache_hits_total",
-                "Cold chunks served from the cache.",
+                "Cold chunks served from the cache's memory.",
                 &s.hits,
+            );
+            counter(
+                &mut out,
+                "strata_cold_cache_disk_hits_total",
+                "Cold chunks served from the cache's local disk.",
+                &s.disk_hits,
             );
             counter(
                 &mut out,

@@ -14,11 +14,16 @@ use strata_core::batch::build::{batch, ProducerIds, Rec};
 use strata_hot::broker::tier::TierConfig;
 use strata_hot::broker::{Broker, BrokerConfig, NewTopic, SystemClock};
 
+/// Record `i`'s timestamp: 10 ms apart.
+fn ts_of(i: usize) -> i64 {
+    1_000 + 10 * i as i64
+}
+
 async fn produce(broker: &Broker, topic: &str, from: usize, n: usize) {
     for i in from..from + n {
         let value = format!("record-{i:06}-{}", "x".repeat(200));
         let raw = batch(
-            1_000,
+            ts_of(i),
             ProducerIds::NONE,
             &[Rec {
                 key: None,
@@ -151,7 +156,23 @@ async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them(
             .unwrap(),
         0
     );
-    assert!(partition.progress().log_start > 0);
+    let log_start = partition.progress().log_start;
+    assert!(log_start > 50, "{log_start}");
+    // ListOffsets by time sees the whole history: the cold tier's records first (a
+    // timestamp between two records gives the later one), then the local log's.
+    for (ts, want) in [
+        (0, 0),
+        (ts_of(50), 50),
+        (ts_of(45) + 5, 46),
+        (ts_of(log_start as usize), log_start as i64),
+        (ts_of(299), 299),
+        (ts_of(300), -1),
+    ] {
+        let got = strata_client::list_offset(&mut conn, "ledger", 0, ts)
+            .await
+            .unwrap();
+        assert_eq!(got, want, "offset for timestamp {ts}");
+    }
     let mut next = 0i64;
     while next < 300 {
         let got = strata_client::fetch(

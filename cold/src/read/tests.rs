@@ -53,7 +53,7 @@ fn small_chunks() -> ReadConfig {
 async fn reads_whole_batches_from_any_offset_across_chunks() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let seg = uploaded(store.clone()).await;
-    let reader = RemoteReader::new(store, small_chunks());
+    let reader = RemoteReader::open(store, small_chunks()).await.unwrap();
     // From the middle of a batch: that batch first.
     let got = reader.read(&seg, 125, 1 << 20).await.unwrap();
     assert_eq!(offsets(&got).first(), Some(&120));
@@ -91,7 +91,7 @@ async fn a_damaged_object_is_named_not_served() {
         .to_vec();
     bytes[500] ^= 0xff; // a bit flip inside the second batch's records
     store.put(&path, Bytes::from(bytes).into()).await.unwrap();
-    let reader = RemoteReader::new(store, small_chunks());
+    let reader = RemoteReader::open(store, small_chunks()).await.unwrap();
     let e = reader.read(&seg, 0, 1 << 20).await.unwrap_err().to_string();
     assert!(e.contains(&seg.key) && e.contains("crc"), "{e}");
 }
@@ -100,7 +100,7 @@ async fn a_damaged_object_is_named_not_served() {
 async fn the_cache_stays_within_its_budget() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let seg = uploaded(store.clone()).await;
-    let reader = RemoteReader::new(
+    let reader = RemoteReader::open(
         store,
         ReadConfig {
             chunk_size: 1_000,
@@ -108,10 +108,12 @@ async fn the_cache_stays_within_its_budget() {
             read_ahead: true,
             ..ReadConfig::default()
         },
-    );
+    )
+    .await
+    .unwrap();
     reader.read(&seg, 0, 1 << 20).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    assert!(reader.chunks().bytes <= 3_000);
+    assert!(reader.cached_bytes() <= 3_000, "{}", reader.cached_bytes());
 }
 
 #[tokio::test(start_paused = true)]
@@ -119,7 +121,7 @@ async fn cold_reads_keep_to_their_bandwidth_budget() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let seg = uploaded(store.clone()).await;
     let rate = 2_000u64;
-    let reader = RemoteReader::new(
+    let reader = RemoteReader::open(
         store,
         ReadConfig {
             chunk_size: 1_000,
@@ -128,7 +130,9 @@ async fn cold_reads_keep_to_their_bandwidth_budget() {
             max_bytes_per_sec: Some(rate),
             ..ReadConfig::default()
         },
-    );
+    )
+    .await
+    .unwrap();
     let start = tokio::time::Instant::now();
     let all = reader.read(&seg, 0, 1 << 20).await.unwrap();
     let took = start.elapsed().as_secs_f64();
@@ -140,4 +144,61 @@ async fn cold_reads_keep_to_their_bandwidth_budget() {
         "{took:.2}s for {} bytes at {rate} B/s",
         seg.size_bytes
     );
+}
+
+#[tokio::test]
+async fn chunks_evicted_from_memory_are_served_from_the_local_disk() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let seg = uploaded(store.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let reader = RemoteReader::open(
+        store,
+        ReadConfig {
+            chunk_size: 1_000,
+            cache_bytes: 2_500, // two chunks in memory
+            disk_cache_dir: Some(dir.path().join("cache")),
+            disk_cache_bytes: 64 << 20,
+            read_ahead: false,
+            ..ReadConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let first = reader.read(&seg, 0, 1 << 20).await.unwrap();
+    let fetched = reader.stats.bytes_fetched.load(Relaxed);
+    assert_eq!(fetched, seg.size_bytes, "each chunk fetched once");
+    // Evicted chunks reach the disk tier in the background.
+    let mut again = Bytes::new();
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        again = reader.read(&seg, 0, 1 << 20).await.unwrap();
+        if reader.stats.disk_hits.load(Relaxed) > 0 {
+            break;
+        }
+    }
+    assert_eq!(again, first);
+    assert!(
+        reader.stats.disk_hits.load(Relaxed) > 0,
+        "the disk tier served"
+    );
+    assert!(reader.cached_bytes() <= 2_500);
+}
+
+#[tokio::test]
+async fn concurrent_readers_of_a_chunk_share_one_get() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let seg = uploaded(store.clone()).await;
+    let reader = RemoteReader::open(store, small_chunks()).await.unwrap();
+    let reads: Vec<_> = (0..8)
+        .map(|_| {
+            let (r, s) = (reader.clone(), seg.clone());
+            tokio::spawn(async move { r.read(&s, 0, 1 << 20).await.unwrap() })
+        })
+        .collect();
+    for r in reads {
+        assert_eq!(offsets(&r.await.unwrap()).len(), 40);
+    }
+    assert_eq!(reader.stats.bytes_fetched.load(Relaxed), seg.size_bytes);
 }

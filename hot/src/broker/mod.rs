@@ -278,7 +278,9 @@ impl Broker {
         if let Some(config) = broker.config.tier.clone() {
             let store = strata_cold::store::open(&config.store).map_err(io::Error::other)?;
             tracing::info!(store = %store, "tiering sealed segments of topics with remote.storage.enable");
-            let reader = strata_cold::read::RemoteReader::new(store.clone(), config.read.clone());
+            let reader = strata_cold::read::RemoteReader::open(store.clone(), config.read.clone())
+                .await
+                .map_err(io::Error::other)?;
             let cold = Arc::new(tier::ColdTier::new(reader));
             let _ = broker.cold.set(cold.clone());
             tokio::spawn(tier::run(Arc::downgrade(&broker), store, cold, config));

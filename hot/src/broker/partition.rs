@@ -21,7 +21,7 @@ use crate::replication::leader::{
 
 /// Kafka's special ListOffsets timestamps.
 const LATEST: i64 = -1;
-const EARLIEST: i64 = -2;
+pub(crate) const EARLIEST: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
 
 /// What consumers and producers may rely on, published after every change.

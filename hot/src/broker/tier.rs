@@ -80,11 +80,65 @@ impl ColdTier {
         Some(self.reader.read(&seg, offset, max_bytes).await)
     }
 
+    /// The first offset the cold tier holds with a record timestamp at or after `ts`, and
+    /// that timestamp: `None` when it holds none (or nothing is known of the partition).
+    pub async fn offset_for_timestamp(
+        &self,
+        topic: Uuid,
+        partition: i32,
+        ts: i64,
+    ) -> Result<Option<(u64, i64)>, strata_cold::read::ReadError> {
+        let Some(m) = self.manifest(topic, partition) else {
+            return Ok(None);
+        };
+        for seg in m.segments.iter().filter(|s| s.max_timestamp >= ts) {
+            if let Some(found) = self.reader.offset_for_timestamp(seg, ts).await? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
     /// The first offset the cold tier holds, if it holds any.
     pub fn earliest(&self, topic: Uuid, partition: i32) -> Option<u64> {
         let m = self.manifest(topic, partition)?;
         m.segments.first().map(|s| s.base_offset)
     }
+}
+
+/// ListOffsets over both tiers, as (timestamp, offset): by time, the cold tier holds the
+/// oldest records, so its answer, when it has one, comes first; the earliest offset is the
+/// cold tier's start when it holds any.
+pub async fn list_offset(
+    broker: &Broker,
+    p: Arc<super::partition::Partition>,
+    ts: i64,
+) -> std::io::Result<(i64, i64)> {
+    let cold = broker
+        .cold()
+        .zip(broker.topic(&p.topic))
+        .map(|(c, t)| (c.clone(), t.spec.id));
+    if let (true, Some((cold, id))) = (ts >= 0, &cold) {
+        let found = cold
+            .offset_for_timestamp(*id, p.index, ts)
+            .await
+            .map_err(std::io::Error::other)?;
+        if let Some((offset, found)) = found {
+            return Ok((found, offset as i64));
+        }
+    }
+    let index = p.index;
+    let local = tokio::task::spawn_blocking(move || p.offset_for(ts))
+        .await
+        .map_err(std::io::Error::other)??;
+    let earliest = (ts == super::partition::EARLIEST)
+        .then_some(cold)
+        .flatten()
+        .and_then(|(c, id)| c.earliest(id, index));
+    Ok(match earliest {
+        Some(r) => (local.0, (r as i64).min(local.1)),
+        None => local,
+    })
 }
 
 struct PartitionTier {

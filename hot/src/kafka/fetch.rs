@@ -271,48 +271,36 @@ pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListO
     let broker = ctx.broker().clone();
     // The leader epoch field exists from v4 on; older versions must leave it unset.
     let epoch = if ctx.version >= 4 { 0 } else { -1 };
-    let work = move || {
-        req.topics
-            .into_iter()
-            .map(|t| {
-                let name = t.name.0.to_string();
-                let partitions = t
-                    .partitions
-                    .into_iter()
-                    .map(|p| {
-                        let resp = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
-                        let part = match lookup_partition(&broker, &name, p.partition_index, p.current_leader_epoch) {
-                            Ok(part) => part,
-                            Err(code) => return resp.with_error_code(code),
-                        };
-                        let earliest_remote = (p.timestamp == -2)
-                            .then(|| broker.cold().zip(broker.topic(&name)))
-                            .flatten()
-                            .and_then(|(cold, t)| cold.earliest(t.spec.id, p.partition_index));
-                        match part.offset_for(p.timestamp) {
-                            // The earliest offset counts the cold tier too.
-                            Ok((ts, offset)) => resp
-                                .with_timestamp(ts)
-                                .with_offset(earliest_remote.map_or(offset, |r| (r as i64).min(offset)))
-                                .with_leader_epoch(epoch),
-                            Err(e) => {
-                                tracing::error!(topic = %name, partition = p.partition_index, error = %e, "offset lookup failed");
-                                resp.with_error_code(codes::KAFKA_STORAGE_ERROR)
-                            }
-                        }
-                    })
-                    .collect();
-                ListOffsetsTopicResponse::default().with_name(t.name).with_partitions(partitions)
-            })
-            .collect()
-    };
-    match tokio::task::spawn_blocking(work).await {
-        Ok(topics) => ListOffsetsResponse::default().with_topics(topics),
-        Err(e) => {
-            tracing::error!(error = %e, "list offsets task failed");
-            ListOffsetsResponse::default()
+    let mut topics = Vec::with_capacity(req.topics.len());
+    for t in req.topics {
+        let name = t.name.0.to_string();
+        let mut partitions = Vec::with_capacity(t.partitions.len());
+        for p in t.partitions {
+            let resp =
+                ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
+            let part =
+                match lookup_partition(&broker, &name, p.partition_index, p.current_leader_epoch) {
+                    Ok(part) => part,
+                    Err(code) => {
+                        partitions.push(resp.with_error_code(code));
+                        continue;
+                    }
+                };
+            partitions.push(match crate::broker::tier::list_offset(&broker, part, p.timestamp).await {
+                Ok((ts, offset)) => resp.with_timestamp(ts).with_offset(offset).with_leader_epoch(epoch),
+                Err(e) => {
+                    tracing::warn!(topic = %name, partition = p.partition_index, error = %e, "offset lookup failed");
+                    resp.with_error_code(codes::KAFKA_STORAGE_ERROR)
+                }
+            });
         }
+        topics.push(
+            ListOffsetsTopicResponse::default()
+                .with_name(t.name)
+                .with_partitions(partitions),
+        );
     }
+    ListOffsetsResponse::default().with_topics(topics)
 }
 
 /// OffsetForLeaderEpoch: for each partition, the largest leader epoch not above the one asked
