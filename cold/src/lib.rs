@@ -4,6 +4,7 @@
 mod limit;
 pub mod manifest;
 pub mod read;
+pub mod retention;
 pub mod store;
 pub mod upload;
 

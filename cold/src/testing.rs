@@ -15,7 +15,8 @@ use object_store::{
 
 /// A store that fails on demand: the next `fail_puts` puts fail before writing; after
 /// `outage_after` more puts, the next `outage` fail; the next `lose_put_answers` puts are
-/// written but answered with an error (a lost response); the next `fail_reads` reads fail.
+/// written but answered with an error (a lost response); the next `fail_reads` reads fail;
+/// the next `fail_deletes` deletes fail.
 #[derive(Debug, Default)]
 pub struct Flaky {
     pub inner: InMemory,
@@ -24,6 +25,7 @@ pub struct Flaky {
     pub outage: AtomicUsize,
     pub lose_put_answers: AtomicUsize,
     pub fail_reads: AtomicUsize,
+    pub fail_deletes: AtomicUsize,
 }
 
 fn take(counter: &AtomicUsize) -> bool {
@@ -86,6 +88,9 @@ impl ObjectStore for Flaky {
     }
 
     async fn delete(&self, location: &Path) -> object_store::Result<()> {
+        if take(&self.fail_deletes) {
+            return Err(injected());
+        }
         self.inner.delete(location).await
     }
 

@@ -74,6 +74,8 @@ pub struct Metrics {
     pub tiered_segments: AtomicU64,
     pub tier_upload_errors: AtomicU64,
     pub under_tiered_bytes: AtomicU64,
+    /// Remote segments deleted by retention.ms / retention.bytes.
+    pub remote_segments_deleted: AtomicU64,
     /// Produce request received -> response ready (includes the acks=all wait).
     pub produce_latency: Histogram,
     /// An acks=all append until the high watermark passed it (replication and fsyncs).
@@ -277,6 +279,12 @@ impl Metrics {
             "strata_tier_upload_errors_total",
             "Failed uploads and manifest claims (retried; local data is kept).",
             &self.tier_upload_errors,
+        );
+        counter(
+            &mut out,
+            "strata_remote_segments_deleted_total",
+            "Remote segments deleted by retention.ms / retention.bytes.",
+            &self.remote_segments_deleted,
         );
         gauge(
             &mut out,

@@ -14,9 +14,17 @@ use strata_core::batch::build::{batch, ProducerIds, Rec};
 use strata_hot::broker::tier::TierConfig;
 use strata_hot::broker::{Broker, BrokerConfig, NewTopic, SystemClock};
 
-/// Record `i`'s timestamp: 10 ms apart.
+/// Record `i`'s timestamp: 10 ms apart, from an hour ago (so time retention, 7 days by
+/// default, keeps them).
 fn ts_of(i: usize) -> i64 {
-    1_000 + 10 * i as i64
+    static START: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        now.as_millis() as i64 - 3_600_000
+    });
+    start + 10 * i as i64
 }
 
 async fn produce(broker: &Broker, topic: &str, from: usize, n: usize) {
@@ -118,9 +126,8 @@ async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them(
             .sealed_segments()
             .last()
             .map_or(0, |s| s.end_offset);
-        // (The records' timestamps are from 1970, so time retention would delete every
-        // sealed segment at once: only what is tiered may go.)
-        if m.end_offset() >= sealed_end && p.log_start > 0 && local_bytes() <= 8192 {
+        // (As in Kafka, a segment goes while what remains is at least the limit.)
+        if m.end_offset() >= sealed_end && p.log_start > 0 && local_bytes() <= 8192 + 4096 {
             // Everything sealed is tiered; local retention deleted only tiered segments.
             assert!(p.log_start <= m.end_offset(), "{p:?} {m:?}");
             assert_eq!(p.tiered_end, Some(m.end_offset()));
@@ -162,6 +169,7 @@ async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them(
     // timestamp between two records gives the later one), then the local log's.
     for (ts, want) in [
         (0, 0),
+        (ts_of(0), 0),
         (ts_of(50), 50),
         (ts_of(45) + 5, 46),
         (ts_of(log_start as usize), log_start as i64),
@@ -245,7 +253,7 @@ async fn while_the_store_fails_nothing_local_is_deleted_and_the_backlog_shows() 
     let p = broker.topic("ledger").unwrap().partitions[0]
         .clone()
         .unwrap();
-    // Expired by time and by local.retention.bytes, yet not uploaded: kept.
+    // Expired by local.retention.bytes, yet not uploaded: kept.
     assert_eq!(p.progress().log_start, 0);
     let m = broker.metrics();
     assert!(
@@ -268,6 +276,141 @@ async fn while_the_store_fails_nothing_local_is_deleted_and_the_backlog_shows() 
             > 0
     {
         assert!(std::time::Instant::now() < deadline, "{:?}", p.progress());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn total_retention_deletes_remote_segments_manifest_first_then_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, tier) =
+        open_tiered(dir.path(), strata_cold::upload::UploadConfig::default()).await;
+    broker.spawn_retention();
+    let limit = 6 * 4096u64;
+    let configs = BTreeMap::from([
+        ("segment.bytes".to_string(), "4096".to_string()),
+        ("remote.storage.enable".to_string(), "true".to_string()),
+        ("local.retention.bytes".to_string(), "8192".to_string()),
+        ("retention.bytes".to_string(), limit.to_string()),
+    ]);
+    let spec = broker
+        .create_topic(
+            NewTopic {
+                name: "ledger".into(),
+                partitions: Some(1),
+                configs,
+                ..NewTopic::default()
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    produce(&broker, "ledger", 0, 300).await;
+    let store = strata_cold::store::open(&tier.store).unwrap();
+    let prefix = PartitionPrefix::new(broker.cluster_id(), &spec.id.simple().to_string(), 0);
+    let manifest = ManifestStore::new(store.clone(), prefix);
+    let partition = broker.topic("ledger").unwrap().partitions[0]
+        .clone()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let m = loop {
+        let m = manifest.load().await.unwrap();
+        let sealed_end = partition
+            .sealed_segments()
+            .last()
+            .map_or(0, |s| s.end_offset);
+        if m.end_offset() >= sealed_end && m.log_start > 0 && partition.progress().log_start > 0 {
+            break m;
+        }
+        assert!(std::time::Instant::now() < deadline, "{m:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The manifest moved its start; what it holds with the local tail keeps within the
+    // limit plus a segment.
+    m.validate().unwrap();
+    assert_eq!(m.segments[0].base_offset, m.log_start);
+    let local_tail = partition
+        .sealed_segments()
+        .iter()
+        .filter(|s| s.base_offset >= m.end_offset())
+        .count() as u64
+        * 4096;
+    assert!(m.size_bytes() <= limit + 4096 + local_tail, "{m:?}");
+    // The dropped segments' objects are gone; the manifest's are all there.
+    use futures_util::TryStreamExt;
+    let listed: Vec<String> = store
+        .list(None)
+        .map_ok(|o| o.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    let logs: Vec<_> = listed.iter().filter(|k| k.ends_with(".log")).collect();
+    assert_eq!(logs.len(), m.segments.len(), "{logs:?}");
+    for s in &m.segments {
+        assert!(listed.contains(&s.key), "{} missing", s.key);
+    }
+    assert!(
+        broker
+            .metrics()
+            .remote_segments_deleted
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    // Consumers start at the new earliest offset and read on from there.
+    let (addr, _stop) = common::serve_kafka(broker.clone()).await;
+    let mut conn = strata_client::Connection::connect(&addr).await.unwrap();
+    let earliest = strata_client::list_offset(&mut conn, "ledger", 0, -2)
+        .await
+        .unwrap();
+    let now = manifest.load().await.unwrap();
+    assert_eq!(earliest, now.log_start as i64);
+    let got = strata_client::fetch(
+        &mut conn,
+        "ledger",
+        0,
+        earliest,
+        16 << 10,
+        Duration::from_millis(100),
+    )
+    .await
+    .unwrap();
+    let mut buf = got.records.clone();
+    let sets = kafka_protocol::records::RecordBatchDecoder::decode_all(&mut buf).unwrap();
+    assert_eq!(sets[0].records[0].offset, earliest);
+
+    // retention.ms: records from an hour ago under a 30-minute retention all go, remote
+    // and local, but for the active segment.
+    let configs = BTreeMap::from([
+        ("segment.bytes".to_string(), "4096".to_string()),
+        ("remote.storage.enable".to_string(), "true".to_string()),
+        ("retention.ms".to_string(), "1800000".to_string()),
+    ]);
+    let spec = broker
+        .create_topic(
+            NewTopic {
+                name: "old".into(),
+                partitions: Some(1),
+                configs,
+                ..NewTopic::default()
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    produce(&broker, "old", 0, 100).await;
+    let prefix = PartitionPrefix::new(broker.cluster_id(), &spec.id.simple().to_string(), 0);
+    let manifest = ManifestStore::new(store.clone(), prefix);
+    let old = broker.topic("old").unwrap().partitions[0].clone().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = manifest.load().await.unwrap();
+        let sealed = old.sealed_segments();
+        let log_start = old.progress().log_start;
+        if m.segments.is_empty() && m.log_start > 0 && sealed.is_empty() && log_start > 0 {
+            assert_eq!(log_start, m.log_start, "local and remote agree");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{m:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use strata_cold::manifest::{Manifest, ManifestError, PartitionPrefix};
 use strata_cold::object_store::ObjectStore;
+use strata_cold::retention::{self, Retention};
 use strata_cold::upload::{UploadConfig, UploadError, Uploaded, Uploader};
 use uuid::Uuid;
 
@@ -196,7 +197,12 @@ impl Broker {
                 });
                 let progress = p.progress();
                 match progress.leader_epoch {
-                    Some(epoch) => self.tier_leader(p, tier, epoch, cold, key).await,
+                    Some(epoch) => {
+                        self.tier_leader(p, tier, epoch, cold, key).await;
+                        if tier.claimed == Some(epoch) {
+                            self.expire_remote(store, p, tier, epoch, cold, key).await;
+                        }
+                    }
                     None => {
                         tier.claimed = None;
                         if tier.checked.is_none_or(|t| t.elapsed() >= FOLLOWER_CHECK) {
@@ -281,6 +287,52 @@ impl Broker {
                     tracing::warn!(topic = %p.topic, partition = p.index, base = seg.base_offset, error = %e, "segment upload failed; local data is kept and the upload retried");
                     return;
                 }
+            }
+        }
+    }
+
+    /// As leader at `epoch`: applies the topic's total retention (`retention.ms`,
+    /// `retention.bytes`) to the cold tier, manifest first, then objects.
+    async fn expire_remote(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        p: &Arc<super::Partition>,
+        tier: &PartitionTier,
+        epoch: i32,
+        cold: &ColdTier,
+        key: (Uuid, i32),
+    ) {
+        let (policy, local_only) = {
+            let log = p.lock();
+            let c = log.config();
+            let policy = Retention {
+                ms: c.retention_ms.map(|d| d.as_millis() as u64),
+                bytes: c.retention_bytes,
+            };
+            let end = cold.manifest(key.0, key.1).map_or(0, |m| m.end_offset());
+            (policy, log.size_from(end))
+        };
+        let now = self.clock.now_ms();
+        // The cached manifest tells whether anything expired, without a request.
+        let known = cold.manifest(key.0, key.1);
+        if known.is_none_or(|m| retention::expired(&m, now, policy, local_only) == 0) {
+            return;
+        }
+        let manifests = tier.uploader.manifest();
+        match retention::apply(store, manifests, epoch, now, policy, local_only).await {
+            Ok(gone) => {
+                if let Some(last) = gone.segments.last() {
+                    tracing::info!(topic = %p.topic, partition = p.index, segments = gone.segments.len(), remote_log_start = last.end_offset, orphaned = gone.orphaned, "retention deleted remote segments");
+                    self.metrics()
+                        .remote_segments_deleted
+                        .fetch_add(gone.segments.len() as u64, Relaxed);
+                }
+                if let Ok(m) = manifests.load().await {
+                    cold.set(key, m);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(topic = %p.topic, partition = p.index, epoch, error = %e, "remote retention failed; will retry")
             }
         }
     }

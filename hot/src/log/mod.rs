@@ -329,6 +329,11 @@ impl PartitionLog {
         self.segments.values().map(|s| s.size).sum()
     }
 
+    /// Bytes of the segments starting at or after `offset`.
+    pub fn size_from(&self, offset: u64) -> u64 {
+        self.segments.range(offset..).map(|(_, s)| s.size).sum()
+    }
+
     pub fn segment_count(&self) -> usize {
         self.segments.len()
     }
@@ -666,7 +671,8 @@ impl PartitionLog {
             }
             let expired_by_time = retention_ms.is_some_and(|r| {
                 let newest = oldest.max_timestamp.unwrap_or(oldest.created_ms);
-                now_ms.saturating_sub(newest) as u128 > r.as_millis()
+                // (A timestamp in the future is young, not expired.)
+                i128::from(now_ms) - i128::from(newest) > r.as_millis() as i128
             });
             let expired_by_size = retention_bytes.is_some_and(|limit| total - oldest.size >= limit);
             if expired_by_time || expired_by_size {
