@@ -1,6 +1,7 @@
 //! Tiered storage: the object store behind a URL (`store`), the partition manifest with
 //! conditional writes (`manifest`) and the uploader of sealed segments (`upload`).
 
+pub mod aws;
 mod limit;
 pub mod manifest;
 pub mod read;

@@ -69,9 +69,10 @@ pub fn open(config: &StoreConfig) -> Result<Arc<dyn ObjectStore>, StoreError> {
             if bucket.is_empty() {
                 return Err(bad("an s3:// URL names a bucket (s3://bucket/prefix)"));
             }
-            // Credentials and settings from the environment (AWS_ACCESS_KEY_ID, ...), then
-            // what the config says.
+            // Settings from the environment, then what the config says; credentials from
+            // the AWS default chain (env, profile, web identity, ECS, instance metadata).
             let mut b = AmazonS3Builder::from_env()
+                .with_credentials(Arc::new(crate::aws::AwsChain::default()))
                 .with_bucket_name(bucket)
                 .with_conditional_put(S3ConditionalPut::ETagMatch)
                 .with_virtual_hosted_style_request(!config.path_style);
