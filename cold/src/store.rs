@@ -21,6 +21,10 @@ pub struct StoreConfig {
     pub region: Option<String>,
     /// Path-style requests (`endpoint/bucket/key`), as most S3-compatible servers want.
     pub path_style: bool,
+    /// How long one request may take before it fails (`None`: 30 s). With a few quick
+    /// retries inside, an unresponsive store fails an upload within about four of these,
+    /// and the uploader's own backoff takes over.
+    pub request_timeout: Option<std::time::Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +86,20 @@ pub fn open(config: &StoreConfig) -> Result<Arc<dyn ObjectStore>, StoreError> {
                 .or_else(|| std::env::var("AWS_REGION").ok())
                 .unwrap_or_else(|| "us-east-1".to_string());
             b = b.with_region(region);
+            let timeout = config
+                .request_timeout
+                .unwrap_or(std::time::Duration::from_secs(30));
+            b = b
+                .with_client_options(
+                    object_store::ClientOptions::new()
+                        .with_timeout(timeout)
+                        .with_connect_timeout(timeout.min(std::time::Duration::from_secs(5))),
+                )
+                .with_retry(object_store::RetryConfig {
+                    max_retries: 3,
+                    retry_timeout: timeout * 4,
+                    ..Default::default()
+                });
             if let Some(endpoint) = &config.endpoint {
                 b = b
                     .with_endpoint(endpoint)
@@ -151,6 +169,7 @@ mod tests {
             endpoint: Some("http://127.0.0.1:9000".into()),
             region: Some("eu-west-1".into()),
             path_style: true,
+            request_timeout: None,
         })
         .unwrap();
         assert!(store.to_string().contains("cluster-a"), "{store}");

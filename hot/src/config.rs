@@ -144,6 +144,9 @@ pub struct ColdSection {
     /// Path-style S3 requests, as most S3-compatible servers want.
     #[serde(default)]
     pub path_style: bool,
+    /// How long one object store request may take before it fails and is retried.
+    #[serde(default = "default_request_timeout", deserialize_with = "duration")]
+    pub request_timeout: Duration,
     /// Segment uploads running at once, per partition.
     #[serde(default = "default_upload_concurrency")]
     pub upload_concurrency: usize,
@@ -169,6 +172,10 @@ pub struct ColdSection {
     #[serde(default = "default_disk_cache_bytes")]
     pub disk_cache_bytes: usize,
     pub cache_dir: Option<PathBuf>,
+}
+
+fn default_request_timeout() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_disk_cache_bytes() -> usize {
@@ -202,6 +209,7 @@ impl ColdSection {
             endpoint: None,
             region: None,
             path_style: false,
+            request_timeout: default_request_timeout(),
             upload_concurrency: default_upload_concurrency(),
             upload_bytes_per_sec: 0,
             interval: default_tier_interval(),
@@ -214,14 +222,19 @@ impl ColdSection {
         }
     }
 
+    fn store(&self) -> strata_cold::store::StoreConfig {
+        strata_cold::store::StoreConfig {
+            url: self.url.clone(),
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            path_style: self.path_style,
+            request_timeout: Some(self.request_timeout),
+        }
+    }
+
     fn runtime(&self, data_dir: &std::path::Path) -> crate::broker::tier::TierConfig {
         crate::broker::tier::TierConfig {
-            store: strata_cold::store::StoreConfig {
-                url: self.url.clone(),
-                endpoint: self.endpoint.clone(),
-                region: self.region.clone(),
-                path_style: self.path_style,
-            },
+            store: self.store(),
             upload: strata_cold::upload::UploadConfig {
                 concurrency: self.upload_concurrency.max(1),
                 max_bytes_per_sec: (self.upload_bytes_per_sec > 0)
@@ -524,19 +537,14 @@ impl ServerConfig {
             if c.interval.is_zero() {
                 bail!("cold.interval must be above zero");
             }
-            strata_cold::store::open(&strata_cold::store::StoreConfig {
-                url: c.url.clone(),
-                endpoint: c.endpoint.clone(),
-                region: c.region.clone(),
-                path_style: c.path_style,
-            })
-            .map(|_| ())
-            .or_else(|e| match e {
-                // Only the URL's shape is checked here; the store is opened at start.
-                strata_cold::store::StoreError::BadUrl { .. } => Err(e),
-                _ => Ok(()),
-            })
-            .context("invalid [cold]")?;
+            strata_cold::store::open(&c.store())
+                .map(|_| ())
+                .or_else(|e| match e {
+                    // Only the URL's shape is checked here; the store is opened at start.
+                    strata_cold::store::StoreError::BadUrl { .. } => Err(e),
+                    _ => Ok(()),
+                })
+                .context("invalid [cold]")?;
         }
         if g.offsets_topic_segment_bytes < 1024 {
             bail!("groups.offsets_topic_segment_bytes must be at least 1024");
