@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks (figures, no assertions): the log engine against the disk, then produce
-# throughput and ack latency through the Kafka listener with librdkafka (confluent-kafka).
+# throughput and ack latency through the Kafka listener with librdkafka (confluent-kafka),
+# replication, cluster, consumer groups and tiered storage.
 # Usage: ./scripts/bench.sh [seconds-per-run]   (data goes under $BENCH_DIR, default ./target)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +9,7 @@ seconds="${1:-10}"
 bench_dir="${BENCH_DIR:-$PWD/target}"
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 python3 -m pip install -q --disable-pip-version-check -r tests/requirements.txt
-cargo build --locked --release --bin strata --bin strata-bench --bin strata-loadgen --bin strata-groupbench
+cargo build --locked --release --bin strata --bin strata-bench --bin strata-loadgen --bin strata-groupbench --bin strata-tierbench
 
 echo "== log engine"
 "$target_dir/release/strata-bench" --dir "$bench_dir" --seconds "$seconds"
@@ -34,3 +35,6 @@ STRATA_BIN="$target_dir/release/strata" python3 bench/cluster_bench.py
 
 echo "== consumer groups: rebalance time and offset commits (3 controllers + 3 brokers)"
 STRATA_BIN="$target_dir/release/strata" python3 bench/groups_bench.py
+
+echo "== tiered storage: upload, cold replay vs plain GET, produce p99 during a cold replay (moto_server)"
+STRATA_BIN="$target_dir/release/strata" python3 bench/tiered_bench.py --seconds "$seconds"

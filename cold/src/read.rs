@@ -267,14 +267,14 @@ impl RemoteReader {
             let c = self.chunk(seg, first).await?;
             let at = (from - first * size) as usize;
             let end = (to - first * size) as usize;
-            return c
-                .get(at..end)
-                .map(Bytes::copy_from_slice)
-                .ok_or_else(|| ReadError::Damaged {
+            if end > c.len() {
+                return Err(ReadError::Damaged {
                     key: seg.key.clone(),
                     position: from,
                     why: "object shorter than the manifest says".into(),
                 });
+            }
+            return Ok(c.slice(at..end));
         }
         let mut out = BytesMut::with_capacity((to - from) as usize);
         for n in first..=last {
@@ -291,6 +291,35 @@ impl RemoteReader {
             out.extend_from_slice(part);
         }
         Ok(out.freeze())
+    }
+
+    /// Like `range`, reusing `cur` (the last chunk this read touched) when the span lies
+    /// within it, so walking batch headers costs no cache lookups.
+    async fn span(
+        self: &Arc<Self>,
+        seg: &RemoteSegment,
+        cur: &mut Option<(u64, Bytes)>,
+        from: u64,
+        to: u64,
+    ) -> Result<Bytes, ReadError> {
+        let size = self.config.chunk_size;
+        let n = from / size;
+        if (to - 1) / size != n {
+            return self.range(seg, from, to).await;
+        }
+        if cur.as_ref().is_none_or(|(m, _)| *m != n) {
+            *cur = Some((n, self.chunk(seg, n).await?));
+        }
+        let c = &cur.as_ref().expect("set above").1;
+        let (at, end) = ((from - n * size) as usize, (to - n * size) as usize);
+        if end > c.len() {
+            return Err(ReadError::Damaged {
+                key: seg.key.clone(),
+                position: from,
+                why: "object shorter than the manifest says".into(),
+            });
+        }
+        Ok(c.slice(at..end))
     }
 
     /// The first offset of `seg` whose record timestamp is at or after `ts`, with that
@@ -366,9 +395,14 @@ impl RemoteReader {
             position,
             why,
         };
-        let mut out = BytesMut::new();
+        // Walk the batch headers to the range to answer with, then take it whole (a slice
+        // of one cached chunk when it lies in one) and check every batch's CRC.
+        let mut cur = None;
+        let (mut first, mut end) = (None, pos);
         while pos + HEADER_LEN as u64 <= seg.size_bytes {
-            let header = self.range(seg, pos, pos + HEADER_LEN as u64).await?;
+            let header = self
+                .span(seg, &mut cur, pos, pos + HEADER_LEN as u64)
+                .await?;
             let h = BatchHeader::parse(&header).map_err(|e| damaged(pos, e.to_string()))?;
             let len = h.total_len() as u64;
             if pos + len > seg.size_bytes {
@@ -378,18 +412,29 @@ impl RemoteReader {
                 pos += len;
                 continue;
             }
-            if !out.is_empty() && out.len() as u64 + len > max_bytes as u64 {
+            let start = *first.get_or_insert(pos);
+            if pos > start && pos + len - start > max_bytes as u64 {
                 break;
             }
-            let batch = self.range(seg, pos, pos + len).await?;
-            verify(&batch).map_err(|e| damaged(pos, e.to_string()))?;
-            out.extend_from_slice(&batch);
             pos += len;
-            if out.len() >= max_bytes {
+            end = pos;
+            if end - start >= max_bytes as u64 {
                 break;
             }
         }
-        Ok(out.freeze())
+        let Some(start) = first else {
+            return Ok(Bytes::new());
+        };
+        let out = self.span(seg, &mut cur, start, end).await?;
+        let mut at = 0;
+        while at < out.len() {
+            let h = BatchHeader::parse(&out[at..])
+                .map_err(|e| damaged(start + at as u64, e.to_string()))?;
+            let len = h.total_len();
+            verify(&out[at..at + len]).map_err(|e| damaged(start + at as u64, e.to_string()))?;
+            at += len;
+        }
+        Ok(out)
     }
 }
 
