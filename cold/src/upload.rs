@@ -51,7 +51,8 @@ pub struct UploadConfig {
     pub part_size: usize,
     /// An index entry every this many bytes of batches.
     pub index_interval: u32,
-    /// Uploads running at once (per uploader).
+    /// Uploads running at once through one uploader; the broker also runs this many
+    /// partitions' uploaders at once.
     pub concurrency: usize,
     /// Upload bandwidth cap in bytes per second (`None`: uncapped).
     pub max_bytes_per_sec: Option<u64>,
@@ -224,21 +225,18 @@ impl Uploader {
         &self.manifest
     }
 
-    /// Puts one object, retrying with backoff; multipart above the threshold.
+    /// Puts one small object (an index, a snapshot, ...), retrying with backoff.
     async fn put(&self, key: &Path, data: Bytes) -> Result<(), UploadError> {
         let mut backoff = self.config.min_backoff;
         let mut attempt = 0;
         loop {
             attempt += 1;
             self.limiter.take(data.len() as u64).await;
-            let result = if data.len() as u64 > self.config.multipart_threshold {
-                self.put_multipart(key, data.clone()).await
-            } else {
-                self.store
-                    .put(key, PutPayload::from_bytes(data.clone()))
-                    .await
-                    .map(|_| ())
-            };
+            let result = self
+                .store
+                .put(key, PutPayload::from_bytes(data.clone()))
+                .await
+                .map(|_| ());
             match result {
                 Ok(()) => return Ok(()),
                 Err(e) if attempt < self.config.attempts => {
@@ -251,14 +249,66 @@ impl Uploader {
         }
     }
 
-    async fn put_multipart(&self, key: &Path, data: Bytes) -> object_store::Result<()> {
-        let upload = self.store.put_multipart(key).await?;
-        let mut w = WriteMultipart::new_with_chunk_size(upload, self.config.part_size);
-        for part in data.chunks(self.config.part_size) {
-            w.wait_for_capacity(2).await?;
-            w.put(Bytes::copy_from_slice(part));
+    /// Puts bytes `[start, end)` of a file: in one PUT up to the multipart threshold,
+    /// else as a multipart upload streamed from the file a part at a time (memory: a few
+    /// parts, whatever the segment size), each attempt from the start, with backoff.
+    async fn put_file(
+        &self,
+        key: &Path,
+        file: &std::path::Path,
+        start: u64,
+        end: u64,
+    ) -> Result<(), UploadError> {
+        if end - start <= self.config.multipart_threshold {
+            return self.put(key, read_range(file, start, end).await?).await;
         }
-        w.finish().await.map(|_| ())
+        let mut backoff = self.config.min_backoff;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.stream_multipart(key, file, start, end).await {
+                Ok(()) => return Ok(()),
+                Err(e @ UploadError::Read { .. }) => return Err(e),
+                Err(e) if attempt < self.config.attempts => {
+                    tracing::warn!(key = %key, attempt, error = %e, "multipart upload failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn stream_multipart(
+        &self,
+        key: &Path,
+        file: &std::path::Path,
+        start: u64,
+        end: u64,
+    ) -> Result<(), UploadError> {
+        let upload = self.store.put_multipart(key).await?;
+        let part_size = self.config.part_size as u64;
+        let mut w = WriteMultipart::new_with_chunk_size(upload, part_size as usize);
+        let mut at = start;
+        let sent: Result<(), UploadError> = async {
+            while at < end {
+                let to = (at + part_size).min(end);
+                let part = read_range(file, at, to).await?;
+                self.limiter.take(part.len() as u64).await;
+                w.wait_for_capacity(2).await?;
+                w.put(part);
+                at = to;
+            }
+            Ok(())
+        }
+        .await;
+        match sent {
+            Ok(()) => w.finish().await.map(|_| ()).map_err(Into::into),
+            Err(e) => {
+                let _ = w.abort().await;
+                Err(e)
+            }
+        }
     }
 
     /// Uploads what the manifest lacks of `seg` as leader `epoch` and commits it.
@@ -285,8 +335,7 @@ impl Uploader {
                 path: seg.log.display().to_string(),
                 source: std::io::Error::other(e),
             })??;
-        let data = read_range(&seg.log, scanned.start_position, scanned.end_position).await?;
-        let bytes = data.len() as u64;
+        let bytes = scanned.end_position - scanned.start_position;
         let key = self.prefix.segment_key(from, epoch, uuid::Uuid::new_v4());
         let epochs: Vec<(i32, u64)> = seg
             .epochs
@@ -294,7 +343,13 @@ impl Uploader {
             .filter(|(_, start)| *start < end)
             .copied()
             .collect();
-        self.put(&Path::from(key.clone()), data).await?;
+        self.put_file(
+            &Path::from(key.clone()),
+            &seg.log,
+            scanned.start_position,
+            scanned.end_position,
+        )
+        .await?;
         self.put(
             &Path::from(format!("{key}.index")),
             Bytes::from(encode_offset_entries(&scanned.offsets)),

@@ -147,7 +147,7 @@ pub struct ColdSection {
     /// How long one object store request may take before it fails and is retried.
     #[serde(default = "default_request_timeout", deserialize_with = "duration")]
     pub request_timeout: Duration,
-    /// Segment uploads running at once, per partition.
+    /// Partitions uploading at once on this broker (each uploads its segments in order).
     #[serde(default = "default_upload_concurrency")]
     pub upload_concurrency: usize,
     /// Upload bandwidth cap per partition, bytes per second (0: uncapped).

@@ -173,16 +173,14 @@ impl Broker {
         config: &TierConfig,
         state: &mut HashMap<(Uuid, i32), PartitionTier>,
     ) {
-        let mut under_tiered = 0u64;
-        let mut seen = Vec::new();
+        let mut local = HashMap::new();
         for topic in self.topics() {
             for p in topic.local() {
                 if !p.lock().config().remote_storage {
                     continue;
                 }
                 let key = (topic.spec.id, p.index);
-                seen.push(key);
-                let tier = state.entry(key).or_insert_with(|| PartitionTier {
+                state.entry(key).or_insert_with(|| PartitionTier {
                     uploader: Uploader::new(
                         store.clone(),
                         PartitionPrefix::new(
@@ -195,43 +193,71 @@ impl Broker {
                     claimed: None,
                     checked: None,
                 });
-                let progress = p.progress();
-                match progress.leader_epoch {
-                    Some(epoch) => {
-                        self.tier_leader(p, tier, epoch, cold, key).await;
-                        if tier.claimed == Some(epoch) {
-                            self.expire_remote(store, p, tier, epoch, cold, key).await;
-                        }
-                    }
-                    None => {
-                        tier.claimed = None;
-                        if tier.checked.is_none_or(|t| t.elapsed() >= FOLLOWER_CHECK) {
-                            tier.checked = Some(Instant::now());
-                            match tier.uploader.manifest().load().await {
-                                Ok(m) => {
-                                    p.set_tiered_end(m.end_offset());
-                                    cold.set(key, m);
-                                }
-                                Err(e) => {
-                                    tracing::debug!(topic = %topic.spec.name, partition = p.index, error = %e, "could not read the cold tier's manifest")
-                                }
-                            }
-                        }
-                    }
-                }
+                local.insert(key, p.clone());
+            }
+        }
+        state.retain(|k, _| local.contains_key(k));
+        // Partitions tier independently, `upload.concurrency` of them at once; within one,
+        // segments go up in order.
+        use futures_util::StreamExt;
+        let jobs: Vec<_> = state
+            .iter_mut()
+            .filter_map(|(key, tier)| Some((*key, tier, local.get(key)?.clone())))
+            .collect();
+        futures_util::stream::iter(jobs)
+            .for_each_concurrent(config.upload.concurrency.max(1), |(key, tier, p)| {
+                self.tier_partition(store, cold, tier, p, key)
+            })
+            .await;
+        let under_tiered: u64 = local
+            .values()
+            .map(|p| {
                 let tiered_end = p.progress().tiered_end.unwrap_or(0);
-                under_tiered += p
-                    .sealed_segments()
+                p.sealed_segments()
                     .iter()
                     .filter(|s| s.end_offset > tiered_end)
                     .map(|s| std::fs::metadata(&s.log).map_or(0, |m| m.len()))
-                    .sum::<u64>();
-            }
-        }
-        state.retain(|k, _| seen.contains(k));
+                    .sum::<u64>()
+            })
+            .sum();
         self.metrics()
             .under_tiered_bytes
             .store(under_tiered, Relaxed);
+    }
+
+    /// One partition's round: as leader, upload and apply remote retention; as follower,
+    /// now and then learn where the manifest ends.
+    async fn tier_partition(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        cold: &ColdTier,
+        tier: &mut PartitionTier,
+        p: Arc<super::Partition>,
+        key: (Uuid, i32),
+    ) {
+        match p.progress().leader_epoch {
+            Some(epoch) => {
+                self.tier_leader(&p, tier, epoch, cold, key).await;
+                if tier.claimed == Some(epoch) {
+                    self.expire_remote(store, &p, tier, epoch, cold, key).await;
+                }
+            }
+            None => {
+                tier.claimed = None;
+                if tier.checked.is_none_or(|t| t.elapsed() >= FOLLOWER_CHECK) {
+                    tier.checked = Some(Instant::now());
+                    match tier.uploader.manifest().load().await {
+                        Ok(m) => {
+                            p.set_tiered_end(m.end_offset());
+                            cold.set(key, m);
+                        }
+                        Err(e) => {
+                            tracing::debug!(topic = %p.topic, partition = p.index, error = %e, "could not read the cold tier's manifest")
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// As leader at `epoch`: claims the manifest if not yet, then uploads what is sealed,
