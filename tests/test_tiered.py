@@ -242,7 +242,7 @@ def test_leader_sigkill_mid_upload_leaves_each_segment_once(tmp_path, s3_endpoin
     extra = (
         'replica_lag_time_max = "4s"\n'
         f'[cold]\nurl = "s3://{bucket}/strata"\nendpoint = "{s3_endpoint}"\npath_style = true\n'
-        'interval = "200ms"\nrequest_timeout = "5s"\n'
+        'interval = "200ms"\nrequest_timeout = "5s"\norphan_grace = "3s"\n'
         '[topics]\nretention_check_interval = "200ms"\n'
     )
     c = Cluster(strata_bin(), tmp_path, broker_extra=extra)
@@ -297,6 +297,13 @@ def test_leader_sigkill_mid_upload_leaves_each_segment_once(tmp_path, s3_endpoin
         assert len(epochs) >= 2, f"segments uploaded by both leaders: epochs {epochs}"
         print(f"\nkilled mid-upload: {mid_upload}; {len(manifest['segments'])} segments in the manifest, "
               f"leader epochs {sorted(epochs)}, {len(orphans)} orphaned segment objects")
+        # The leader deletes what the killed upload left once past the grace period (3 s).
+        deadline = time.monotonic() + 30
+        while orphans:
+            assert time.monotonic() < deadline, f"orphans not deleted: {sorted(orphans)}"
+            time.sleep(0.5)
+            manifests, keys = bucket_manifests(s3_endpoint, bucket)
+            orphans = check_manifest(next(iter(manifests.values())), keys)
         # Every acknowledged record, from offset 0: the cold tier, then the local log.
         verify(c, load, partitions=1, topic=topic)
     finally:

@@ -4,6 +4,7 @@
 pub mod aws;
 mod limit;
 pub mod manifest;
+pub mod orphans;
 pub mod read;
 pub mod retention;
 pub mod store;

@@ -133,6 +133,11 @@ impl PartitionPrefix {
         Path::from(format!("{}/manifest/{version:020}.json", self.0))
     }
 
+    /// Where the partition's segment objects live.
+    pub fn segments_dir(&self) -> Path {
+        Path::from(format!("{}/segments", self.0))
+    }
+
     /// The object key of a segment uploaded by `leader_epoch`: named by base offset, epoch
     /// and a unique id, so retried or competing uploads never overwrite each other.
     pub fn segment_key(&self, base_offset: u64, leader_epoch: i32, id: uuid::Uuid) -> String {
@@ -159,6 +164,11 @@ impl ManifestStore {
             prefix,
             keep: 3,
         }
+    }
+
+    /// Where the partition's objects live.
+    pub fn prefix(&self) -> &PartitionPrefix {
+        &self.prefix
     }
 
     /// The newest manifest version written (0: none).

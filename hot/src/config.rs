@@ -156,6 +156,10 @@ pub struct ColdSection {
     /// How often sealed segments are looked for.
     #[serde(default = "default_tier_interval", deserialize_with = "duration")]
     pub interval: Duration,
+    /// Objects no manifest names (left by killed or deposed uploads) are deleted once this
+    /// old; keep it well above the longest upload.
+    #[serde(default = "default_orphan_grace", deserialize_with = "duration")]
+    pub orphan_grace: Duration,
     /// The cold-read budget of this broker: GETs at once and bytes per second (0:
     /// uncapped), so a long replay does not starve real-time traffic.
     #[serde(default = "default_read_concurrency")]
@@ -172,6 +176,10 @@ pub struct ColdSection {
     #[serde(default = "default_disk_cache_bytes")]
     pub disk_cache_bytes: usize,
     pub cache_dir: Option<PathBuf>,
+}
+
+fn default_orphan_grace() -> Duration {
+    Duration::from_secs(3600)
 }
 
 fn default_request_timeout() -> Duration {
@@ -213,6 +221,7 @@ impl ColdSection {
             upload_concurrency: default_upload_concurrency(),
             upload_bytes_per_sec: 0,
             interval: default_tier_interval(),
+            orphan_grace: default_orphan_grace(),
             read_concurrency: default_read_concurrency(),
             read_bytes_per_sec: 0,
             cache_bytes: default_cache_bytes(),
@@ -255,6 +264,7 @@ impl ColdSection {
                 max_bytes_per_sec: (self.read_bytes_per_sec > 0).then_some(self.read_bytes_per_sec),
             },
             interval: self.interval,
+            orphan_grace: self.orphan_grace,
         }
     }
 }

@@ -76,6 +76,8 @@ pub struct Metrics {
     pub under_tiered_bytes: AtomicU64,
     /// Remote segments deleted by retention.ms / retention.bytes.
     pub remote_segments_deleted: AtomicU64,
+    /// Cold-tier objects no manifest named, deleted after the grace period.
+    pub orphans_deleted: AtomicU64,
     /// Produce request received -> response ready (includes the acks=all wait).
     pub produce_latency: Histogram,
     /// An acks=all append until the high watermark passed it (replication and fsyncs).
@@ -285,6 +287,12 @@ impl Metrics {
             "strata_remote_segments_deleted_total",
             "Remote segments deleted by retention.ms / retention.bytes.",
             &self.remote_segments_deleted,
+        );
+        counter(
+            &mut out,
+            "strata_cold_orphans_deleted_total",
+            "Cold-tier objects no manifest named (killed or deposed uploads), deleted after the grace period.",
+            &self.orphans_deleted,
         );
         gauge(
             &mut out,

@@ -62,6 +62,7 @@ async fn open_tiered(
         upload,
         read: Default::default(),
         interval: Duration::from_millis(50),
+        orphan_grace: Duration::from_secs(3600),
     };
     let broker = Broker::open(
         BrokerConfig {

@@ -32,6 +32,9 @@ pub struct TierConfig {
     pub read: strata_cold::read::ReadConfig,
     /// How often sealed segments are looked for.
     pub interval: Duration,
+    /// Segment objects no manifest names are deleted once this old (an upload in progress
+    /// is younger); leaders look for them every `min(orphan_grace, 10 min)`.
+    pub orphan_grace: Duration,
 }
 
 /// How often a follower re-reads where the manifest ends.
@@ -147,6 +150,7 @@ struct PartitionTier {
     /// The leader epoch the manifest was claimed with (`None`: not claimed yet).
     claimed: Option<i32>,
     checked: Option<Instant>,
+    swept: Option<Instant>,
 }
 
 pub(super) async fn run(
@@ -192,6 +196,7 @@ impl Broker {
                     ),
                     claimed: None,
                     checked: None,
+                    swept: None,
                 });
                 local.insert(key, p.clone());
             }
@@ -206,7 +211,7 @@ impl Broker {
             .collect();
         futures_util::stream::iter(jobs)
             .for_each_concurrent(config.upload.concurrency.max(1), |(key, tier, p)| {
-                self.tier_partition(store, cold, tier, p, key)
+                self.tier_partition(store, cold, tier, p, key, config.orphan_grace)
             })
             .await;
         let under_tiered: u64 = local
@@ -234,12 +239,18 @@ impl Broker {
         tier: &mut PartitionTier,
         p: Arc<super::Partition>,
         key: (Uuid, i32),
+        orphan_grace: Duration,
     ) {
         match p.progress().leader_epoch {
             Some(epoch) => {
                 self.tier_leader(&p, tier, epoch, cold, key).await;
                 if tier.claimed == Some(epoch) {
                     self.expire_remote(store, &p, tier, epoch, cold, key).await;
+                    let every = orphan_grace.min(Duration::from_secs(600));
+                    if tier.swept.is_none_or(|t| t.elapsed() >= every) {
+                        tier.swept = Some(Instant::now());
+                        self.sweep_orphans(store, &p, tier, orphan_grace).await;
+                    }
                 }
             }
             None => {
@@ -313,6 +324,37 @@ impl Broker {
                     tracing::warn!(topic = %p.topic, partition = p.index, base = seg.base_offset, error = %e, "segment upload failed; local data is kept and the upload retried");
                     return;
                 }
+            }
+        }
+    }
+
+    /// As leader: deletes the partition's objects no manifest names, once past the grace
+    /// period (what killed or deposed uploads left).
+    async fn sweep_orphans(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        p: &Arc<super::Partition>,
+        tier: &PartitionTier,
+        grace: Duration,
+    ) {
+        let manifests = tier.uploader.manifest();
+        let swept = match manifests.load().await {
+            Ok(m) => strata_cold::orphans::sweep(store, manifests.prefix(), &m, grace).await,
+            Err(e) => {
+                tracing::debug!(topic = %p.topic, partition = p.index, error = %e, "orphan sweep: could not read the manifest");
+                return;
+            }
+        };
+        match swept {
+            Ok(s) if !s.deleted.is_empty() => {
+                tracing::info!(topic = %p.topic, partition = p.index, deleted = s.deleted.len(), young = s.young, "deleted orphaned cold-tier objects");
+                self.metrics()
+                    .orphans_deleted
+                    .fetch_add(s.deleted.len() as u64, Relaxed);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "orphan sweep failed; will retry")
             }
         }
     }
