@@ -1,7 +1,10 @@
-//! Tiered storage: the object store behind a URL (`store`), the partition manifest with
-//! conditional writes (`manifest`) and the uploader of sealed segments (`upload`).
+//! Tiered storage: the object store behind a URL (`store`) with AWS credentials (`aws`),
+//! the bucket's topic descriptions (`catalog`), the partition manifest with conditional
+//! writes (`manifest`), the uploader of sealed segments (`upload`), the remote reader
+//! (`read`), remote retention (`retention`) and orphan clean-up (`orphans`).
 
 pub mod aws;
+pub mod catalog;
 mod limit;
 pub mod manifest;
 pub mod orphans;

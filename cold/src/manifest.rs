@@ -25,12 +25,20 @@ pub const FORMAT: u32 = 1;
 /// Attempts of one update against concurrent writers before giving up.
 const MAX_ATTEMPTS: usize = 16;
 
+fn unknown_timestamp() -> i64 {
+    -1
+}
+
 /// One remote segment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteSegment {
     pub base_offset: u64,
     /// One past its last offset.
     pub end_offset: u64,
+    /// The earliest batch base timestamp (-1: unknown, as in manifests before it existed)
+    /// and the largest record timestamp.
+    #[serde(default = "unknown_timestamp")]
+    pub min_timestamp: i64,
     pub max_timestamp: i64,
     pub size_bytes: u64,
     /// The leader epoch that uploaded it.

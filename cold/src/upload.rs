@@ -121,6 +121,7 @@ struct Scanned {
     end_position: u64,
     offsets: Vec<OffsetEntry>,
     times: Vec<TimeEntry>,
+    min_timestamp: i64,
     max_timestamp: i64,
 }
 
@@ -146,6 +147,7 @@ fn scan(log: &std::path::Path, from: u64, end: u64, interval: u32) -> Result<Sca
         end_position: 0,
         offsets: Vec::new(),
         times: Vec::new(),
+        min_timestamp: i64::MAX,
         max_timestamp: -1,
     };
     let mut started = false;
@@ -183,6 +185,7 @@ fn scan(log: &std::path::Path, from: u64, end: u64, interval: u32) -> Result<Sca
                 since_entry = 0;
             }
             out.max_timestamp = out.max_timestamp.max(h.max_timestamp);
+            out.min_timestamp = out.min_timestamp.min(h.base_timestamp);
             since_entry += len;
         }
         position += len;
@@ -381,6 +384,7 @@ impl Uploader {
         let remote = RemoteSegment {
             base_offset: from,
             end_offset: end,
+            min_timestamp: scanned.min_timestamp,
             max_timestamp: scanned.max_timestamp,
             size_bytes: bytes,
             leader_epoch: epoch,

@@ -13,6 +13,7 @@ fn segment(base: u64, end: u64, key: &str) -> RemoteSegment {
     RemoteSegment {
         base_offset: base,
         end_offset: end,
+        min_timestamp: 0,
         max_timestamp: 1_000 + end as i64,
         size_bytes: 100 * (end - base),
         leader_epoch: 3,

@@ -11,6 +11,7 @@ fn seg(base: u64, end: u64, ts: i64, size: u64) -> RemoteSegment {
     RemoteSegment {
         base_offset: base,
         end_offset: end,
+        min_timestamp: 0,
         max_timestamp: ts,
         size_bytes: size,
         leader_epoch: 1,

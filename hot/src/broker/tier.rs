@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use strata_cold::catalog::TopicInfo;
 use strata_cold::manifest::{Manifest, ManifestError, PartitionPrefix};
 use strata_cold::object_store::ObjectStore;
 use strata_cold::retention::{self, Retention};
@@ -162,14 +163,53 @@ pub(super) async fn run(
     let mut tick = tokio::time::interval(config.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut state: HashMap<(Uuid, i32), PartitionTier> = HashMap::new();
+    let mut described: HashMap<Uuid, TopicInfo> = HashMap::new();
     loop {
         tick.tick().await;
         let Some(b) = broker.upgrade() else { return };
         b.tier_round(&store, &cold, &config, &mut state).await;
+        b.describe_topics(&store, &mut described).await;
     }
 }
 
 impl Broker {
+    /// As leader of partition 0 of a tiered topic: keeps its description in the bucket
+    /// (name, partitions, configs) current, for tools that read the bucket alone.
+    async fn describe_topics(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        described: &mut HashMap<Uuid, TopicInfo>,
+    ) {
+        for topic in self.topics() {
+            let leads_first = topic
+                .local()
+                .any(|p| p.index == 0 && p.progress().leader_epoch.is_some());
+            let Some(first) = topic.local().find(|p| p.index == 0) else {
+                continue;
+            };
+            if !leads_first || !first.lock().config().remote_storage {
+                continue;
+            }
+            let info = TopicInfo {
+                name: topic.spec.name.clone(),
+                id: topic.spec.id.simple().to_string(),
+                partitions: topic.spec.partitions,
+                configs: topic.spec.configs.clone(),
+            };
+            if described.get(&topic.spec.id) == Some(&info) {
+                continue;
+            }
+            match strata_cold::catalog::write_topic(store, self.cluster_id(), &info).await {
+                Ok(()) => {
+                    described.insert(topic.spec.id, info);
+                }
+                Err(e) => {
+                    tracing::warn!(topic = %topic.spec.name, error = %e, "could not describe the topic in the cold tier; will retry")
+                }
+            }
+        }
+    }
+
     async fn tier_round(
         &self,
         store: &Arc<dyn ObjectStore>,
