@@ -81,5 +81,6 @@ fn aws_smithy_error(e: &dyn std::error::Error) -> String {
         out.push_str(&s.to_string());
         source = s.source();
     }
-    out
+    // The chain lists what it tried over several lines: one line suits a log or a CLI.
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -424,6 +424,21 @@ impl ServerConfig {
         if let Some(d) = &flags.data_dir {
             overrides.insert("STRATA__DATA_DIR".into(), d.display().to_string());
         }
+        let tunes_cold = overrides.keys().any(|k| k.starts_with("STRATA__COLD__"));
+        if path.is_none() && tunes_cold && !overrides.contains_key("STRATA__COLD__URL") {
+            // Cold-tier settings without a URL: the embedded default store, as below.
+            let data_dir = overrides
+                .get("STRATA__DATA_DIR")
+                .map_or_else(|| PathBuf::from("./strata-data"), PathBuf::from);
+            let dir = std::env::current_dir()
+                .context("reading the current directory")?
+                .join(data_dir)
+                .join("cold");
+            overrides.insert(
+                "STRATA__COLD__URL".into(),
+                format!("file://{}", dir.display()),
+            );
+        }
         let default_listen =
             flags.listen.is_none() && !overrides.contains_key("STRATA__KAFKA__LISTEN");
         if let Some(l) = flags.listen {
@@ -722,5 +737,17 @@ mod tests {
             [("STRATA__NO_SUCH".to_string(), "1".to_string())].into_iter(),
         );
         assert!(format!("{:#}", unknown.unwrap_err()).contains("no_such"));
+    }
+
+    #[test]
+    fn dev_cold_settings_without_a_url_keep_the_embedded_store() {
+        let env = [
+            ("STRATA__COLD__INTERVAL".to_string(), "200ms".to_string()),
+            ("STRATA__DATA_DIR".to_string(), "/tmp/strata-x".to_string()),
+        ];
+        let c = ServerConfig::dev(None, DevFlags::default(), env.into_iter()).unwrap();
+        let cold = c.cold.unwrap();
+        assert_eq!(cold.url, "file:///tmp/strata-x/cold");
+        assert_eq!(cold.interval, Duration::from_millis(200));
     }
 }

@@ -1,0 +1,422 @@
+//! `strata-replay`: archived history straight from the object store, with or without a
+//! running cluster.
+//!
+//! - `ls`: the topics a bucket holds, per partition: offset and time ranges, bytes and
+//!   segment counts (from the manifests);
+//! - `cat`: records as JSON lines (key and value as UTF-8 text, or `{"base64": ...}` when
+//!   they are not text; headers; timestamp; offset; partition);
+//! - `export --format parquet`: a range to Parquet files partitioned by topic, partition
+//!   and date, in a local directory or under an `s3://` prefix.
+
+mod export;
+mod source;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use base64::Engine;
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use strata_cold::object_store::ObjectStore;
+
+use source::{Range, Record, Source};
+
+#[derive(Parser)]
+#[command(
+    name = "strata-replay",
+    about = "List, print and export archived history straight from the object store"
+)]
+struct Cli {
+    /// The cold tier: s3://bucket[/prefix] or file:///abs/dir (as in the brokers' [cold] url).
+    #[arg(long, env = "STRATA_REPLAY_URL")]
+    url: String,
+    /// S3-compatible servers: the endpoint URL.
+    #[arg(long, env = "STRATA_REPLAY_ENDPOINT")]
+    endpoint: Option<String>,
+    #[arg(long)]
+    region: Option<String>,
+    /// Path-style S3 requests, as most S3-compatible servers want.
+    #[arg(long)]
+    path_style: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Topics, partitions, offset and time ranges, sizes and segment counts in the bucket.
+    Ls {
+        /// Only this cluster's topics (when several share the bucket).
+        #[arg(long)]
+        cluster: Option<String>,
+    },
+    /// Records as JSON lines on stdout.
+    Cat {
+        #[command(flatten)]
+        select: Select,
+        /// Stop after this many records.
+        #[arg(long)]
+        limit: Option<u64>,
+    },
+    /// A range to Parquet files (topic=/partition=/date= directories).
+    Export {
+        #[command(flatten)]
+        select: Select,
+        /// A local directory or an s3://bucket/prefix (file:// too).
+        #[arg(long)]
+        out: String,
+        /// Only parquet.
+        #[arg(long, default_value = "parquet")]
+        format: String,
+        #[arg(long, default_value_t = 128 * 1024)]
+        row_group_rows: usize,
+        /// A file is closed and the next part begun past this size.
+        #[arg(long, default_value_t = 128)]
+        file_mb: u64,
+        /// zstd, snappy or none.
+        #[arg(long, default_value = "zstd")]
+        compression: String,
+    },
+}
+
+/// Which records.
+#[derive(Args)]
+struct Select {
+    topic: String,
+    /// When several clusters share the bucket.
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Partitions (comma-separated); all by default.
+    #[arg(long, value_delimiter = ',')]
+    partitions: Option<Vec<u32>>,
+    #[arg(long)]
+    from_offset: Option<u64>,
+    /// Exclusive.
+    #[arg(long)]
+    to_offset: Option<u64>,
+    /// RFC 3339, a date (UTC) or epoch milliseconds.
+    #[arg(long)]
+    from_time: Option<String>,
+    /// Exclusive.
+    #[arg(long)]
+    to_time: Option<String>,
+    /// Skip (and count) a damaged segment instead of stopping.
+    #[arg(long)]
+    skip_corrupt: bool,
+}
+
+impl Select {
+    fn range(&self) -> anyhow::Result<Range> {
+        Ok(Range {
+            partitions: self.partitions.clone(),
+            from_offset: self.from_offset,
+            to_offset: self.to_offset,
+            from_ms: self
+                .from_time
+                .as_deref()
+                .map(source::parse_time)
+                .transpose()?,
+            to_ms: self
+                .to_time
+                .as_deref()
+                .map(source::parse_time)
+                .transpose()?,
+        })
+    }
+}
+
+fn open_store(url: &str, cli: &Cli) -> anyhow::Result<Arc<dyn ObjectStore>> {
+    let url = if url.contains("://") {
+        url.to_string()
+    } else {
+        // A local path: a file:// URL of its absolute form.
+        let abs = std::env::current_dir()
+            .context("reading the current directory")?
+            .join(url);
+        format!("file://{}", abs.display())
+    };
+    Ok(strata_cold::store::open(
+        &strata_cold::store::StoreConfig {
+            url,
+            endpoint: cli.endpoint.clone(),
+            region: cli.region.clone(),
+            path_style: cli.path_style,
+            request_timeout: None,
+        },
+    )?)
+}
+
+fn time(ms: i64) -> String {
+    if ms < 0 {
+        return "?".into();
+    }
+    humantime::format_rfc3339_millis(
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms as u64),
+    )
+    .to_string()
+}
+
+async fn ls(store: &Arc<dyn ObjectStore>, cluster: Option<&str>) -> anyhow::Result<()> {
+    let topics = strata_cold::catalog::topics(store)
+        .await
+        .context("listing the bucket")?;
+    let mut out = std::io::stdout().lock();
+    let mut any = false;
+    for t in topics
+        .iter()
+        .filter(|t| cluster.is_none_or(|c| t.cluster == c))
+    {
+        any = true;
+        writeln!(
+            out,
+            "{} (cluster {}, id {}, {} partitions)",
+            t.info.name, t.cluster, t.info.id, t.info.partitions
+        )?;
+        for (p, m) in t.load_manifests(store).await?.iter().enumerate() {
+            let (Some(first), Some(last)) = (m.segments.first(), m.segments.last()) else {
+                writeln!(out, "  {p}: empty")?;
+                continue;
+            };
+            let from = m
+                .segments
+                .iter()
+                .map(|s| s.min_timestamp)
+                .filter(|t| *t >= 0)
+                .min();
+            writeln!(
+                out,
+                "  {p}: offsets {}..{}  time {} .. {}  {:.1} MB in {} segments",
+                first.base_offset,
+                last.end_offset,
+                from.map_or_else(|| "?".into(), time),
+                time(
+                    m.segments
+                        .iter()
+                        .map(|s| s.max_timestamp)
+                        .max()
+                        .unwrap_or(-1)
+                ),
+                m.size_bytes() as f64 / 1e6,
+                m.segments.len()
+            )?;
+        }
+    }
+    if !any {
+        writeln!(out, "no tiered topics in this bucket")?;
+    }
+    Ok(())
+}
+
+/// A JSON value for bytes: the text when they are UTF-8, else `{"base64": ...}`.
+fn bytes_json(b: &Option<bytes::Bytes>) -> serde_json::Value {
+    match b {
+        None => serde_json::Value::Null,
+        Some(b) => match std::str::from_utf8(b) {
+            Ok(s) => serde_json::Value::String(s.to_string()),
+            Err(_) => {
+                serde_json::json!({ "base64": base64::engine::general_purpose::STANDARD.encode(b) })
+            }
+        },
+    }
+}
+
+fn record_json(topic: &str, r: &Record) -> serde_json::Value {
+    serde_json::json!({
+        "topic": topic,
+        "partition": r.partition,
+        "offset": r.offset,
+        "timestamp": r.timestamp,
+        "key": bytes_json(&r.key),
+        "value": bytes_json(&r.value),
+        "headers": r.headers.iter().map(|(k, v)| serde_json::json!({"key": k, "value": bytes_json(v)})).collect::<Vec<_>>(),
+    })
+}
+
+fn progress(total: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "{what} {{bar:30}} {{binary_bytes}}/{{binary_total_bytes}} {{binary_bytes_per_sec}} eta {{eta}} {{msg}}"
+        ))
+        .expect("a valid template"),
+    );
+    bar
+}
+
+/// Reads the selected records in partition then offset order, calling `each`.
+async fn for_each_record(
+    store: &Arc<dyn ObjectStore>,
+    select: &Select,
+    what: &str,
+    mut each: impl AsyncFnMut(Record) -> anyhow::Result<bool>,
+    mut partition_done: impl AsyncFnMut(u32) -> anyhow::Result<()>,
+) -> anyhow::Result<(u64, u64, Vec<String>)> {
+    let topic = source::find_topic(store, &select.topic, select.cluster.as_deref()).await?;
+    let range = select.range()?;
+    let plans = source::plan(store, &topic, &range).await?;
+    let total: u64 = plans.iter().map(|p| p.bytes()).sum();
+    let bar = progress(total, what);
+    let mut src = Source::new(store.clone(), select.skip_corrupt).await?;
+    let (mut records, mut bytes) = (0u64, 0u64);
+    'all: for plan in &plans {
+        for seg in &plan.segments {
+            let mut at = Some(Source::start(seg, &range));
+            while let Some(from) = at {
+                let step = src.step(plan.partition, seg, &range, from).await?;
+                bytes += step.bytes;
+                bar.inc(step.bytes);
+                for r in step.records {
+                    records += 1;
+                    if !each(r).await? {
+                        break 'all;
+                    }
+                }
+                bar.set_message(format!("{records} records"));
+                at = step.next;
+            }
+        }
+        partition_done(plan.partition).await?;
+    }
+    bar.finish_and_clear();
+    Ok((records, bytes, src.skipped))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let store = open_store(&cli.url, &cli)?;
+    match &cli.command {
+        Command::Ls { cluster } => ls(&store, cluster.as_deref()).await,
+        Command::Cat { select, limit } => {
+            let started = Instant::now();
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let limit = limit.unwrap_or(u64::MAX);
+            let mut n = 0u64;
+            let topic = select.topic.clone();
+            let (records, bytes, skipped) = for_each_record(
+                &store,
+                select,
+                "reading",
+                async |r: Record| {
+                    serde_json::to_writer(&mut out, &record_json(&topic, &r))?;
+                    out.write_all(b"\n")?;
+                    n += 1;
+                    Ok(n < limit)
+                },
+                async |_| Ok(()),
+            )
+            .await?;
+            out.flush()?;
+            eprintln!(
+                "{records} records ({:.1} MB of batches) in {:.1} s{}",
+                bytes as f64 / 1e6,
+                started.elapsed().as_secs_f64(),
+                skipped_note(&skipped)
+            );
+            Ok(())
+        }
+        Command::Export {
+            select,
+            out,
+            format,
+            row_group_rows,
+            file_mb,
+            compression,
+        } => {
+            anyhow::ensure!(
+                format == "parquet",
+                "unknown format '{format}': only parquet"
+            );
+            let started = Instant::now();
+            let target = open_store(out, &cli).with_context(|| format!("opening --out {out}"))?;
+            let config = export::ExportConfig {
+                row_group_rows: *row_group_rows,
+                file_bytes: file_mb << 20,
+                compression: export::parse_compression(compression)?,
+            };
+            let exporter = std::cell::RefCell::new(Some(export::Exporter::new(
+                target,
+                "",
+                &select.topic,
+                config,
+            )));
+            let (records, bytes, skipped) = for_each_record(
+                &store,
+                select,
+                "exporting",
+                async |r: Record| {
+                    let mut e = exporter.borrow_mut().take().expect("present");
+                    let pushed = e.push(r).await;
+                    *exporter.borrow_mut() = Some(e);
+                    pushed.map(|_| true)
+                },
+                async |p| {
+                    let mut e = exporter.borrow_mut().take().expect("present");
+                    let done = e.finish_partition(p).await;
+                    *exporter.borrow_mut() = Some(e);
+                    done
+                },
+            )
+            .await?;
+            let exporter = exporter.into_inner().expect("present");
+            let (files, rows, written) = exporter.close().await?;
+            debug_assert_eq!(rows, records);
+            eprintln!(
+                "exported {records} records ({:.1} MB of batches) to {} Parquet files ({:.1} MB) under {out} in {:.1} s{}",
+                bytes as f64 / 1e6,
+                files.len(),
+                written as f64 / 1e6,
+                started.elapsed().as_secs_f64(),
+                skipped_note(&skipped)
+            );
+            Ok(())
+        }
+    }
+}
+
+fn skipped_note(skipped: &[String]) -> String {
+    if skipped.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; skipped {} damaged segment(s): {}",
+            skipped.len(),
+            skipped.join(", ")
+        )
+    }
+}
+
+/// The error and its causes on one line, leaving out a cause its parent already quotes.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}

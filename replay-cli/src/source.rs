@@ -1,0 +1,269 @@
+//! Reading archived records straight from the bucket: the topic's description and
+//! manifests say which remote segments hold a range, the remote reader fetches their batches
+//! (CRC-checked), and the Kafka codec decodes them, decompressing whatever codec the
+//! producer used.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use kafka_protocol::records::RecordBatchDecoder;
+use strata_cold::catalog::Topic;
+use strata_cold::manifest::RemoteSegment;
+use strata_cold::object_store::ObjectStore;
+use strata_cold::read::{ReadConfig, ReadError, RemoteReader};
+
+/// Which records: partitions and an offset and time range (inclusive from, exclusive to).
+#[derive(Debug, Clone, Default)]
+pub struct Range {
+    /// `None`: every partition.
+    pub partitions: Option<Vec<u32>>,
+    pub from_offset: Option<u64>,
+    pub to_offset: Option<u64>,
+    pub from_ms: Option<i64>,
+    pub to_ms: Option<i64>,
+}
+
+/// One record as the tools print or export it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub partition: u32,
+    pub offset: i64,
+    pub timestamp: i64,
+    pub key: Option<Bytes>,
+    pub value: Option<Bytes>,
+    pub headers: Vec<(String, Option<Bytes>)>,
+}
+
+/// The remote segments of one partition a range needs, in order.
+pub struct PartitionPlan {
+    pub partition: u32,
+    pub segments: Vec<RemoteSegment>,
+}
+
+impl PartitionPlan {
+    pub fn bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.size_bytes).sum()
+    }
+}
+
+/// Finds a topic in the bucket by name (`cluster` when several clusters share a bucket).
+pub async fn find_topic(
+    store: &Arc<dyn ObjectStore>,
+    name: &str,
+    cluster: Option<&str>,
+) -> anyhow::Result<Topic> {
+    let topics = strata_cold::catalog::topics(store)
+        .await
+        .context("listing the topics in the bucket")?;
+    let matching: Vec<_> = topics
+        .into_iter()
+        .filter(|t| t.info.name == name && cluster.is_none_or(|c| t.cluster == c))
+        .collect();
+    match matching.len() {
+        0 => bail!("no topic '{name}' in this bucket (strata-replay ls lists what is there)"),
+        1 => Ok(matching.into_iter().next().expect("one")),
+        _ => bail!(
+            "topic '{name}' exists in clusters {}: pick one with --cluster",
+            matching
+                .iter()
+                .map(|t| t.cluster.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// The segments each selected partition needs for `range`.
+pub async fn plan(
+    store: &Arc<dyn ObjectStore>,
+    topic: &Topic,
+    range: &Range,
+) -> anyhow::Result<Vec<PartitionPlan>> {
+    let partitions: Vec<u32> = match &range.partitions {
+        Some(p) => {
+            if let Some(bad) = p.iter().find(|p| **p >= topic.info.partitions) {
+                bail!(
+                    "topic '{}' has partitions 0..{}; there is no partition {bad}",
+                    topic.info.name,
+                    topic.info.partitions
+                );
+            }
+            p.clone()
+        }
+        None => (0..topic.info.partitions).collect(),
+    };
+    let mut out = Vec::new();
+    for p in partitions {
+        let m = topic
+            .manifests(store, p)
+            .load()
+            .await
+            .with_context(|| format!("reading the manifest of partition {p}"))?;
+        let segments = m
+            .segments
+            .into_iter()
+            .filter(|s| range.from_offset.is_none_or(|f| s.end_offset > f))
+            .filter(|s| range.to_offset.is_none_or(|t| s.base_offset < t))
+            .filter(|s| range.from_ms.is_none_or(|f| s.max_timestamp >= f))
+            .filter(|s| range.to_ms.is_none_or(|t| s.min_timestamp < t))
+            .collect();
+        out.push(PartitionPlan {
+            partition: p,
+            segments,
+        });
+    }
+    Ok(out)
+}
+
+/// A reader of archived records.
+pub struct Source {
+    reader: Arc<RemoteReader>,
+    /// Skip a damaged segment (counted) instead of failing.
+    pub skip_corrupt: bool,
+    pub skipped: Vec<String>,
+}
+
+/// Bytes asked of the reader per step.
+const STEP: usize = 4 << 20;
+
+impl Source {
+    pub async fn new(store: Arc<dyn ObjectStore>, skip_corrupt: bool) -> anyhow::Result<Self> {
+        let reader = RemoteReader::open(
+            store,
+            ReadConfig {
+                cache_bytes: 64 << 20,
+                ..ReadConfig::default()
+            },
+        )
+        .await?;
+        Ok(Source {
+            reader,
+            skip_corrupt,
+            skipped: Vec::new(),
+        })
+    }
+
+    /// Where reading `seg` for `range` begins.
+    pub fn start(seg: &RemoteSegment, range: &Range) -> u64 {
+        range.from_offset.unwrap_or(0).max(seg.base_offset)
+    }
+
+    /// The records of `seg` in `range` from offset `at`, about 4 MiB of batches, in offset
+    /// order. A damaged object fails the read, or with `skip_corrupt` ends the segment
+    /// there (counted).
+    pub async fn step(
+        &mut self,
+        partition: u32,
+        seg: &RemoteSegment,
+        range: &Range,
+        at: u64,
+    ) -> anyhow::Result<Step> {
+        let end = range.to_offset.unwrap_or(u64::MAX).min(seg.end_offset);
+        let done = Step {
+            records: Vec::new(),
+            bytes: 0,
+            next: None,
+        };
+        if at >= end {
+            return Ok(done);
+        }
+        let got = match self.reader.read(seg, at, STEP).await {
+            Ok(b) => b,
+            Err(e @ ReadError::Damaged { .. }) if self.skip_corrupt => {
+                eprintln!("skipping the rest of partition {partition}'s segment at offset {at}: {e}");
+                self.skipped.push(format!("{} (from offset {at})", seg.key));
+                return Ok(done);
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "reading partition {partition} at offset {at} (--skip-corrupt skips a damaged segment)"
+                )))
+            }
+        };
+        if got.is_empty() {
+            return Ok(done);
+        }
+        let bytes = got.len() as u64;
+        let mut buf = got;
+        let sets = RecordBatchDecoder::decode_all(&mut buf).map_err(|e| {
+            anyhow::anyhow!("decoding the batches of {} at offset {at}: {e}", seg.key)
+        })?;
+        let mut next = at;
+        let mut records = Vec::new();
+        for set in sets {
+            for r in set.records {
+                next = next.max(r.offset as u64 + 1);
+                if r.control || (r.offset as u64) < at || r.offset as u64 >= end {
+                    continue;
+                }
+                if range.from_ms.is_some_and(|f| r.timestamp < f)
+                    || range.to_ms.is_some_and(|t| r.timestamp >= t)
+                {
+                    continue;
+                }
+                records.push(Record {
+                    partition,
+                    offset: r.offset,
+                    timestamp: r.timestamp,
+                    key: r.key,
+                    value: r.value,
+                    headers: r
+                        .headers
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), v))
+                        .collect(),
+                });
+            }
+        }
+        if next <= at {
+            bail!("no progress reading {} at offset {at}", seg.key);
+        }
+        Ok(Step {
+            records,
+            bytes,
+            next: (next < end).then_some(next),
+        })
+    }
+}
+
+/// What one step read.
+pub struct Step {
+    pub records: Vec<Record>,
+    /// Bytes of batches read.
+    pub bytes: u64,
+    /// Where the next step begins (`None`: the segment is done).
+    pub next: Option<u64>,
+}
+
+/// Milliseconds since the epoch from RFC 3339 (`2026-11-01T00:00:00Z`, or a date alone) or
+/// a number of milliseconds.
+pub fn parse_time(s: &str) -> anyhow::Result<i64> {
+    if let Ok(ms) = s.parse::<i64>() {
+        return Ok(ms);
+    }
+    let full = if s.len() == 10 {
+        format!("{s}T00:00:00Z")
+    } else {
+        s.to_string()
+    };
+    let t = humantime::parse_rfc3339_weak(&full).with_context(|| {
+        format!("'{s}' is not a time: use RFC 3339 (2026-11-01T09:30:00Z), a date (2026-11-01) or epoch milliseconds")
+    })?;
+    Ok(t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_parse_from_rfc3339_dates_and_milliseconds() {
+        assert_eq!(parse_time("1700000000000").unwrap(), 1_700_000_000_000);
+        assert_eq!(parse_time("1970-01-02").unwrap(), 86_400_000);
+        assert_eq!(parse_time("1970-01-01T00:00:01Z").unwrap(), 1_000);
+        let e = parse_time("yesterday").unwrap_err().to_string();
+        assert!(e.contains("RFC 3339"), "{e}");
+    }
+}
