@@ -212,3 +212,73 @@ def test_bad_input_gets_one_clear_line(archived):
                        capture_output=True, timeout=60, env=env)
     err = r.stderr.decode()
     assert r.returncode != 0 and "no AWS credentials" in err and len(err.strip().splitlines()) == 1, err
+
+
+def read_all(bootstrap, topic, partitions):
+    """Every record of `topic` from offset 0 to the high watermark, with confluent-kafka:
+    {(partition, offset): (key, value, headers, timestamp)}."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(rdkafka_conf({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False}))
+    try:
+        hwm = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        out = {}
+        deadline = time.monotonic() + 60
+        while sum(1 for k in out) < sum(hwm.values()):
+            assert time.monotonic() < deadline, f"read {len(out)} of {hwm}"
+            for msg in c.consume(num_messages=5000, timeout=0.5):
+                assert msg.error() is None, msg.error()
+                out[(msg.partition(), msg.offset())] = (msg.key(), msg.value(), msg.headers() or [], msg.timestamp()[1])
+        return out
+    finally:
+        c.close()
+
+
+def source_records(url):
+    out = {}
+    for line in run_replay(url, "cat", TOPIC).stdout.decode().splitlines():
+        r = json.loads(line)
+        enc = lambda v: None if v is None else (base64.b64decode(v["base64"]) if isinstance(v, dict) else v.encode())  # noqa: E731
+        out[(r["partition"], r["offset"])] = (enc(r["key"]), enc(r["value"]),
+                                              [(h["key"], enc(h["value"])) for h in r["headers"]], r["timestamp"])
+    return out
+
+
+def test_replay_to_another_cluster_reproduces_the_topic_and_resumes_after_sigkill(archived, tmp_path):
+    url, produced = archived
+    target = Broker(strata_bin(), tmp_path)
+    target.start()
+    try:
+        target.create_topic("trades-copy", PARTITIONS)
+        checkpoint = tmp_path / "replay.checkpoint"
+        args = [replay_bin(), "--url", url, "replay", TOPIC, "--to-bootstrap", target.bootstrap,
+                "--to-topic", "trades-copy", "--acks", "all", "--checkpoint", str(checkpoint), "--batch-bytes", "8192"]
+        # Cut short by SIGKILL partway (rate-capped so it is still running), then rerun.
+        first = subprocess.Popen(args + ["--records-per-sec", "5000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while not checkpoint.exists():
+            assert first.poll() is None, first.stderr.read().decode()
+            assert time.monotonic() < deadline, "no checkpoint written"
+            time.sleep(0.05)
+        time.sleep(1)
+        assert first.poll() is None, "the first run finished before it could be cut short"
+        first.kill()
+        first.wait()
+        cut = json.loads(checkpoint.read_text())
+        done = sum(p["next_source_offset"] for p in cut["partitions"].values())
+        assert 0 < done < len(produced), cut
+        second = subprocess.run(args, capture_output=True, timeout=120)
+        assert second.returncode == 0, second.stderr.decode()[-2000:]
+        assert "replayed" in second.stderr.decode()
+
+        src = source_records(url)
+        copy = read_all(target.bootstrap, "trades-copy", PARTITIONS)
+        assert len(copy) == len(src), f"{len(copy)} records in the copy, {len(src)} in the source (duplicates or gaps)"
+        assert copy == src, "the copy differs from the source"
+        # A rerun after completion writes nothing more.
+        again = subprocess.run(args, capture_output=True, timeout=120)
+        assert again.returncode == 0, again.stderr.decode()[-2000:]
+        assert len(read_all(target.bootstrap, "trades-copy", PARTITIONS)) == len(src)
+    finally:
+        target.stop()

@@ -6,9 +6,12 @@
 //! - `cat`: records as JSON lines (key and value as UTF-8 text, or `{"base64": ...}` when
 //!   they are not text; headers; timestamp; offset; partition);
 //! - `export --format parquet`: a range to Parquet files partitioned by topic, partition
-//!   and date, in a local directory or under an `s3://` prefix.
+//!   and date, in a local directory or under an `s3://` prefix;
+//! - `replay`: re-publishes a range to a topic of a running cluster (Kafka protocol), with
+//!   keys, timestamps, headers and per-partition order, resumable from a checkpoint.
 
 mod export;
+mod publish;
 mod source;
 
 use std::io::Write;
@@ -60,6 +63,31 @@ enum Command {
         /// Stop after this many records.
         #[arg(long)]
         limit: Option<u64>,
+    },
+    /// Re-publishes records to a topic of a running cluster (partition p to partition p).
+    Replay {
+        #[command(flatten)]
+        select: Select,
+        /// The target cluster's Kafka listener (HOST:PORT).
+        #[arg(long)]
+        to_bootstrap: String,
+        /// The target topic (default: the source's name); it must exist, with at least as
+        /// many partitions.
+        #[arg(long)]
+        to_topic: Option<String>,
+        /// all, 1 or 0.
+        #[arg(long, default_value = "all")]
+        acks: String,
+        /// A file recording progress: a rerun resumes where the last one stopped, writing
+        /// nothing twice.
+        #[arg(long)]
+        checkpoint: Option<std::path::PathBuf>,
+        /// Cap the rate, records per second.
+        #[arg(long)]
+        records_per_sec: Option<f64>,
+        /// Bytes of records per produced batch (about).
+        #[arg(long, default_value_t = 512 * 1024)]
+        batch_bytes: usize,
     },
     /// A range to Parquet files (topic=/partition=/date= directories).
     Export {
@@ -284,9 +312,155 @@ async fn for_each_record(
     Ok((records, bytes, src.skipped))
 }
 
+#[allow(clippy::too_many_arguments)]
+async fn replay(
+    store: &Arc<dyn ObjectStore>,
+    select: &Select,
+    to_bootstrap: &str,
+    to_topic: Option<&str>,
+    acks: &str,
+    checkpoint: &Option<std::path::PathBuf>,
+    records_per_sec: Option<f64>,
+    batch_bytes: usize,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let topic = source::find_topic(store, &select.topic, select.cluster.as_deref()).await?;
+    let target_name = to_topic.unwrap_or(&select.topic).to_string();
+    let mut target = publish::Target::connect(
+        to_bootstrap,
+        &target_name,
+        publish::parse_acks(acks)?,
+        records_per_sec,
+    )
+    .await?;
+    let range = select.range()?;
+    let plans = source::plan(store, &topic, &range).await?;
+    if let Some(p) = plans.iter().find(|p| p.partition >= target.partitions) {
+        anyhow::bail!(
+            "target topic '{target_name}' has {} partitions; source partition {} has nowhere to go (per-partition order needs partition p -> p)",
+            target.partitions,
+            p.partition
+        );
+    }
+    let mut cp = publish::resume(checkpoint, &select.topic, &target_name)?;
+    let bar = progress(plans.iter().map(|p| p.bytes()).sum(), "replaying");
+    let mut src = Source::new(store.clone(), select.skip_corrupt).await?;
+    let (mut skipped_written, mut bytes) = (0u64, 0u64);
+    for plan in &plans {
+        let p = plan.partition;
+        let end_now = target.end(p).await?;
+        // Resume: records the cut-short run wrote after its last checkpoint are skipped.
+        let (mut part_range, mut skip, mut target_end) = (range.clone(), 0u64, end_now);
+        if let Some(pos) = cp.partitions.get(&p) {
+            part_range.from_offset = Some(pos.next_source_offset);
+            skip = (end_now - pos.target_end).max(0) as u64;
+        }
+        skipped_written += skip;
+        let mut batch: Vec<Record> = Vec::new();
+        let mut batch_size = 0usize;
+        for seg in &plan.segments {
+            let mut at = Some(Source::start(seg, &part_range));
+            while let Some(from) = at {
+                let step = src.step(p, seg, &part_range, from).await?;
+                bytes += step.bytes;
+                bar.inc(step.bytes);
+                for r in step.records {
+                    if skip > 0 {
+                        skip -= 1;
+                        continue;
+                    }
+                    batch_size += r.key.as_ref().map_or(0, |k| k.len())
+                        + r.value.as_ref().map_or(0, |v| v.len())
+                        + 32;
+                    batch.push(r);
+                    if batch_size >= batch_bytes {
+                        target_end = publish_batch(
+                            &mut target,
+                            &mut cp,
+                            checkpoint,
+                            p,
+                            &mut batch,
+                            target_end,
+                        )
+                        .await?;
+                        batch_size = 0;
+                    }
+                }
+                at = step.next;
+                bar.set_message(format!("partition {p}"));
+            }
+        }
+        if !batch.is_empty() {
+            publish_batch(&mut target, &mut cp, checkpoint, p, &mut batch, target_end).await?;
+        }
+    }
+    let sent = target.sent();
+    bar.finish_and_clear();
+    eprintln!(
+        "replayed {sent} records ({:.1} MB of batches read) of {} to {target_name} at {to_bootstrap} in {:.1} s{}{}",
+        bytes as f64 / 1e6,
+        select.topic,
+        started.elapsed().as_secs_f64(),
+        if skipped_written > 0 {
+            format!("; resumed, {skipped_written} records already written were skipped")
+        } else {
+            String::new()
+        },
+        skipped_note(&src.skipped)
+    );
+    Ok(())
+}
+
+/// Sends one partition's batch and records the progress; returns the target's new end.
+async fn publish_batch(
+    target: &mut publish::Target,
+    cp: &mut publish::Checkpoint,
+    checkpoint: &Option<std::path::PathBuf>,
+    partition: u32,
+    batch: &mut Vec<Record>,
+    target_end: i64,
+) -> anyhow::Result<i64> {
+    target.send(partition, batch).await?;
+    let end = target_end + batch.len() as i64;
+    let next = batch.last().expect("non-empty").offset as u64 + 1;
+    cp.partitions.insert(
+        partition,
+        publish::Position {
+            next_source_offset: next,
+            target_end: end,
+        },
+    );
+    if let Some(path) = checkpoint {
+        cp.save(path)?;
+    }
+    batch.clear();
+    Ok(end)
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let store = open_store(&cli.url, &cli)?;
     match &cli.command {
+        Command::Replay {
+            select,
+            to_bootstrap,
+            to_topic,
+            acks,
+            checkpoint,
+            records_per_sec,
+            batch_bytes,
+        } => {
+            replay(
+                &store,
+                select,
+                to_bootstrap,
+                to_topic.as_deref(),
+                acks,
+                checkpoint,
+                *records_per_sec,
+                *batch_bytes,
+            )
+            .await
+        }
         Command::Ls { cluster } => ls(&store, cluster.as_deref()).await,
         Command::Cat { select, limit } => {
             let started = Instant::now();

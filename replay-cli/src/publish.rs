@@ -1,0 +1,311 @@
+//! Re-publishing archived records to a topic of a running cluster over the Kafka protocol:
+//! partition p of the source goes to partition p of the target, in offset order, as
+//! RecordBatch v2 batches keeping each record's key, value, headers and timestamp
+//! (CreateTime), one batch in flight per partition, with the chosen acks.
+//!
+//! Resumable: after every acknowledged batch a checkpoint file records, per partition, the
+//! next source offset and the target's end offset then. On a rerun the target's end is
+//! read again; records past the checkpoint's end were written by the run that was cut
+//! short after its last checkpoint, so as many source records are skipped. Nothing is
+//! lost or written twice, as long as only this replay writes to the target partitions.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::{MetadataRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::{
+    Compression, Record as KafkaRecord, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use serde::{Deserialize, Serialize};
+use strata_client::Connection;
+
+use crate::source::Record;
+
+/// Per partition: where the source resumes and the target's end offset at that point.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Position {
+    pub next_source_offset: u64,
+    pub target_end: i64,
+}
+
+/// The checkpoint file: which replay it belongs to and each partition's position.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub source_topic: String,
+    pub target_topic: String,
+    pub partitions: BTreeMap<u32, Position>,
+}
+
+impl Checkpoint {
+    pub fn load(path: &Path) -> anyhow::Result<Option<Checkpoint>> {
+        match std::fs::read(path) {
+            Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
+                format!("{} is not a replay checkpoint", path.display())
+            })?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(anyhow::Error::new(e).context(format!("reading {}", path.display()))),
+        }
+    }
+
+    /// Writes it atomically (a temporary file renamed over the old one, synced).
+    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
+        let tmp = path.with_extension("tmp");
+        let body = serde_json::to_vec_pretty(self)?;
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)
+                .with_context(|| format!("writing {}", tmp.display()))?;
+            f.write_all(&body)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+        Ok(())
+    }
+}
+
+/// Connections to the leaders of the target topic's partitions.
+pub struct Target {
+    pub topic: String,
+    pub partitions: u32,
+    acks: i16,
+    leaders: HashMap<u32, String>,
+    conns: HashMap<String, Connection>,
+    /// Records per second (`None`: as fast as the target takes them).
+    rate: Option<f64>,
+    started: std::time::Instant,
+    sent: u64,
+}
+
+pub fn parse_acks(s: &str) -> anyhow::Result<i16> {
+    Ok(match s {
+        "all" | "-1" => -1,
+        "1" => 1,
+        "0" => 0,
+        other => bail!("acks must be all, 1 or 0, not '{other}'"),
+    })
+}
+
+impl Target {
+    pub async fn connect(
+        bootstrap: &str,
+        topic: &str,
+        acks: i16,
+        rate: Option<f64>,
+    ) -> anyhow::Result<Target> {
+        let mut conn = Connection::connect(bootstrap)
+            .await
+            .with_context(|| format!("connecting to {bootstrap}"))?;
+        let req =
+            MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default()
+                .with_name(Some(TopicName(StrBytes::from_string(topic.to_string()))))]));
+        let meta = conn.send(&req, 9).await.context("asking for metadata")?;
+        let brokers: HashMap<i32, String> = meta
+            .brokers
+            .iter()
+            .map(|b| (b.node_id.0, format!("{}:{}", b.host, b.port)))
+            .collect();
+        let t = meta
+            .topics
+            .iter()
+            .find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))
+            .context("the metadata answer lacks the target topic")?;
+        if t.error_code != 0 {
+            bail!(
+                "target topic '{topic}' at {bootstrap}: error {} (create it first, with at least as many partitions as the source)",
+                t.error_code
+            );
+        }
+        let mut leaders = HashMap::new();
+        for p in &t.partitions {
+            if let Some(addr) = brokers.get(&p.leader_id.0) {
+                leaders.insert(p.partition_index as u32, addr.clone());
+            }
+        }
+        let mut conns = HashMap::new();
+        conns.insert(bootstrap.to_string(), conn);
+        Ok(Target {
+            topic: topic.to_string(),
+            partitions: t.partitions.len() as u32,
+            acks,
+            leaders,
+            conns,
+            rate,
+            started: std::time::Instant::now(),
+            sent: 0,
+        })
+    }
+
+    async fn conn(&mut self, partition: u32) -> anyhow::Result<&mut Connection> {
+        let addr = self
+            .leaders
+            .get(&partition)
+            .with_context(|| format!("target partition {partition} has no leader now"))?
+            .clone();
+        if !self.conns.contains_key(&addr) {
+            let c = Connection::connect(&addr)
+                .await
+                .with_context(|| format!("connecting to {addr}"))?;
+            self.conns.insert(addr.clone(), c);
+        }
+        Ok(self.conns.get_mut(&addr).expect("inserted"))
+    }
+
+    /// Records sent so far.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    /// The target partition's end offset (the next offset it will assign).
+    pub async fn end(&mut self, partition: u32) -> anyhow::Result<i64> {
+        let topic = self.topic.clone();
+        let conn = self.conn(partition).await?;
+        strata_client::list_offset(conn, &topic, partition as i32, -1)
+            .await
+            .with_context(|| format!("reading the end of target partition {partition}"))
+    }
+
+    /// Produces `records` (one partition's, in order) as one batch.
+    pub async fn send(&mut self, partition: u32, records: &[Record]) -> anyhow::Result<()> {
+        if let Some(rate) = self.rate {
+            let due = self.started + std::time::Duration::from_secs_f64(self.sent as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let batch = encode(records)?;
+        let (topic, acks) = (self.topic.clone(), self.acks);
+        let conn = self.conn(partition).await?;
+        strata_client::produce(conn, &topic, partition as i32, batch, acks)
+            .await
+            .with_context(|| format!("producing to {topic} partition {partition}"))?;
+        self.sent += records.len() as u64;
+        Ok(())
+    }
+}
+
+/// One RecordBatch v2 of `records`, with their keys, values, headers and timestamps.
+pub fn encode(records: &[Record]) -> anyhow::Result<Bytes> {
+    let batch: Vec<KafkaRecord> = records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| KafkaRecord {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: -1,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            // The encoder starts a new batch where offset - sequence changes; this keeps
+            // it constant and the batch's base sequence -1 (no producer id).
+            sequence: i as i32 - 1,
+            timestamp: r.timestamp,
+            key: r.key.clone(),
+            value: r.value.clone(),
+            headers: r
+                .headers
+                .iter()
+                .map(|(k, v)| (StrBytes::from_string(k.clone()), v.clone()))
+                .collect(),
+        })
+        .collect();
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        &batch,
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("encoding a batch: {e}"))?;
+    Ok(buf.freeze())
+}
+
+/// The checkpoint path and what it holds for this replay.
+pub fn resume(path: &Option<PathBuf>, source: &str, target: &str) -> anyhow::Result<Checkpoint> {
+    let Some(path) = path else {
+        return Ok(Checkpoint {
+            source_topic: source.into(),
+            target_topic: target.into(),
+            ..Checkpoint::default()
+        });
+    };
+    match Checkpoint::load(path)? {
+        Some(c) if c.source_topic != source || c.target_topic != target => bail!(
+            "{} is the checkpoint of a replay of {} to {}, not {source} to {target}",
+            path.display(),
+            c.source_topic,
+            c.target_topic
+        ),
+        Some(c) => Ok(c),
+        None => Ok(Checkpoint {
+            source_topic: source.into(),
+            target_topic: target.into(),
+            ..Checkpoint::default()
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::records::RecordBatchDecoder;
+
+    #[test]
+    fn batches_keep_keys_values_headers_and_timestamps() {
+        let recs: Vec<Record> = (0..5)
+            .map(|i| Record {
+                partition: 0,
+                offset: 100 + i,
+                timestamp: 1_700_000_000_000 + i,
+                key: (i != 2).then(|| Bytes::from(format!("k{i}"))),
+                value: Some(Bytes::from(vec![0xff, i as u8])),
+                headers: vec![
+                    ("h".into(), Some(Bytes::from_static(b"v"))),
+                    ("n".into(), None),
+                ],
+            })
+            .collect();
+        let mut b = encode(&recs).unwrap();
+        strata_core::batch::verify(&b).unwrap();
+        let h = strata_core::batch::BatchHeader::parse(&b).unwrap();
+        assert_eq!(h.total_len(), b.len(), "one batch");
+        assert_eq!(
+            (h.record_count, h.base_sequence, h.producer_id),
+            (5, -1, -1)
+        );
+        let sets = RecordBatchDecoder::decode_all(&mut b).unwrap();
+        let got = &sets[0].records;
+        assert_eq!(got.len(), 5);
+        for (g, r) in got.iter().zip(&recs) {
+            assert_eq!(
+                (g.timestamp, &g.key, &g.value),
+                (r.timestamp, &r.key, &r.value)
+            );
+            assert_eq!(g.headers.len(), 2);
+        }
+    }
+
+    #[test]
+    fn checkpoints_round_trip_and_belong_to_one_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cp.json");
+        let mut c = resume(&Some(path.clone()), "a", "b").unwrap();
+        c.partitions.insert(
+            1,
+            Position {
+                next_source_offset: 7,
+                target_end: 9,
+            },
+        );
+        c.save(&path).unwrap();
+        let again = resume(&Some(path.clone()), "a", "b").unwrap();
+        assert_eq!(again.partitions[&1].next_source_offset, 7);
+        let e = resume(&Some(path), "a", "c").unwrap_err().to_string();
+        assert!(e.contains("not a to c"), "{e}");
+    }
+}
