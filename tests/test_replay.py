@@ -282,3 +282,35 @@ def test_replay_to_another_cluster_reproduces_the_topic_and_resumes_after_sigkil
         assert len(read_all(target.bootstrap, "trades-copy", PARTITIONS)) == len(src)
     finally:
         target.stop()
+
+
+def test_include_hot_adds_the_not_yet_tiered_tail(tmp_path):
+    from confluent_kafka import Producer
+
+    b = Broker(strata_bin(), tmp_path)
+    b.extra_env = {"STRATA__COLD__INTERVAL": "200ms"}
+    b.start()
+    try:
+        b.create_topic("live", 1, {"segment.bytes": 16 << 10, "remote.storage.enable": "true"})
+        p = Producer(rdkafka_conf({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 5}))
+        n = 3000
+        for i in range(n):
+            p.produce("live", key=str(i).encode(), value=f"v{i}".encode())
+            if i % 100 == 99:
+                assert p.flush(30) == 0  # many small batches: segments roll
+        url = f"file://{b.data_dir / 'cold'}"
+        deadline = time.monotonic() + 30
+        while True:
+            r = run_replay(url, "cat", "live", check=False)
+            if r.returncode == 0 and r.stdout:
+                break
+            assert time.monotonic() < deadline, r.stderr.decode()
+            time.sleep(0.3)
+        cold_only = [json.loads(line)["offset"] for line in r.stdout.decode().splitlines()]
+        assert cold_only == list(range(len(cold_only))) and 0 < len(cold_only) < n
+        r = run_replay(url, "cat", "live", "--include-hot", b.bootstrap)
+        both = [json.loads(line) for line in r.stdout.decode().splitlines()]
+        assert [x["offset"] for x in both] == list(range(n)), "every record once, cold then hot"
+        assert [x["value"] for x in both] == [f"v{i}" for i in range(n)]
+    finally:
+        b.stop()

@@ -10,6 +10,7 @@
 //! - `replay`: re-publishes a range to a topic of a running cluster (Kafka protocol), with
 //!   keys, timestamps, headers and per-partition order, resumable from a checkpoint.
 
+mod cluster;
 mod export;
 mod publish;
 mod source;
@@ -134,6 +135,24 @@ struct Select {
     /// Skip (and count) a damaged segment instead of stopping.
     #[arg(long)]
     skip_corrupt: bool,
+    /// Add the not-yet-tiered tail from a running cluster (its Kafka listener, HOST:PORT),
+    /// so the output is complete up to now.
+    #[arg(long, value_name = "BROKER")]
+    include_hot: Option<String>,
+}
+
+impl Select {
+    /// The running cluster for `--include-hot`, if asked for.
+    async fn hot(&self) -> anyhow::Result<Option<cluster::Cluster>> {
+        match &self.include_hot {
+            None => Ok(None),
+            Some(b) => Ok(Some(
+                cluster::Cluster::connect(b, &self.topic)
+                    .await
+                    .context("--include-hot")?,
+            )),
+        }
+    }
 }
 
 impl Select {
@@ -288,23 +307,20 @@ async fn for_each_record(
     let total: u64 = plans.iter().map(|p| p.bytes()).sum();
     let bar = progress(total, what);
     let mut src = Source::new(store.clone(), select.skip_corrupt).await?;
+    let mut hot = select.hot().await?;
     let (mut records, mut bytes) = (0u64, 0u64);
     'all: for plan in &plans {
-        for seg in &plan.segments {
-            let mut at = Some(Source::start(seg, &range));
-            while let Some(from) = at {
-                let step = src.step(plan.partition, seg, &range, from).await?;
-                bytes += step.bytes;
-                bar.inc(step.bytes);
-                for r in step.records {
-                    records += 1;
-                    if !each(r).await? {
-                        break 'all;
-                    }
+        let mut reader = source::PartitionReader::new(plan, range.clone());
+        while let Some(step) = reader.next(&mut src, hot.as_mut()).await? {
+            bytes += step.bytes;
+            bar.inc(step.bytes);
+            for r in step.records {
+                records += 1;
+                if !each(r).await? {
+                    break 'all;
                 }
-                bar.set_message(format!("{records} records"));
-                at = step.next;
             }
+            bar.set_message(format!("{records} records"));
         }
         partition_done(plan.partition).await?;
     }
@@ -345,6 +361,7 @@ async fn replay(
     let mut cp = publish::resume(checkpoint, &select.topic, &target_name)?;
     let bar = progress(plans.iter().map(|p| p.bytes()).sum(), "replaying");
     let mut src = Source::new(store.clone(), select.skip_corrupt).await?;
+    let mut hot = select.hot().await?;
     let (mut skipped_written, mut bytes) = (0u64, 0u64);
     for plan in &plans {
         let p = plan.partition;
@@ -358,37 +375,27 @@ async fn replay(
         skipped_written += skip;
         let mut batch: Vec<Record> = Vec::new();
         let mut batch_size = 0usize;
-        for seg in &plan.segments {
-            let mut at = Some(Source::start(seg, &part_range));
-            while let Some(from) = at {
-                let step = src.step(p, seg, &part_range, from).await?;
-                bytes += step.bytes;
-                bar.inc(step.bytes);
-                for r in step.records {
-                    if skip > 0 {
-                        skip -= 1;
-                        continue;
-                    }
-                    batch_size += r.key.as_ref().map_or(0, |k| k.len())
-                        + r.value.as_ref().map_or(0, |v| v.len())
-                        + 32;
-                    batch.push(r);
-                    if batch_size >= batch_bytes {
-                        target_end = publish_batch(
-                            &mut target,
-                            &mut cp,
-                            checkpoint,
-                            p,
-                            &mut batch,
-                            target_end,
-                        )
-                        .await?;
-                        batch_size = 0;
-                    }
+        let mut reader = source::PartitionReader::new(plan, part_range);
+        while let Some(step) = reader.next(&mut src, hot.as_mut()).await? {
+            bytes += step.bytes;
+            bar.inc(step.bytes);
+            for r in step.records {
+                if skip > 0 {
+                    skip -= 1;
+                    continue;
                 }
-                at = step.next;
-                bar.set_message(format!("partition {p}"));
+                batch_size += r.key.as_ref().map_or(0, |k| k.len())
+                    + r.value.as_ref().map_or(0, |v| v.len())
+                    + 32;
+                batch.push(r);
+                if batch_size >= batch_bytes {
+                    target_end =
+                        publish_batch(&mut target, &mut cp, checkpoint, p, &mut batch, target_end)
+                            .await?;
+                    batch_size = 0;
+                }
             }
+            bar.set_message(format!("partition {p}"));
         }
         if !batch.is_empty() {
             publish_batch(&mut target, &mut cp, checkpoint, p, &mut batch, target_end).await?;

@@ -9,21 +9,18 @@
 //! short after its last checkpoint, so as many source records are skipped. Nothing is
 //! lost or written twice, as long as only this replay writes to the target partitions.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::cluster::Cluster;
+use crate::source::Record;
 use anyhow::{bail, Context};
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::{MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{
     Compression, Record as KafkaRecord, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
 use serde::{Deserialize, Serialize};
-use strata_client::Connection;
-
-use crate::source::Record;
 
 /// Per partition: where the source resumes and the target's end offset at that point.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,13 +64,11 @@ impl Checkpoint {
     }
 }
 
-/// Connections to the leaders of the target topic's partitions.
+/// The target topic on a running cluster.
 pub struct Target {
-    pub topic: String,
+    cluster: Cluster,
     pub partitions: u32,
     acks: i16,
-    leaders: HashMap<u32, String>,
-    conns: HashMap<String, Connection>,
     /// Records per second (`None`: as fast as the target takes them).
     rate: Option<f64>,
     started: std::time::Instant,
@@ -96,62 +91,17 @@ impl Target {
         acks: i16,
         rate: Option<f64>,
     ) -> anyhow::Result<Target> {
-        let mut conn = Connection::connect(bootstrap)
-            .await
-            .with_context(|| format!("connecting to {bootstrap}"))?;
-        let req =
-            MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default()
-                .with_name(Some(TopicName(StrBytes::from_string(topic.to_string()))))]));
-        let meta = conn.send(&req, 9).await.context("asking for metadata")?;
-        let brokers: HashMap<i32, String> = meta
-            .brokers
-            .iter()
-            .map(|b| (b.node_id.0, format!("{}:{}", b.host, b.port)))
-            .collect();
-        let t = meta
-            .topics
-            .iter()
-            .find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))
-            .context("the metadata answer lacks the target topic")?;
-        if t.error_code != 0 {
-            bail!(
-                "target topic '{topic}' at {bootstrap}: error {} (create it first, with at least as many partitions as the source)",
-                t.error_code
-            );
-        }
-        let mut leaders = HashMap::new();
-        for p in &t.partitions {
-            if let Some(addr) = brokers.get(&p.leader_id.0) {
-                leaders.insert(p.partition_index as u32, addr.clone());
-            }
-        }
-        let mut conns = HashMap::new();
-        conns.insert(bootstrap.to_string(), conn);
+        let cluster = Cluster::connect(bootstrap, topic).await.context(
+            "the target topic (create it first, with at least as many partitions as the source)",
+        )?;
         Ok(Target {
-            topic: topic.to_string(),
-            partitions: t.partitions.len() as u32,
+            partitions: cluster.partitions,
+            cluster,
             acks,
-            leaders,
-            conns,
             rate,
             started: std::time::Instant::now(),
             sent: 0,
         })
-    }
-
-    async fn conn(&mut self, partition: u32) -> anyhow::Result<&mut Connection> {
-        let addr = self
-            .leaders
-            .get(&partition)
-            .with_context(|| format!("target partition {partition} has no leader now"))?
-            .clone();
-        if !self.conns.contains_key(&addr) {
-            let c = Connection::connect(&addr)
-                .await
-                .with_context(|| format!("connecting to {addr}"))?;
-            self.conns.insert(addr.clone(), c);
-        }
-        Ok(self.conns.get_mut(&addr).expect("inserted"))
     }
 
     /// Records sent so far.
@@ -161,8 +111,8 @@ impl Target {
 
     /// The target partition's end offset (the next offset it will assign).
     pub async fn end(&mut self, partition: u32) -> anyhow::Result<i64> {
-        let topic = self.topic.clone();
-        let conn = self.conn(partition).await?;
+        let topic = self.cluster.topic.clone();
+        let conn = self.cluster.conn(partition).await?;
         strata_client::list_offset(conn, &topic, partition as i32, -1)
             .await
             .with_context(|| format!("reading the end of target partition {partition}"))
@@ -175,9 +125,9 @@ impl Target {
             tokio::time::sleep_until(due.into()).await;
         }
         let batch = encode(records)?;
-        let (topic, acks) = (self.topic.clone(), self.acks);
-        let conn = self.conn(partition).await?;
-        strata_client::produce(conn, &topic, partition as i32, batch, acks)
+        let (topic, acks) = (self.cluster.topic.clone(), self.acks);
+        let conn = self.cluster.conn(partition).await?;
+        strata_client::produce(conn, topic.as_str(), partition as i32, batch, acks)
             .await
             .with_context(|| format!("producing to {topic} partition {partition}"))?;
         self.sent += records.len() as u64;

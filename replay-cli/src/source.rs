@@ -39,6 +39,8 @@ pub struct Record {
 pub struct PartitionPlan {
     pub partition: u32,
     pub segments: Vec<RemoteSegment>,
+    /// Where the cold tier ends (the hot tail, if asked for, starts there).
+    pub cold_end: u64,
 }
 
 impl PartitionPlan {
@@ -100,6 +102,7 @@ pub async fn plan(
             .load()
             .await
             .with_context(|| format!("reading the manifest of partition {p}"))?;
+        let cold_end = m.end_offset();
         let segments = m
             .segments
             .into_iter()
@@ -111,6 +114,7 @@ pub async fn plan(
         out.push(PartitionPlan {
             partition: p,
             segments,
+            cold_end,
         });
     }
     Ok(out)
@@ -185,45 +189,148 @@ impl Source {
             return Ok(done);
         }
         let bytes = got.len() as u64;
-        let mut buf = got;
-        let sets = RecordBatchDecoder::decode_all(&mut buf).map_err(|e| {
-            anyhow::anyhow!("decoding the batches of {} at offset {at}: {e}", seg.key)
-        })?;
-        let mut next = at;
-        let mut records = Vec::new();
-        for set in sets {
-            for r in set.records {
-                next = next.max(r.offset as u64 + 1);
-                if r.control || (r.offset as u64) < at || r.offset as u64 >= end {
-                    continue;
-                }
-                if range.from_ms.is_some_and(|f| r.timestamp < f)
-                    || range.to_ms.is_some_and(|t| r.timestamp >= t)
-                {
-                    continue;
-                }
-                records.push(Record {
-                    partition,
-                    offset: r.offset,
-                    timestamp: r.timestamp,
-                    key: r.key,
-                    value: r.value,
-                    headers: r
-                        .headers
-                        .into_iter()
-                        .map(|(k, v)| (k.to_string(), v))
-                        .collect(),
-                });
-            }
-        }
-        if next <= at {
-            bail!("no progress reading {} at offset {at}", seg.key);
-        }
+        let (records, next) = decode(partition, got, at, end, range, &seg.key)?;
         Ok(Step {
             records,
             bytes,
             next: (next < end).then_some(next),
         })
+    }
+}
+
+/// The records of `range` in the batches `got` (read at offset `at`, for offsets below
+/// `end`), and the offset after the last batch.
+pub fn decode(
+    partition: u32,
+    mut got: Bytes,
+    at: u64,
+    end: u64,
+    range: &Range,
+    what: &str,
+) -> anyhow::Result<(Vec<Record>, u64)> {
+    let sets = RecordBatchDecoder::decode_all(&mut got)
+        .map_err(|e| anyhow::anyhow!("decoding the batches of {what} at offset {at}: {e}"))?;
+    let mut next = at;
+    let mut records = Vec::new();
+    for set in sets {
+        for r in set.records {
+            next = next.max(r.offset as u64 + 1);
+            if r.control || (r.offset as u64) < at || r.offset as u64 >= end {
+                continue;
+            }
+            if range.from_ms.is_some_and(|f| r.timestamp < f)
+                || range.to_ms.is_some_and(|t| r.timestamp >= t)
+            {
+                continue;
+            }
+            records.push(Record {
+                partition,
+                offset: r.offset,
+                timestamp: r.timestamp,
+                key: r.key,
+                value: r.value,
+                headers: r
+                    .headers
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
+            });
+        }
+    }
+    if next <= at {
+        bail!("no progress reading {what} at offset {at}");
+    }
+    Ok((records, next))
+}
+
+/// The not-yet-tiered tail of a partition from a running cluster (`--include-hot`): the
+/// records of `range` from `at`, up to the high watermark as the broker answers.
+pub async fn hot_step(
+    cluster: &mut crate::cluster::Cluster,
+    partition: u32,
+    range: &Range,
+    at: u64,
+) -> anyhow::Result<Step> {
+    let end = range.to_offset.unwrap_or(u64::MAX);
+    let done = Step {
+        records: Vec::new(),
+        bytes: 0,
+        next: None,
+    };
+    if at >= end {
+        return Ok(done);
+    }
+    let got = cluster.fetch(partition, at, STEP as i32).await?;
+    let hw = got.high_watermark.max(0) as u64;
+    if got.records.is_empty() || at >= hw {
+        return Ok(done);
+    }
+    let bytes = got.records.len() as u64;
+    let (records, next) = decode(
+        partition,
+        got.records,
+        at,
+        end.min(hw),
+        range,
+        "the hot tail",
+    )?;
+    Ok(Step {
+        records,
+        bytes,
+        next: (next < end.min(hw)).then_some(next),
+    })
+}
+
+/// Steps through one partition's records: its remote segments in order, then, when a
+/// cluster is given, the hot tail past the cold tier's end.
+pub struct PartitionReader<'a> {
+    plan: &'a PartitionPlan,
+    range: Range,
+    segment: usize,
+    at: Option<u64>,
+    hot_done: bool,
+}
+
+impl<'a> PartitionReader<'a> {
+    pub fn new(plan: &'a PartitionPlan, range: Range) -> Self {
+        PartitionReader {
+            plan,
+            range,
+            segment: 0,
+            at: None,
+            hot_done: false,
+        }
+    }
+
+    /// The next step, `None` at the end.
+    pub async fn next(
+        &mut self,
+        src: &mut Source,
+        hot: Option<&mut crate::cluster::Cluster>,
+    ) -> anyhow::Result<Option<Step>> {
+        let p = self.plan.partition;
+        if let Some(seg) = self.plan.segments.get(self.segment) {
+            let from = self.at.unwrap_or_else(|| Source::start(seg, &self.range));
+            let step = src.step(p, seg, &self.range, from).await?;
+            self.at = step.next;
+            if step.next.is_none() {
+                self.segment += 1;
+            }
+            return Ok(Some(step));
+        }
+        let Some(cluster) = hot else {
+            return Ok(None);
+        };
+        if self.hot_done {
+            return Ok(None);
+        }
+        let from = self
+            .at
+            .unwrap_or_else(|| self.plan.cold_end.max(self.range.from_offset.unwrap_or(0)));
+        let step = hot_step(cluster, p, &self.range, from).await?;
+        self.at = step.next;
+        self.hot_done = step.next.is_none();
+        Ok(Some(step))
     }
 }
 
