@@ -10,6 +10,7 @@
 //! | timestamp | timestamp(ms, UTC) |
 //! | key, value | binary (null when absent) |
 //! | headers | list<struct<key: utf8, value: binary>> |
+//! | value_json | struct of the value's JSON fields (only with `--decode-json`) |
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,6 +37,9 @@ pub struct ExportConfig {
     /// A file is closed and a new part begun past this many bytes.
     pub file_bytes: u64,
     pub compression: Compression,
+    /// Also decode JSON-object values into a typed `value_json` struct column, its fields
+    /// inferred from the first records exported.
+    pub decode_json: bool,
 }
 
 impl Default for ExportConfig {
@@ -44,6 +48,7 @@ impl Default for ExportConfig {
             row_group_rows: 128 * 1024,
             file_bytes: 128 << 20,
             compression: Compression::ZSTD(ZstdLevel::default()),
+            decode_json: false,
         }
     }
 }
@@ -68,8 +73,56 @@ fn header_fields() -> Fields {
     ])
 }
 
-/// The Arrow batch of `records` of `topic`.
-fn to_batch(topic: &str, records: &[Record]) -> anyhow::Result<RecordBatch> {
+/// The value as a JSON object, if it is one.
+fn json_object(r: &Record) -> Option<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(r.value.as_deref()?).ok()?;
+    v.is_object().then_some(v)
+}
+
+/// The columns a JSON schema infers from the values of `records`.
+fn infer_json(records: &[Record]) -> anyhow::Result<arrow_schema::SchemaRef> {
+    let objects: Vec<_> = records.iter().filter_map(json_object).collect();
+    anyhow::ensure!(
+        !objects.is_empty(),
+        "--decode-json: none of the first {} values is a JSON object to infer columns from",
+        records.len()
+    );
+    let schema = arrow_json::reader::infer_json_schema_from_iterator(
+        objects.iter().map(Ok::<_, arrow_schema::ArrowError>),
+    )?;
+    Ok(Arc::new(schema))
+}
+
+/// The `value_json` column: each JSON-object value decoded into `schema`'s fields (nulls
+/// where the value is not a JSON object or lacks a field).
+fn json_column(schema: &arrow_schema::SchemaRef, records: &[Record]) -> anyhow::Result<ArrayRef> {
+    let mut decoder = arrow_json::ReaderBuilder::new(schema.clone())
+        .with_batch_size(records.len().max(1))
+        .with_coerce_primitive(true)
+        .build_decoder()?;
+    let mut lines = Vec::new();
+    for r in records {
+        match json_object(r) {
+            Some(v) => serde_json::to_writer(&mut lines, &v)?,
+            None => lines.extend_from_slice(b"{}"),
+        }
+        lines.push(b'\n');
+    }
+    decoder.decode(&lines).map_err(|e| {
+        anyhow::anyhow!(
+            "--decode-json: a value does not fit the columns inferred from the first records: {e}"
+        )
+    })?;
+    let batch = decoder.flush()?.context("decoded nothing")?;
+    Ok(Arc::new(arrow_array::StructArray::from(batch)))
+}
+
+/// The Arrow batch of `records` of `topic` (with `value_json` when given its schema).
+fn to_batch(
+    topic: &str,
+    records: &[Record],
+    json: Option<&arrow_schema::SchemaRef>,
+) -> anyhow::Result<RecordBatch> {
     let mut headers = ListBuilder::new(StructBuilder::new(
         header_fields(),
         vec![
@@ -141,6 +194,10 @@ fn to_batch(topic: &str, records: &[Record]) -> anyhow::Result<RecordBatch> {
         ),
         ("headers", Arc::new(headers.finish()), false),
     ];
+    let mut columns = columns;
+    if let Some(schema) = json {
+        columns.push(("value_json", json_column(schema, records)?, true));
+    }
     Ok(RecordBatch::try_from_iter_with_nullable(columns)?)
 }
 
@@ -159,9 +216,38 @@ pub fn utc_date(ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
+/// Writes `records` to `file`, creating its writer with the first batch (inferring the
+/// JSON columns first, once per export, when asked to decode them).
+fn write_batch(
+    topic: &str,
+    config: &ExportConfig,
+    json_schema: &mut Option<arrow_schema::SchemaRef>,
+    file: &mut OpenFile,
+    records: &[Record],
+) -> anyhow::Result<()> {
+    if config.decode_json && json_schema.is_none() {
+        *json_schema = Some(infer_json(records)?);
+    }
+    let batch = to_batch(topic, records, json_schema.as_ref())?;
+    if file.writer.is_none() {
+        let props = WriterProperties::builder()
+            .set_compression(config.compression)
+            .set_max_row_group_row_count(Some(config.row_group_rows.max(1)))
+            .build();
+        file.writer = Some(ArrowWriter::try_new(
+            Vec::new(),
+            batch.schema(),
+            Some(props),
+        )?);
+    }
+    file.writer.as_mut().expect("created").write(&batch)?;
+    Ok(())
+}
+
 struct OpenFile {
     path: Path,
-    writer: ArrowWriter<Vec<u8>>,
+    /// Created with the first batch (its schema may depend on inferred JSON columns).
+    writer: Option<ArrowWriter<Vec<u8>>>,
     pending: Vec<Record>,
 }
 
@@ -172,6 +258,7 @@ pub struct Exporter {
     topic: String,
     config: ExportConfig,
     open: HashMap<(u32, String), OpenFile>,
+    json_schema: Option<arrow_schema::SchemaRef>,
     pub files: Vec<String>,
     pub rows: u64,
     pub bytes_written: u64,
@@ -190,17 +277,11 @@ impl Exporter {
             topic: topic.to_string(),
             config,
             open: HashMap::new(),
+            json_schema: None,
             files: Vec::new(),
             rows: 0,
             bytes_written: 0,
         }
-    }
-
-    fn props(&self) -> WriterProperties {
-        WriterProperties::builder()
-            .set_compression(self.config.compression)
-            .set_max_row_group_row_count(Some(self.config.row_group_rows.max(1)))
-            .build()
     }
 
     /// Adds one record (records of a partition arrive in offset order).
@@ -216,13 +297,11 @@ impl Exporter {
             } else {
                 Path::from(format!("{}/{dir}", self.prefix))
             };
-            let schema = to_batch(&self.topic, &[])?.schema();
-            let writer = ArrowWriter::try_new(Vec::new(), schema, Some(self.props()))?;
             self.open.insert(
                 key.clone(),
                 OpenFile {
                     path,
-                    writer,
+                    writer: None,
                     pending: Vec::with_capacity(BATCH_ROWS),
                 },
             );
@@ -231,12 +310,16 @@ impl Exporter {
         file.pending.push(r);
         self.rows += 1;
         if file.pending.len() >= BATCH_ROWS {
-            let batch = to_batch(&self.topic, &file.pending)?;
-            file.pending.clear();
-            file.writer.write(&batch)?;
-            if file.writer.bytes_written() as u64 + file.writer.in_progress_size() as u64
-                >= self.config.file_bytes
-            {
+            let pending = std::mem::take(&mut file.pending);
+            write_batch(
+                &self.topic,
+                &self.config,
+                &mut self.json_schema,
+                file,
+                &pending,
+            )?;
+            let w = file.writer.as_ref().expect("written");
+            if w.bytes_written() as u64 + w.in_progress_size() as u64 >= self.config.file_bytes {
                 let file = self.open.remove(&key).expect("present");
                 self.finish(file).await?;
             }
@@ -246,10 +329,19 @@ impl Exporter {
 
     async fn finish(&mut self, mut file: OpenFile) -> anyhow::Result<()> {
         if !file.pending.is_empty() {
-            let batch = to_batch(&self.topic, &file.pending)?;
-            file.writer.write(&batch)?;
+            let pending = std::mem::take(&mut file.pending);
+            write_batch(
+                &self.topic,
+                &self.config,
+                &mut self.json_schema,
+                &mut file,
+                &pending,
+            )?;
         }
-        let bytes = file.writer.into_inner()?;
+        let Some(writer) = file.writer else {
+            return Ok(()); // nothing was written to it
+        };
+        let bytes = writer.into_inner()?;
         self.bytes_written += bytes.len() as u64;
         self.store
             .put(&file.path, bytes::Bytes::from(bytes).into())
@@ -314,6 +406,69 @@ mod tests {
                 ("n".into(), None),
             ],
         }
+    }
+
+    #[tokio::test]
+    async fn json_values_decode_into_typed_columns_when_asked() {
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(strata_cold::object_store::memory::InMemory::new());
+        let mut e = Exporter::new(
+            store.clone(),
+            "",
+            "t",
+            ExportConfig {
+                decode_json: true,
+                ..ExportConfig::default()
+            },
+        );
+        for o in 0..100 {
+            let mut r = rec(0, o, 0);
+            r.value = Some(Bytes::from(if o == 5 {
+                "not json".to_string()
+            } else {
+                format!(r#"{{"seq": {o}, "amount": {}.5, "memo": "m{o}"}}"#, o * 2)
+            }));
+            e.push(r).await.unwrap();
+        }
+        let (files, _, _) = e.close().await.unwrap();
+        let bytes = store
+            .get(&Path::from(files[0].as_str()))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let b = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .build()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        let json = b
+            .column_by_name("value_json")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<arrow_array::StructArray>()
+            .unwrap()
+            .clone();
+        let seq = json
+            .column_by_name("seq")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .clone();
+        assert_eq!(seq.value(7), 7);
+        assert!(seq.is_null(5), "a value that is not JSON has null fields");
+        let memo = json
+            .column_by_name("memo")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap()
+            .clone();
+        assert_eq!(memo.value(9), "m9");
     }
 
     #[tokio::test]

@@ -108,6 +108,10 @@ enum Command {
         /// zstd, snappy or none.
         #[arg(long, default_value = "zstd")]
         compression: String,
+        /// Also decode JSON-object values into a typed `value_json` struct column (fields
+        /// inferred from the first records).
+        #[arg(long)]
+        decode_json: bool,
     },
 }
 
@@ -504,6 +508,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             row_group_rows,
             file_mb,
             compression,
+            decode_json,
         } => {
             anyhow::ensure!(
                 format == "parquet",
@@ -515,6 +520,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 row_group_rows: *row_group_rows,
                 file_bytes: file_mb << 20,
                 compression: export::parse_compression(compression)?,
+                decode_json: *decode_json,
             };
             let exporter = std::cell::RefCell::new(Some(export::Exporter::new(
                 target,
