@@ -159,24 +159,33 @@ impl RemoteReader {
         {
             return Ok(i.clone());
         }
-        let key = format!("{}.index", seg.key);
+        let entries = Arc::new(self.companion(seg, ".index", decode_offset_entries).await?);
+        self.indexes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(seg.key.clone(), entries.clone());
+        Ok(entries)
+    }
+
+    /// A segment's companion index object (`KEY.index`, `KEY.timeindex`), decoded.
+    async fn companion<T, E: std::fmt::Display>(
+        &self,
+        seg: &RemoteSegment,
+        suffix: &str,
+        decode: impl Fn(&[u8]) -> Result<Vec<T>, E>,
+    ) -> Result<Vec<T>, ReadError> {
+        let key = format!("{}{suffix}", seg.key);
         let bytes = self
             .store
             .get(&Path::from(key.as_str()))
             .await?
             .bytes()
             .await?;
-        let entries = decode_offset_entries(&bytes).map_err(|e| ReadError::Damaged {
-            key: key.clone(),
+        decode(&bytes).map_err(|e| ReadError::Damaged {
+            key,
             position: 0,
             why: e.to_string(),
-        })?;
-        let entries = Arc::new(entries);
-        self.indexes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(seg.key.clone(), entries.clone());
-        Ok(entries)
+        })
     }
 
     /// Chunk `n` of a segment's object, from the cache or the store.
@@ -333,18 +342,9 @@ impl RemoteReader {
         if seg.max_timestamp < ts {
             return Ok(None);
         }
-        let key = format!("{}.timeindex", seg.key);
-        let bytes = self
-            .store
-            .get(&Path::from(key.as_str()))
-            .await?
-            .bytes()
+        let times = self
+            .companion(seg, ".timeindex", decode_time_entries)
             .await?;
-        let times = decode_time_entries(&bytes).map_err(|e| ReadError::Damaged {
-            key: key.clone(),
-            position: 0,
-            why: e.to_string(),
-        })?;
         let idx = times.partition_point(|e| e.timestamp < ts);
         let mut at = match idx {
             0 => seg.base_offset,

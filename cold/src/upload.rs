@@ -228,28 +228,41 @@ impl Uploader {
         &self.manifest
     }
 
-    /// Puts one small object (an index, a snapshot, ...), retrying with backoff.
-    async fn put(&self, key: &Path, data: Bytes) -> Result<(), UploadError> {
+    /// Runs `attempt` until it succeeds, up to `attempts` times with exponential backoff;
+    /// a local read error is not retried.
+    async fn retrying<F, Fut>(&self, key: &Path, mut attempt: F) -> Result<(), UploadError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), UploadError>>,
+    {
         let mut backoff = self.config.min_backoff;
-        let mut attempt = 0;
+        let mut tries = 0;
         loop {
-            attempt += 1;
-            self.limiter.take(data.len() as u64).await;
-            let result = self
-                .store
-                .put(key, PutPayload::from_bytes(data.clone()))
-                .await
-                .map(|_| ());
-            match result {
+            tries += 1;
+            match attempt().await {
                 Ok(()) => return Ok(()),
-                Err(e) if attempt < self.config.attempts => {
-                    tracing::warn!(key = %key, attempt, error = %e, "upload failed; retrying");
+                Err(e @ UploadError::Read { .. }) => return Err(e),
+                Err(e) if tries < self.config.attempts => {
+                    tracing::warn!(key = %key, attempt = tries, error = %e, "upload failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(self.config.max_backoff);
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Puts one small object (an index, a snapshot, ...), retrying with backoff.
+    async fn put(&self, key: &Path, data: Bytes) -> Result<(), UploadError> {
+        self.retrying(key, || async {
+            self.limiter.take(data.len() as u64).await;
+            self.store
+                .put(key, PutPayload::from_bytes(data.clone()))
+                .await
+                .map(|_| ())
+                .map_err(UploadError::from)
+        })
+        .await
     }
 
     /// Puts bytes `[start, end)` of a file: in one PUT up to the multipart threshold,
@@ -265,21 +278,8 @@ impl Uploader {
         if end - start <= self.config.multipart_threshold {
             return self.put(key, read_range(file, start, end).await?).await;
         }
-        let mut backoff = self.config.min_backoff;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.stream_multipart(key, file, start, end).await {
-                Ok(()) => return Ok(()),
-                Err(e @ UploadError::Read { .. }) => return Err(e),
-                Err(e) if attempt < self.config.attempts => {
-                    tracing::warn!(key = %key, attempt, error = %e, "multipart upload failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(self.config.max_backoff);
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        self.retrying(key, || self.stream_multipart(key, file, start, end))
+            .await
     }
 
     async fn stream_multipart(

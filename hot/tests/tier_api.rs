@@ -49,6 +49,32 @@ async fn produce(broker: &Broker, topic: &str, from: usize, n: usize) {
     }
 }
 
+/// Creates a one-partition topic with 4 KiB segments and `remote.storage.enable`, plus
+/// `configs`.
+async fn tiered_topic<const N: usize>(
+    broker: &Broker,
+    name: &str,
+    configs: [(&str, String); N],
+) -> strata_hot::broker::TopicSpec {
+    let mut all = BTreeMap::from([
+        ("segment.bytes".to_string(), "4096".to_string()),
+        ("remote.storage.enable".to_string(), "true".to_string()),
+    ]);
+    all.extend(configs.into_iter().map(|(k, v)| (k.to_string(), v)));
+    broker
+        .create_topic(
+            NewTopic {
+                name: name.into(),
+                partitions: Some(1),
+                configs: all,
+                ..NewTopic::default()
+            },
+            false,
+        )
+        .await
+        .unwrap()
+}
+
 /// A standalone broker under `dir/data` tiering to `file://dir/cold`, checking every 50 ms.
 async fn open_tiered(
     dir: &std::path::Path,
@@ -84,23 +110,12 @@ async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them(
     let (broker, tier) =
         open_tiered(dir.path(), strata_cold::upload::UploadConfig::default()).await;
     broker.spawn_retention();
-    let configs = BTreeMap::from([
-        ("segment.bytes".to_string(), "4096".to_string()),
-        ("remote.storage.enable".to_string(), "true".to_string()),
-        ("local.retention.bytes".to_string(), "8192".to_string()),
-    ]);
-    let spec = broker
-        .create_topic(
-            NewTopic {
-                name: "ledger".into(),
-                partitions: Some(1),
-                configs,
-                ..NewTopic::default()
-            },
-            false,
-        )
-        .await
-        .unwrap();
+    let spec = tiered_topic(
+        &broker,
+        "ledger",
+        [("local.retention.bytes", "8192".to_string())],
+    )
+    .await;
     produce(&broker, "ledger", 0, 300).await;
 
     let store = strata_cold::store::open(&tier.store).unwrap();
@@ -232,23 +247,12 @@ async fn while_the_store_fails_nothing_local_is_deleted_and_the_backlog_shows() 
     // The store breaks: its directory becomes a file, so every write fails.
     std::fs::remove_dir_all(&cold).unwrap();
     std::fs::write(&cold, b"not a directory").unwrap();
-    let configs = BTreeMap::from([
-        ("segment.bytes".to_string(), "4096".to_string()),
-        ("remote.storage.enable".to_string(), "true".to_string()),
-        ("local.retention.bytes".to_string(), "4096".to_string()),
-    ]);
-    broker
-        .create_topic(
-            NewTopic {
-                name: "ledger".into(),
-                partitions: Some(1),
-                configs,
-                ..NewTopic::default()
-            },
-            false,
-        )
-        .await
-        .unwrap();
+    tiered_topic(
+        &broker,
+        "ledger",
+        [("local.retention.bytes", "4096".to_string())],
+    )
+    .await;
     produce(&broker, "ledger", 0, 100).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let p = broker.topic("ledger").unwrap().partitions[0]
@@ -288,24 +292,15 @@ async fn total_retention_deletes_remote_segments_manifest_first_then_objects() {
         open_tiered(dir.path(), strata_cold::upload::UploadConfig::default()).await;
     broker.spawn_retention();
     let limit = 6 * 4096u64;
-    let configs = BTreeMap::from([
-        ("segment.bytes".to_string(), "4096".to_string()),
-        ("remote.storage.enable".to_string(), "true".to_string()),
-        ("local.retention.bytes".to_string(), "8192".to_string()),
-        ("retention.bytes".to_string(), limit.to_string()),
-    ]);
-    let spec = broker
-        .create_topic(
-            NewTopic {
-                name: "ledger".into(),
-                partitions: Some(1),
-                configs,
-                ..NewTopic::default()
-            },
-            false,
-        )
-        .await
-        .unwrap();
+    let spec = tiered_topic(
+        &broker,
+        "ledger",
+        [
+            ("local.retention.bytes", "8192".to_string()),
+            ("retention.bytes", limit.to_string()),
+        ],
+    )
+    .await;
     produce(&broker, "ledger", 0, 300).await;
     let store = strata_cold::store::open(&tier.store).unwrap();
     let prefix = PartitionPrefix::new(broker.cluster_id(), &spec.id.simple().to_string(), 0);
@@ -381,23 +376,7 @@ async fn total_retention_deletes_remote_segments_manifest_first_then_objects() {
 
     // retention.ms: records from an hour ago under a 30-minute retention all go, remote
     // and local, but for the active segment.
-    let configs = BTreeMap::from([
-        ("segment.bytes".to_string(), "4096".to_string()),
-        ("remote.storage.enable".to_string(), "true".to_string()),
-        ("retention.ms".to_string(), "1800000".to_string()),
-    ]);
-    let spec = broker
-        .create_topic(
-            NewTopic {
-                name: "old".into(),
-                partitions: Some(1),
-                configs,
-                ..NewTopic::default()
-            },
-            false,
-        )
-        .await
-        .unwrap();
+    let spec = tiered_topic(&broker, "old", [("retention.ms", "1800000".to_string())]).await;
     produce(&broker, "old", 0, 100).await;
     let prefix = PartitionPrefix::new(broker.cluster_id(), &spec.id.simple().to_string(), 0);
     let manifest = ManifestStore::new(store.clone(), prefix);

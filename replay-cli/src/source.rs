@@ -164,11 +164,7 @@ impl Source {
         at: u64,
     ) -> anyhow::Result<Step> {
         let end = range.to_offset.unwrap_or(u64::MAX).min(seg.end_offset);
-        let done = Step {
-            records: Vec::new(),
-            bytes: 0,
-            next: None,
-        };
+        let done = Step::done();
         if at >= end {
             return Ok(done);
         }
@@ -252,11 +248,7 @@ pub async fn hot_step(
     at: u64,
 ) -> anyhow::Result<Step> {
     let end = range.to_offset.unwrap_or(u64::MAX);
-    let done = Step {
-        records: Vec::new(),
-        bytes: 0,
-        next: None,
-    };
+    let done = Step::done();
     if at >= end {
         return Ok(done);
     }
@@ -341,6 +333,17 @@ pub struct Step {
     pub bytes: u64,
     /// Where the next step begins (`None`: the segment is done).
     pub next: Option<u64>,
+}
+
+impl Step {
+    /// Nothing read, nothing more to read.
+    fn done() -> Step {
+        Step {
+            records: Vec::new(),
+            bytes: 0,
+            next: None,
+        }
+    }
 }
 
 /// Milliseconds since the epoch from RFC 3339 (`2026-11-01T00:00:00Z`, or a date alone) or
