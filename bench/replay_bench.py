@@ -110,7 +110,9 @@ def main():
         if r.returncode != 0:
             sys.exit(r.stderr)
         print(r.stderr.strip())
-        table = pq.ParquetDataset(out).read()
+        import pyarrow.dataset as ds
+
+        table = ds.dataset(out, format="parquet", partitioning="hive").to_table()
         rows = table.num_rows
         raw = sum(table.column(c).nbytes for c in ("key", "value", "headers"))
         export_rps = rows / took
