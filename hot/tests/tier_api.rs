@@ -49,6 +49,19 @@ async fn produce(broker: &Broker, topic: &str, from: usize, n: usize) {
     }
 }
 
+/// Fetches partition 0 of `topic` from `offset` (16 KiB) and decodes the batches.
+async fn fetch_sets(
+    conn: &mut strata_client::Connection,
+    topic: &str,
+    offset: i64,
+) -> Vec<kafka_protocol::records::RecordSet> {
+    let got = strata_client::fetch(conn, topic, 0, offset, 16 << 10, Duration::from_millis(100))
+        .await
+        .unwrap();
+    let mut buf = got.records.clone();
+    kafka_protocol::records::RecordBatchDecoder::decode_all(&mut buf).unwrap()
+}
+
 /// Creates a one-partition topic with 4 KiB segments and `remote.storage.enable`, plus
 /// `configs`.
 async fn tiered_topic<const N: usize>(
@@ -199,18 +212,7 @@ async fn sealed_segments_go_to_the_cold_tier_and_local_retention_waits_for_them(
     }
     let mut next = 0i64;
     while next < 300 {
-        let got = strata_client::fetch(
-            &mut conn,
-            "ledger",
-            0,
-            next,
-            16 << 10,
-            Duration::from_millis(100),
-        )
-        .await
-        .unwrap();
-        let mut buf = got.records.clone();
-        let sets = kafka_protocol::records::RecordBatchDecoder::decode_all(&mut buf).unwrap();
+        let sets = fetch_sets(&mut conn, "ledger", next).await;
         assert!(!sets.is_empty(), "nothing at offset {next}");
         for set in sets {
             for r in set.records {
@@ -360,18 +362,7 @@ async fn total_retention_deletes_remote_segments_manifest_first_then_objects() {
         .unwrap();
     let now = manifest.load().await.unwrap();
     assert_eq!(earliest, now.log_start as i64);
-    let got = strata_client::fetch(
-        &mut conn,
-        "ledger",
-        0,
-        earliest,
-        16 << 10,
-        Duration::from_millis(100),
-    )
-    .await
-    .unwrap();
-    let mut buf = got.records.clone();
-    let sets = kafka_protocol::records::RecordBatchDecoder::decode_all(&mut buf).unwrap();
+    let sets = fetch_sets(&mut conn, "ledger", earliest).await;
     assert_eq!(sets[0].records[0].offset, earliest);
 
     // retention.ms: records from an hour ago under a 30-minute retention all go, remote
