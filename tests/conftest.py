@@ -47,6 +47,19 @@ def port_accepts(port: int) -> bool:
         return False
 
 
+def scrape_metrics(port: int, timeout: float = 10) -> dict:
+    """{metric line without its value: value} from a /metrics endpoint on 127.0.0.1."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
 class Broker:
     """A strata broker process that can be killed and restarted on the same dir and port."""
 

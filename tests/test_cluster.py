@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port, port_accepts, strata_bin
+from conftest import free_port, port_accepts, scrape_metrics, strata_bin
 
 LEASE_S = 3
 
@@ -100,15 +100,7 @@ class Cluster:
 
     def broker_metrics(self, i):
         """{metric line without value: value} from broker i's /metrics."""
-        import urllib.request
-
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_ports[i]}/metrics", timeout=5).read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
+        return scrape_metrics(self.metrics_ports[i], timeout=5)
 
     def log_tail(self, name, lines=40):
         path = self.workdir / f"{name}.log"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Broker, rdkafka_conf, strata_bin
+from conftest import Broker, rdkafka_conf, scrape_metrics, strata_bin
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 PER_CODEC = 4000
@@ -36,11 +36,7 @@ def run_replay(cold_url, *args, check=True, timeout=120):
 
 
 def metrics(b):
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{b.metrics_port}/metrics", timeout=10).read().decode()
-    return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
-            for line in text.splitlines() if line and not line.startswith("#")}
+    return scrape_metrics(b.metrics_port)
 
 
 def value_of(codec, i):

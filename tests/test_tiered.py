@@ -13,19 +13,17 @@ S3-compatible server (moto_server, with conditional writes):
 """
 
 import json
-import os
 import signal
 import subprocess
 import threading
 import sys
 import time
-import urllib.request
 import uuid
 
 import pytest
 
-from conftest import (Broker, consume_partitions, free_port, kcat_bin, parse_value, port_accepts, rdkafka_conf,
-                      record_key, record_value, strata_bin)
+from conftest import (Broker, consume_partitions, free_port, kcat_bin, port_accepts, rdkafka_conf,
+                      record_key, record_value, scrape_metrics, strata_bin)
 
 N = 1_000_000
 PARTITIONS = 2
@@ -127,13 +125,7 @@ def tiered(request, tmp_path, s3_endpoint):
 
 
 def metrics(b):
-    text = urllib.request.urlopen(f"http://127.0.0.1:{b.metrics_port}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+    return scrape_metrics(b.metrics_port)
 
 
 def consume_group(bootstrap, topic, hwm, deadline):
