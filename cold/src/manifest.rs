@@ -45,6 +45,21 @@ pub struct RemoteSegment {
     pub leader_epoch: i32,
     /// Its data object, relative to the partition's prefix.
     pub key: String,
+    /// Set by the compactor on what it rewrote (the clean section of a compacted topic);
+    /// `None` for a segment as its leader uploaded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compacted: Option<Compacted>,
+}
+
+/// What the compactor left in a segment it rewrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compacted {
+    /// When (ms since the epoch).
+    pub at: i64,
+    /// Tombstones (null values) it still holds, and the oldest one's batch timestamp (-1:
+    /// none), so the compactor knows when `delete.retention.ms` lets it drop them.
+    pub tombstones: u64,
+    pub oldest_tombstone: i64,
 }
 
 /// What one partition holds in the cold tier.
@@ -59,6 +74,18 @@ pub struct Manifest {
     pub log_start: u64,
     /// Contiguous, in offset order.
     pub segments: Vec<RemoteSegment>,
+    /// Objects the compactor replaced, and when: no longer named, but kept for the orphan
+    /// grace period so a reader holding an older manifest can finish with them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retired: Vec<Retired>,
+}
+
+/// A segment object replaced by the compactor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retired {
+    pub key: String,
+    /// When it was replaced (ms since the epoch).
+    pub at: i64,
 }
 
 impl Manifest {
@@ -247,8 +274,28 @@ impl ManifestStore {
         epoch: i32,
         change: impl Fn(&Manifest) -> Result<Option<Manifest>, String>,
     ) -> Result<Manifest, ManifestError> {
+        self.update_with(Some(epoch), change).await
+    }
+
+    /// Like [`update`](Self::update), for a writer that is no leader (the compactor): each
+    /// attempt keeps the epoch of the manifest it changes, so it neither fences a leader
+    /// nor is fenced by one. Its change must re-check, on each manifest it is given, that
+    /// what it replaces is still there.
+    pub async fn update_unfenced(
+        &self,
+        change: impl Fn(&Manifest) -> Result<Option<Manifest>, String>,
+    ) -> Result<Manifest, ManifestError> {
+        self.update_with(None, change).await
+    }
+
+    async fn update_with(
+        &self,
+        epoch: Option<i32>,
+        change: impl Fn(&Manifest) -> Result<Option<Manifest>, String>,
+    ) -> Result<Manifest, ManifestError> {
         for _ in 0..MAX_ATTEMPTS {
             let current = self.load().await?;
+            let epoch = epoch.unwrap_or(current.leader_epoch);
             if current.leader_epoch > epoch {
                 return Err(ManifestError::Fenced {
                     mine: epoch,

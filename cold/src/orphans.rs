@@ -40,10 +40,21 @@ pub async fn sweep(
     manifest: &Manifest,
     grace: Duration,
 ) -> Result<Swept, object_store::Error> {
-    let named: HashSet<&str> = manifest.segments.iter().map(|s| s.key.as_str()).collect();
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
+    // Objects the compactor replaced count as named for the grace period after that.
+    let recently_retired = manifest
+        .retired
+        .iter()
+        .filter(|r| now_ms - r.at < grace.as_millis() as i64)
+        .map(|r| r.key.as_str());
+    let named: HashSet<&str> = manifest
+        .segments
+        .iter()
+        .map(|s| s.key.as_str())
+        .chain(recently_retired)
+        .collect();
     let listed: Vec<_> = store
         .list(Some(&prefix.segments_dir()))
         .try_collect()
@@ -74,6 +85,38 @@ mod tests {
     use crate::upload::{SealedSegment, UploadConfig, Uploader};
     use object_store::memory::InMemory;
     use object_store::path::Path;
+
+    #[tokio::test]
+    async fn objects_the_compactor_replaced_stay_for_the_grace_period_after_it() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let prefix = PartitionPrefix::new("c", "t", 0);
+        let old = prefix.segment_key(0, 1, uuid::Uuid::new_v4());
+        store
+            .put(
+                &Path::from(old.as_str()),
+                bytes::Bytes::from_static(b"x").into(),
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let grace = Duration::from_millis(200);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let mut m = Manifest::default();
+        m.retired.push(crate::manifest::Retired {
+            key: old.clone(),
+            at: now,
+        });
+        // Older than the grace period, but replaced just now: kept.
+        let kept = sweep(&store, &prefix, &m, grace).await.unwrap();
+        assert!(kept.deleted.is_empty());
+        // Replaced longer ago than the grace period: deleted.
+        m.retired[0].at = now - 250;
+        let swept = sweep(&store, &prefix, &m, grace).await.unwrap();
+        assert_eq!(swept.deleted, vec![old]);
+    }
 
     #[tokio::test]
     async fn unnamed_objects_go_after_the_grace_period_named_ones_stay() {

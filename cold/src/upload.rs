@@ -115,14 +115,66 @@ pub enum Uploaded {
     },
 }
 
+/// The sparse offset and time index of a segment object, built batch by batch as its bytes
+/// are read or written, with its time range.
+#[derive(Debug)]
+pub struct SegmentIndex {
+    pub offsets: Vec<OffsetEntry>,
+    pub times: Vec<TimeEntry>,
+    pub min_timestamp: i64,
+    pub max_timestamp: i64,
+    interval: u32,
+    since_entry: u64,
+}
+
+impl SegmentIndex {
+    /// An index with an entry every `interval` bytes of batches.
+    pub fn new(interval: u32) -> Self {
+        SegmentIndex {
+            offsets: Vec::new(),
+            times: Vec::new(),
+            min_timestamp: i64::MAX,
+            max_timestamp: -1,
+            interval,
+            since_entry: u64::MAX,
+        }
+    }
+
+    /// Adds the batch `h`, at `relative` offsets past the object's base and `position`
+    /// bytes into it.
+    pub fn push(&mut self, h: &BatchHeader, relative: u32, position: u32) {
+        self.max_timestamp = self.max_timestamp.max(h.max_timestamp);
+        self.min_timestamp = self.min_timestamp.min(h.base_timestamp);
+        if self.since_entry >= u64::from(self.interval) {
+            self.offsets.push(OffsetEntry {
+                relative_offset: relative,
+                position,
+            });
+            self.times.push(TimeEntry {
+                timestamp: self.max_timestamp,
+                relative_offset: relative,
+            });
+            self.since_entry = 0;
+        }
+        self.since_entry += h.total_len() as u64;
+    }
+
+    /// The offset index, as the reader fetches it (`KEY.index`).
+    pub fn encoded_offsets(&self) -> Bytes {
+        Bytes::from(encode_offset_entries(&self.offsets))
+    }
+
+    /// The time index (`KEY.timeindex`).
+    pub fn encoded_times(&self) -> Bytes {
+        Bytes::from(encode_time_entries(&self.times))
+    }
+}
+
 /// The batches of a segment file from `from` on: where they start and the indexes of them.
 struct Scanned {
     start_position: u64,
     end_position: u64,
-    offsets: Vec<OffsetEntry>,
-    times: Vec<TimeEntry>,
-    min_timestamp: i64,
-    max_timestamp: i64,
+    index: SegmentIndex,
 }
 
 /// Reads the batch headers of `log` (not the records) from the batch holding `from` to the
@@ -145,13 +197,9 @@ fn scan(log: &std::path::Path, from: u64, end: u64, interval: u32) -> Result<Sca
     let mut out = Scanned {
         start_position: 0,
         end_position: 0,
-        offsets: Vec::new(),
-        times: Vec::new(),
-        min_timestamp: i64::MAX,
-        max_timestamp: -1,
+        index: SegmentIndex::new(interval),
     };
     let mut started = false;
-    let mut since_entry = u64::MAX;
     let mut base = 0u64;
     while position < size {
         file.seek(SeekFrom::Start(position)).map_err(read_err)?;
@@ -172,21 +220,7 @@ fn scan(log: &std::path::Path, from: u64, end: u64, interval: u32) -> Result<Sca
                 .map_err(|_| damaged(position, "more than 2^32 offsets in one segment".into()))?;
             let at = u32::try_from(position - out.start_position)
                 .map_err(|_| damaged(position, "segment part larger than 4 GiB".into()))?;
-            if since_entry >= u64::from(interval) {
-                out.offsets.push(OffsetEntry {
-                    relative_offset: relative,
-                    position: at,
-                });
-                out.max_timestamp = out.max_timestamp.max(h.max_timestamp);
-                out.times.push(TimeEntry {
-                    timestamp: out.max_timestamp,
-                    relative_offset: relative,
-                });
-                since_entry = 0;
-            }
-            out.max_timestamp = out.max_timestamp.max(h.max_timestamp);
-            out.min_timestamp = out.min_timestamp.min(h.base_timestamp);
-            since_entry += len;
+            out.index.push(&h, relative, at);
         }
         position += len;
         if started {
@@ -253,7 +287,7 @@ impl Uploader {
     }
 
     /// Puts one small object (an index, a snapshot, ...), retrying with backoff.
-    async fn put(&self, key: &Path, data: Bytes) -> Result<(), UploadError> {
+    pub async fn put(&self, key: &Path, data: Bytes) -> Result<(), UploadError> {
         self.retrying(key, || async {
             self.limiter.take(data.len() as u64).await;
             self.store
@@ -268,7 +302,7 @@ impl Uploader {
     /// Puts bytes `[start, end)` of a file: in one PUT up to the multipart threshold,
     /// else as a multipart upload streamed from the file a part at a time (memory: a few
     /// parts, whatever the segment size), each attempt from the start, with backoff.
-    async fn put_file(
+    pub async fn put_file(
         &self,
         key: &Path,
         file: &std::path::Path,
@@ -355,12 +389,12 @@ impl Uploader {
         .await?;
         self.put(
             &Path::from(format!("{key}.index")),
-            Bytes::from(encode_offset_entries(&scanned.offsets)),
+            scanned.index.encoded_offsets(),
         )
         .await?;
         self.put(
             &Path::from(format!("{key}.timeindex")),
-            Bytes::from(encode_time_entries(&scanned.times)),
+            scanned.index.encoded_times(),
         )
         .await?;
         self.put(
@@ -384,11 +418,12 @@ impl Uploader {
         let remote = RemoteSegment {
             base_offset: from,
             end_offset: end,
-            min_timestamp: scanned.min_timestamp,
-            max_timestamp: scanned.max_timestamp,
+            min_timestamp: scanned.index.min_timestamp,
+            max_timestamp: scanned.index.max_timestamp,
             size_bytes: bytes,
             leader_epoch: epoch,
             key: key.clone(),
+            compacted: None,
         };
         let committed = self
             .manifest

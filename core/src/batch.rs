@@ -348,18 +348,46 @@ pub fn records(batch: &[u8]) -> Option<Vec<Record<'_>>> {
     if header.compression() != Compression::None || batch.len() < header.total_len() {
         return None;
     }
-    let batch = &batch[..header.total_len()];
-    let mut pos = HEADER_LEN;
-    let mut out = Vec::with_capacity(usize::try_from(header.record_count).ok()?.min(4096));
-    for _ in 0..header.record_count {
-        let len = read_varint(batch, &mut pos)?;
+    let raw = raw_records(&batch[HEADER_LEN..header.total_len()], header.record_count)?;
+    raw.into_iter()
+        .map(|r| {
+            Some(Record {
+                offset: header.base_offset.checked_add(r.offset_delta)?,
+                timestamp: header.base_timestamp.checked_add(r.timestamp_delta)?,
+                key: r.key,
+                value: r.value,
+            })
+        })
+        .collect()
+}
+
+/// One record of a batch's (uncompressed) records section, with its bytes as written, so
+/// a tool that drops some records can copy the others unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawRecord<'a> {
+    /// The whole record, its length prefix included.
+    pub bytes: &'a [u8],
+    pub timestamp_delta: i64,
+    pub offset_delta: i64,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+}
+
+/// Splits an uncompressed records section holding `count` records. `None` when it is
+/// malformed or holds more or fewer bytes than those records.
+pub fn raw_records(section: &[u8], count: i32) -> Option<Vec<RawRecord<'_>>> {
+    let mut pos = 0;
+    let mut out = Vec::with_capacity(usize::try_from(count).ok()?.min(4096));
+    for _ in 0..count {
+        let start = pos;
+        let len = read_varint(section, &mut pos)?;
         let end = pos.checked_add(usize::try_from(len).ok()?)?;
-        if end > batch.len() {
+        if end > section.len() {
             return None;
         }
-        let rec = &batch[..end];
+        let rec = &section[..end];
         pos += 1; // attributes
-        let ts_delta = read_varint(rec, &mut pos)?;
+        let timestamp_delta = read_varint(rec, &mut pos)?;
         let offset_delta = read_varint(rec, &mut pos)?;
         let key = read_bytes(rec, &mut pos)?;
         let value = read_bytes(rec, &mut pos)?;
@@ -371,14 +399,15 @@ pub fn records(batch: &[u8]) -> Option<Vec<Record<'_>>> {
         if pos != end {
             return None;
         }
-        out.push(Record {
-            offset: header.base_offset.checked_add(offset_delta)?,
-            timestamp: header.base_timestamp.checked_add(ts_delta)?,
+        out.push(RawRecord {
+            bytes: &section[start..end],
+            timestamp_delta,
+            offset_delta,
             key,
             value,
         });
     }
-    Some(out)
+    (pos == section.len()).then_some(out)
 }
 
 /// Builds an uncompressed v2 batch of records with the given keys and values. Used by tests

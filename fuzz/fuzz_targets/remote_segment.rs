@@ -32,6 +32,7 @@ fuzz_target!(|data: &[u8]| {
             size_bytes: object.len() as u64,
             leader_epoch: 0,
             key: "s.log".into(),
+            compacted: None,
         };
         let config = ReadConfig { chunk_size: 1 + (mode as u64 >> 3 & 15) * 37, ..ReadConfig::default() };
         let reader = RemoteReader::open(store, config).await.unwrap();

@@ -18,6 +18,7 @@ fn segment(base: u64, end: u64, key: &str) -> RemoteSegment {
         size_bytes: 100 * (end - base),
         leader_epoch: 3,
         key: key.to_string(),
+        compacted: None,
     }
 }
 
@@ -197,4 +198,40 @@ async fn the_file_store_linearizes_writers_too() {
     let m = a.load().await.unwrap();
     assert_eq!(m.segments.len(), 2);
     assert_eq!(m.version, 2);
+}
+
+#[tokio::test]
+async fn an_unfenced_writer_keeps_the_leaders_epoch_and_races_it_safely() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let m = ManifestStore::new(store, prefix());
+    m.claim(5).await.unwrap();
+    m.update(5, append(segment(0, 10, "a"))).await.unwrap();
+    // The compactor replaces "a" only if it is still there.
+    let replace = |m: &Manifest| {
+        let Some(i) = m.segments.iter().position(|s| s.key == "a") else {
+            return Ok(None);
+        };
+        let mut next = m.clone();
+        next.segments[i].key = "a2".into();
+        Ok(Some(next))
+    };
+    let swapped = m.update_unfenced(replace).await.unwrap();
+    assert_eq!(
+        swapped.leader_epoch, 5,
+        "the leader's epoch is kept, not raised"
+    );
+    assert_eq!(swapped.segments[0].key, "a2");
+    // The leader goes on appending at its epoch: the compactor did not fence it.
+    let after = m.update(5, append(segment(10, 20, "b"))).await.unwrap();
+    assert_eq!(after.segments.len(), 2);
+    // A newer leader claims; the compactor is not fenced by it either, and its change,
+    // finding nothing to replace, writes nothing.
+    m.claim(6).await.unwrap();
+    let again = m.update_unfenced(replace).await.unwrap();
+    assert_eq!(again.leader_epoch, 6);
+    assert_eq!(
+        again.version,
+        after.version + 1,
+        "no new version was written"
+    );
 }

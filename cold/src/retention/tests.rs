@@ -16,6 +16,7 @@ fn seg(base: u64, end: u64, ts: i64, size: u64) -> RemoteSegment {
         size_bytes: size,
         leader_epoch: 1,
         key: format!("s{base}"),
+        compacted: None,
     }
 }
 

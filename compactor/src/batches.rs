@@ -1,0 +1,295 @@
+//! Compaction at the level of one record batch.
+//!
+//! Pass 1 ([`Index::observe`]) learns, over the range being compacted, the latest offset of
+//! every key in its dirty part, the outcome of every transaction (its commit or abort
+//! marker) and each producer's last batch. Pass 2 ([`compact_batch`]) then decides each
+//! record: a record stays when it is its key's latest, or has no key, or belongs to a
+//! transaction not decided yet; a tombstone (null value) stays until `delete.retention.ms`
+//! after its batch's timestamp; records of aborted transactions go.
+//!
+//! A batch that keeps some records is rewritten as Kafka's log cleaner does for v2
+//! batches: the original header (base offset, last offset delta, timestamps, producer id,
+//! epoch and base sequence, attributes) is kept, so every kept record keeps its offset and
+//! sequence number and a producer's state stays valid; the kept records are copied byte for
+//! byte (their deltas are relative to that unchanged header), recompressed with the batch's
+//! own codec, and the CRC is recomputed. A batch that keeps none is dropped, unless it is a
+//! segment's last (so readers still find where the segment ends) or its producer's last
+//! (so the producer's sequence survives), in which case it stays as an empty batch.
+//! Control batches (transaction markers) stay as they are.
+
+use std::collections::HashMap;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::compression::{Compressor, Decompressor, Gzip, Lz4, Snappy, Zstd};
+use strata_core::batch::{
+    compute_crc, raw_records, BatchHeader, Compression, RawRecord, HEADER_LEN, LOG_OVERHEAD,
+};
+
+/// The records section of a batch, decompressed.
+pub fn records_section(batch: &[u8], h: &BatchHeader) -> Result<Bytes, String> {
+    let mut body = &batch[HEADER_LEN..h.total_len()];
+    let take = |b: &mut Bytes| Ok(std::mem::take(b));
+    let got = match h.compression() {
+        Compression::None => return Ok(Bytes::copy_from_slice(body)),
+        Compression::Gzip => Gzip::decompress(&mut body, take),
+        Compression::Snappy => Snappy::decompress(&mut body, take),
+        Compression::Lz4 => Lz4::decompress(&mut body, take),
+        Compression::Zstd => Zstd::decompress(&mut body, take),
+        Compression::Unknown(c) => return Err(format!("unknown compression codec {c}")),
+    };
+    got.map_err(|e| {
+        format!(
+            "cannot decompress the batch at offset {}: {e:#}",
+            h.base_offset
+        )
+    })
+}
+
+fn compress(codec: Compression, raw: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(raw.len() / 2 + 64);
+    let fill = |tmp: &mut BytesMut| {
+        tmp.extend_from_slice(raw);
+        Ok(())
+    };
+    let done = match codec {
+        Compression::None => {
+            out.extend_from_slice(raw);
+            Ok(())
+        }
+        Compression::Gzip => Gzip::compress(&mut out, fill),
+        Compression::Snappy => Snappy::compress(&mut out, fill),
+        Compression::Lz4 => Lz4::compress(&mut out, fill),
+        Compression::Zstd => Zstd::compress(&mut out, fill),
+        Compression::Unknown(c) => return Err(format!("unknown compression codec {c}")),
+    };
+    done.map_err(|e| format!("cannot compress: {e:#}"))?;
+    Ok(out)
+}
+
+fn split<'a>(section: &'a [u8], h: &BatchHeader) -> Result<Vec<RawRecord<'a>>, String> {
+    raw_records(section, h.record_count)
+        .ok_or_else(|| format!("malformed records in the batch at offset {}", h.base_offset))
+}
+
+/// A control batch's marker: `Some(true)` commit, `Some(false)` abort, `None` another kind.
+fn marker(batch: &[u8], h: &BatchHeader) -> Result<Option<bool>, String> {
+    let section = records_section(batch, h)?;
+    let recs = split(&section, h)?;
+    let kind = recs
+        .first()
+        .and_then(|r| r.key)
+        .and_then(|k| k.get(2..4))
+        .map(|t| i16::from_be_bytes([t[0], t[1]]));
+    Ok(match kind {
+        Some(0) => Some(false),
+        Some(1) => Some(true),
+        _ => None,
+    })
+}
+
+/// A record's key and offset.
+type KeyAt = (Box<[u8]>, i64);
+
+/// What pass 1 learns over the range being compacted.
+#[derive(Debug, Default)]
+pub struct Index {
+    /// Every key of the dirty part, with its latest offset (committed or non-transactional).
+    latest: HashMap<Box<[u8]>, i64>,
+    key_bytes: usize,
+    /// Transaction markers per producer id, in offset order: (offset, committed).
+    markers: HashMap<i64, Vec<(i64, bool)>>,
+    /// Keys of transactional records whose marker is not seen yet, per producer id.
+    pending: HashMap<i64, Vec<KeyAt>>,
+    /// The last offset of each producer's last batch.
+    last_batch: HashMap<i64, i64>,
+}
+
+impl Index {
+    /// Distinct keys learned.
+    pub fn keys(&self) -> usize {
+        self.latest.len()
+    }
+
+    /// Approximate memory held, in bytes (keys and table entries).
+    pub fn memory(&self) -> usize {
+        self.key_bytes + self.latest.len() * 48
+    }
+
+    /// Learns from one whole batch (its CRC already checked). The keys of `dirty` batches
+    /// count; of the others (the clean part) only markers and producers.
+    pub fn observe(&mut self, batch: &[u8], h: &BatchHeader, dirty: bool) -> Result<(), String> {
+        let pid = h.producer_id;
+        if h.has_producer_id() {
+            self.last_batch.insert(pid, h.last_offset());
+        }
+        if h.is_control() {
+            if let Some(committed) = marker(batch, h)? {
+                self.markers
+                    .entry(pid)
+                    .or_default()
+                    .push((h.base_offset, committed));
+                let waiting = self.pending.remove(&pid).unwrap_or_default();
+                if committed {
+                    for (key, offset) in waiting {
+                        self.note(key, offset);
+                    }
+                }
+            }
+            return Ok(());
+        }
+        if !dirty {
+            return Ok(());
+        }
+        let section = records_section(batch, h)?;
+        for r in split(&section, h)? {
+            let Some(key) = r.key else { continue };
+            let offset = h.base_offset + r.offset_delta;
+            if h.is_transactional() {
+                self.pending
+                    .entry(pid)
+                    .or_default()
+                    .push((key.into(), offset));
+            } else {
+                self.note(key.into(), offset);
+            }
+        }
+        Ok(())
+    }
+
+    fn note(&mut self, key: Box<[u8]>, offset: i64) {
+        match self.latest.get_mut(&key) {
+            Some(o) => *o = (*o).max(offset),
+            None => {
+                self.key_bytes += key.len();
+                self.latest.insert(key, offset);
+            }
+        }
+    }
+
+    /// The outcome of the transaction holding the batch at `offset`: the producer's first
+    /// marker after it (`None`: not decided within the range).
+    fn outcome(&self, pid: i64, offset: i64) -> Option<bool> {
+        let m = self.markers.get(&pid)?;
+        let i = m.partition_point(|(o, _)| *o < offset);
+        m.get(i).map(|(_, committed)| *committed)
+    }
+}
+
+/// When tombstones may go.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    pub now_ms: i64,
+    /// `delete.retention.ms`: a tombstone stays this long after its batch's timestamp.
+    pub delete_retention_ms: i64,
+}
+
+/// What became of one batch.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Kept {
+    /// Every record stays: the batch is copied as it is.
+    Whole,
+    /// Some records (possibly none) stay in this rewritten batch.
+    Rewritten(Vec<u8>),
+    /// No record stays and nothing needs the batch.
+    Dropped,
+}
+
+/// Pass 2's decision on one batch, with what it counted.
+#[derive(Debug)]
+pub struct Decided {
+    pub kept: Kept,
+    pub records_removed: u64,
+    /// Tombstones kept, and the oldest one's batch timestamp (-1: none).
+    pub tombstones: u64,
+    pub oldest_tombstone: i64,
+}
+
+/// Decides one whole batch. `segment_end`: it ends its source segment.
+pub fn compact_batch(
+    batch: &[u8],
+    h: &BatchHeader,
+    index: &Index,
+    policy: Policy,
+    segment_end: bool,
+) -> Result<Decided, String> {
+    let whole = |tombstones, oldest_tombstone| Decided {
+        kept: Kept::Whole,
+        records_removed: 0,
+        tombstones,
+        oldest_tombstone,
+    };
+    if h.is_control() {
+        return Ok(whole(0, -1));
+    }
+    let outcome = h
+        .is_transactional()
+        .then(|| index.outcome(h.producer_id, h.base_offset));
+    if outcome == Some(None) {
+        // Its transaction is still open as far as the cold tier knows: keep it as it is.
+        return Ok(whole(0, -1));
+    }
+    let aborted = outcome == Some(Some(false));
+    let section = records_section(batch, h)?;
+    let recs = split(&section, h)?;
+    let expired = policy.now_ms.saturating_sub(h.max_timestamp) > policy.delete_retention_ms;
+    let mut kept: Vec<&RawRecord> = Vec::with_capacity(recs.len());
+    let mut tombstones = 0;
+    for r in &recs {
+        let offset = h.base_offset + r.offset_delta;
+        let stays = !aborted
+            && match r.key {
+                None => true,
+                Some(k) => {
+                    let superseded = index.latest.get(k).is_some_and(|&o| o > offset);
+                    !superseded && (r.value.is_some() || !expired)
+                }
+            };
+        if stays {
+            tombstones += u64::from(r.value.is_none() && r.key.is_some());
+            kept.push(r);
+        }
+    }
+    let oldest = if tombstones > 0 { h.max_timestamp } else { -1 };
+    let removed = (recs.len() - kept.len()) as u64;
+    if removed == 0 {
+        return Ok(whole(tombstones, oldest));
+    }
+    let needed = segment_end
+        || (h.has_producer_id() && index.last_batch.get(&h.producer_id) == Some(&h.last_offset()));
+    let kept = if kept.is_empty() && !needed {
+        Kept::Dropped
+    } else {
+        Kept::Rewritten(rebuild(batch, h, &kept)?)
+    };
+    Ok(Decided {
+        kept,
+        records_removed: removed,
+        tombstones,
+        oldest_tombstone: oldest,
+    })
+}
+
+/// The batch with only `kept` records: the original header with a new record count,
+/// length and CRC; an empty batch is written uncompressed.
+fn rebuild(batch: &[u8], h: &BatchHeader, kept: &[&RawRecord]) -> Result<Vec<u8>, String> {
+    let raw: Vec<u8> = kept.iter().flat_map(|r| r.bytes.iter().copied()).collect();
+    let (attributes, body) = if kept.is_empty() {
+        (h.attributes & !0x07, Vec::new())
+    } else {
+        (h.attributes, compress(h.compression(), &raw)?)
+    };
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    out.extend_from_slice(&batch[..HEADER_LEN]);
+    let length = i32::try_from(HEADER_LEN + body.len() - LOG_OVERHEAD)
+        .map_err(|_| "rewritten batch larger than 2 GiB".to_string())?;
+    out[8..12].copy_from_slice(&length.to_be_bytes());
+    out[21..23].copy_from_slice(&attributes.to_be_bytes());
+    out[57..61].copy_from_slice(&(kept.len() as i32).to_be_bytes());
+    out.extend_from_slice(&body);
+    let crc = compute_crc(&out);
+    out[17..21].copy_from_slice(&crc.to_be_bytes());
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;
