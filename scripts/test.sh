@@ -21,8 +21,9 @@ python3 -m pip install -q --disable-pip-version-check -r tests/requirements.txt
 
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 
-step "building the strata and strata-replay binaries"
-cargo build --locked -p strata-hot -p strata-replay --bin strata --bin strata-replay
+step "building the strata, strata-replay and strata-compactor binaries"
+cargo build --locked -p strata-hot -p strata-replay -p strata-compactor \
+  --bin strata --bin strata-replay --bin strata-compactor
 
 step "Rust tests: unit, property, integration"
 cargo test --locked --workspace

@@ -502,7 +502,7 @@ impl Consumer {
         let mut out = Vec::new();
         for i in 0..self.positions.len() {
             let (partition, offset) = self.positions[i];
-            let records = match fetch_records(
+            let (records, next) = match fetch_records(
                 &self.cluster,
                 &self.topic,
                 partition,
@@ -518,24 +518,22 @@ impl Consumer {
                 }
                 Err(e) => return Err(e),
             };
-            if let Some(last) = records.last() {
-                self.positions[i].1 = last.offset + 1;
-            }
+            self.positions[i].1 = next;
             out.extend(records);
         }
         Ok(out)
     }
 }
 
-/// Fetches the records of one partition from `offset` on its leader, waiting up to
-/// `max_wait` when there are none yet.
+/// Fetches the records of one partition from `offset` on its leader, and the offset to
+/// fetch next, waiting up to `max_wait` when there are none yet.
 pub(crate) async fn fetch_records(
     cluster: &Cluster,
     topic: &str,
     partition: u32,
     offset: i64,
     max_wait: Duration,
-) -> Result<Vec<Consumed>> {
+) -> Result<(Vec<Consumed>, i64)> {
     let mut client = cluster.leader(topic, partition).await?;
     let resp = client
         .fetch(FetchRequest {
@@ -552,6 +550,12 @@ pub(crate) async fn fetch_records(
         return Err(broker_error(e.code, e.message));
     }
     let mut buf = Bytes::from(resp.records);
+    // The next position, from the batch headers: a compacted batch may hold fewer records
+    // than its offsets span, or none.
+    let next = strata_core::batch::BatchIter::new(&buf)
+        .filter_map(|r| r.ok())
+        .map(|(h, _)| h.last_offset() + 1)
+        .fold(offset, i64::max);
     let sets = RecordBatchDecoder::decode_all(&mut buf).map_err(|e| {
         ClientError::Protocol(format!("undecodable records from {topic}-{partition}: {e}"))
     })?;
@@ -570,7 +574,7 @@ pub(crate) async fn fetch_records(
             });
         }
     }
-    Ok(out)
+    Ok((out, next))
 }
 
 #[cfg(test)]

@@ -122,6 +122,44 @@ pub fn open(config: &StoreConfig) -> Result<Arc<dyn ObjectStore>, StoreError> {
     }
 }
 
+/// An error and its causes as one line, for the command-line tools: a cause its parent
+/// already quotes is left out, and an S3 error's XML body becomes its code and message
+/// (`NoSuchBucket: The specified bucket does not exist`).
+pub fn error_line<'a>(
+    chain: impl IntoIterator<Item = &'a (dyn std::error::Error + 'static)>,
+) -> String {
+    let mut out = String::new();
+    for cause in chain {
+        let s = cause.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    if let Some(at) = out.find("<?xml") {
+        let tag = |name: &str| {
+            let open = format!("<{name}>");
+            let start = out[at..].find(&open)? + at + open.len();
+            let end = out[start..].find(&format!("</{name}>"))? + start;
+            Some(out[start..end].to_string())
+        };
+        if let (Some(code), Some(message)) = (tag("Code"), tag("Message")) {
+            let hint = match code.as_str() {
+                "NoSuchBucket" => " (check the bucket in the URL)",
+                "AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch" => {
+                    " (check the AWS credentials and the bucket policy)"
+                }
+                _ => "",
+            };
+            out = format!("{}{code}: {message}{hint}", &out[..at]);
+        }
+    }
+    out.replace('\n', " ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,5 +211,17 @@ mod tests {
         })
         .unwrap();
         assert!(store.to_string().contains("cluster-a"), "{store}");
+    }
+
+    #[test]
+    fn errors_read_as_one_line_with_the_s3_code() {
+        let e = std::io::Error::other(
+            "GET http://h/b failed: 404 Not Found: <?xml version=\"1.0\"?>\n<Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message><RequestId>x</RequestId></Error>",
+        );
+        let line = error_line([&e as &(dyn std::error::Error + 'static)]);
+        assert_eq!(
+            line,
+            "GET http://h/b failed: 404 Not Found: NoSuchBucket: The specified bucket does not exist (check the bucket in the URL)"
+        );
     }
 }

@@ -204,7 +204,7 @@ pub struct Decided {
     pub oldest_tombstone: i64,
 }
 
-/// Decides one whole batch. `segment_end`: it ends its source segment.
+/// Decides one whole batch. `segment_end`: it ends the segment being written.
 pub fn compact_batch(
     batch: &[u8],
     h: &BatchHeader,

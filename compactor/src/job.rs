@@ -217,6 +217,8 @@ struct GroupWriter {
     oldest_tombstone: i64,
     /// A batch was rewritten or dropped, or sources were merged: a new object is needed.
     changed: bool,
+    /// The emptied last batch of the last segment read, written if nothing follows it.
+    pending_tail: Option<Vec<u8>>,
 }
 
 impl GroupWriter {
@@ -236,6 +238,7 @@ impl GroupWriter {
             tombstones: 0,
             oldest_tombstone: -1,
             changed: false,
+            pending_tail: None,
         })
     }
 
@@ -255,6 +258,7 @@ impl GroupWriter {
         self.index.push(h, relative, position);
         self.file.write_all(batch).map_err(|e| self.work_error(e))?;
         self.position += batch.len() as u64;
+        self.pending_tail = None;
         Ok(())
     }
 
@@ -265,6 +269,76 @@ impl GroupWriter {
         {
             self.oldest_tombstone = d.oldest_tombstone;
         }
+    }
+}
+
+/// What pass 2 wrote so far.
+struct Output {
+    /// One segment per group, in order.
+    replacement: Vec<RemoteSegment>,
+    /// The groups of segment indexes they replace.
+    groups: Vec<std::ops::Range<usize>>,
+    /// Bytes written.
+    written: u64,
+}
+
+impl Output {
+    /// Ends the group of `segs[range]` written by `w`: uploads its object (unless nothing
+    /// changed, or in a dry run) and notes the segment that replaces the group.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish(
+        &mut self,
+        store: &Arc<dyn ObjectStore>,
+        uploader: &Uploader,
+        manifests: &strata_cold::manifest::ManifestStore,
+        cfg: &JobConfig,
+        policy: &TopicPolicy,
+        now: i64,
+        segs: &[RemoteSegment],
+        range: std::ops::Range<usize>,
+        mut w: GroupWriter,
+    ) -> Result<(), JobError> {
+        if let Some(tail) = w.pending_tail.take() {
+            let h = BatchHeader::parse(&tail).expect("a batch just built");
+            w.push(&h, &tail)?;
+        }
+        let sources = &segs[range.clone()];
+        let compacted = policy.compact.then_some(Compacted {
+            at: now,
+            tombstones: w.tombstones,
+            oldest_tombstone: w.oldest_tombstone,
+        });
+        self.written += w.position;
+        self.groups.push(range);
+        if !w.changed {
+            // One segment, nothing removed: it stays as it is, now known to be clean.
+            self.replacement.push(RemoteSegment {
+                compacted,
+                ..sources[0].clone()
+            });
+            return Ok(());
+        }
+        let first = &sources[0];
+        let last = sources.last().expect("groups are not empty");
+        let epoch = sources.iter().map(|s| s.leader_epoch).max().unwrap_or(0);
+        let key = manifests
+            .prefix()
+            .segment_key(first.base_offset, epoch, uuid::Uuid::new_v4());
+        let written = RemoteSegment {
+            base_offset: first.base_offset,
+            end_offset: last.end_offset,
+            min_timestamp: w.index.min_timestamp,
+            max_timestamp: w.index.max_timestamp,
+            size_bytes: w.position,
+            leader_epoch: epoch,
+            key: key.clone(),
+            compacted,
+        };
+        if !cfg.dry_run {
+            upload_group(store, uploader, w, sources, &key).await?;
+        }
+        self.replacement.push(written);
+        Ok(())
     }
 }
 
@@ -354,20 +428,56 @@ pub async fn run(
         manifests.prefix().clone(),
         UploadConfig::default(),
     );
-    let mut replacement: Vec<RemoteSegment> = Vec::new();
-    for group in plan.groups.clone() {
-        let sources = &segs[group.clone()];
-        let mut w = GroupWriter::new(cfg, sources[0].base_offset)?;
-        w.changed = sources.len() > 1;
-        for seg in sources {
+    let mut out = Output {
+        replacement: Vec::new(),
+        groups: Vec::new(),
+        written: 0,
+    };
+    // Compaction forms its groups as it goes: a segment joins the group being written while
+    // the group's output so far plus the segment's expected output (its size times this
+    // run's output/input ratio so far) stays within the target, so segments that compact
+    // to little merge in the same run. Merging alone (ratio 1) follows the plan's groups.
+    let spans: Vec<std::ops::Range<usize>> = match policy.compact {
+        true => std::iter::once(0..plan.end).collect(),
+        false => plan.groups.clone(),
+    };
+    let mut read = 0u64;
+    for span in spans {
+        let mut current: Option<(GroupWriter, usize)> = None;
+        for i in span.clone() {
+            let seg = &segs[i];
+            if let Some((w, start)) = current.take() {
+                let ratio = (out.written + w.position + 1) as f64 / (read + 1) as f64;
+                if w.position as f64 + seg.size_bytes as f64 * ratio > target as f64 {
+                    out.finish(
+                        store,
+                        &uploader,
+                        &manifests,
+                        cfg,
+                        &policy,
+                        now,
+                        segs,
+                        start..i,
+                        w,
+                    )
+                    .await?;
+                } else {
+                    current = Some((w, start));
+                }
+            }
+            let (w, start) = match current.as_mut() {
+                Some(c) => c,
+                None => current.insert((GroupWriter::new(cfg, seg.base_offset)?, i)),
+            };
+            w.changed |= i > *start;
             report.segments_in += 1;
             report.bytes_in += seg.size_bytes;
+            read += seg.size_bytes;
             let mut batches = ObjectBatches::open(store, &seg.key).await?;
             while let Some((h, batch)) = batches.next().await? {
                 report.batches_in += 1;
-                let segment_end = h.last_offset() as u64 + 1 >= seg.end_offset;
                 let decided = if policy.compact {
-                    compact_batch(&batch, &h, &index, tombstone_policy, segment_end)
+                    compact_batch(&batch, &h, &index, tombstone_policy, false)
                         .map_err(|why| batches.damaged(why))?
                 } else {
                     Decided {
@@ -386,46 +496,40 @@ pub async fn run(
                         let h = BatchHeader::parse(b).expect("a batch just built");
                         w.push(&h, b)?;
                     }
-                    Kept::Dropped => w.changed = true,
+                    Kept::Dropped => {
+                        w.changed = true;
+                        if h.last_offset() as u64 + 1 >= seg.end_offset {
+                            // The segment's last batch, emptied: written if the group
+                            // ends here, so a reader finds where the segment ends.
+                            let empty = compact_batch(&batch, &h, &index, tombstone_policy, true)
+                                .map_err(|why| batches.damaged(why))?;
+                            if let Kept::Rewritten(b) = empty.kept {
+                                w.pending_tail = Some(b);
+                            }
+                        }
+                    }
                 }
             }
         }
-        let compacted = policy.compact.then_some(Compacted {
-            at: now,
-            tombstones: w.tombstones,
-            oldest_tombstone: w.oldest_tombstone,
-        });
-        report.segments_out += 1;
-        report.bytes_out += w.position;
-        if !w.changed {
-            // One segment, nothing removed: it stays as it is, now known to be clean.
-            replacement.push(RemoteSegment {
-                compacted,
-                ..sources[0].clone()
-            });
-            continue;
+        if let Some((w, start)) = current {
+            out.finish(
+                store,
+                &uploader,
+                &manifests,
+                cfg,
+                &policy,
+                now,
+                segs,
+                start..span.end,
+                w,
+            )
+            .await?;
         }
-        let first = &sources[0];
-        let last = sources.last().expect("groups are not empty");
-        let epoch = sources.iter().map(|s| s.leader_epoch).max().unwrap_or(0);
-        let key = manifests
-            .prefix()
-            .segment_key(first.base_offset, epoch, uuid::Uuid::new_v4());
-        let written = RemoteSegment {
-            base_offset: first.base_offset,
-            end_offset: last.end_offset,
-            min_timestamp: w.index.min_timestamp,
-            max_timestamp: w.index.max_timestamp,
-            size_bytes: w.position,
-            leader_epoch: epoch,
-            key: key.clone(),
-            compacted,
-        };
-        if !cfg.dry_run {
-            upload_group(store, &uploader, w, sources, &key).await?;
-        }
-        replacement.push(written);
     }
+    report.segments_out = out.replacement.len() as u64;
+    report.bytes_out = out.written;
+    plan.groups = out.groups;
+    let replacement = out.replacement;
     if cfg.dry_run {
         return Ok(report);
     }

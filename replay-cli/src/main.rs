@@ -574,22 +574,6 @@ fn skipped_note(skipped: &[String]) -> String {
     }
 }
 
-/// The error and its causes on one line, leaving out a cause its parent already quotes.
-fn one_line(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let s = cause.to_string();
-        if out.contains(&s) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&s);
-    }
-    out
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let rt = match tokio::runtime::Runtime::new() {
@@ -602,7 +586,7 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", one_line(&e));
+            eprintln!("error: {}", strata_cold::store::error_line(e.chain()));
             ExitCode::FAILURE
         }
     }

@@ -204,13 +204,17 @@ pub fn decode(
     range: &Range,
     what: &str,
 ) -> anyhow::Result<(Vec<Record>, u64)> {
+    // Where the batches end, from their headers: a compacted batch may hold fewer records
+    // than its offsets span, or none.
+    let next = strata_core::batch::BatchIter::new(&got)
+        .filter_map(Result::ok)
+        .map(|(h, _)| h.last_offset() as u64 + 1)
+        .fold(at, u64::max);
     let sets = RecordBatchDecoder::decode_all(&mut got)
         .map_err(|e| anyhow::anyhow!("decoding the batches of {what} at offset {at}: {e}"))?;
-    let mut next = at;
     let mut records = Vec::new();
     for set in sets {
         for r in set.records {
-            next = next.max(r.offset as u64 + 1);
             if r.control || (r.offset as u64) < at || r.offset as u64 >= end {
                 continue;
             }

@@ -314,10 +314,8 @@ impl GroupConsumer {
         let mut stale = false;
         for (topic, p, r) in results {
             match r {
-                Ok(records) => {
-                    if let Some(last) = records.last() {
-                        self.positions.insert((topic.clone(), p), last.offset + 1);
-                    }
+                Ok((records, next)) => {
+                    self.positions.insert((topic.clone(), p), next);
                     out.extend(records.into_iter().map(|r| (topic.clone(), r)));
                 }
                 Err(e) if Cluster::retriable(&e) => stale = true,

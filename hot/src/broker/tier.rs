@@ -38,7 +38,8 @@ pub struct TierConfig {
     pub orphan_grace: Duration,
 }
 
-/// How often a follower re-reads where the manifest ends.
+/// How often a replica re-reads the manifest (a follower, to learn where it ends; a
+/// leader, to see the compactor's swaps).
 const FOLLOWER_CHECK: Duration = Duration::from_secs(10);
 
 /// What the fetch path needs of the cold tier: the reader and each tiered partition's
@@ -81,8 +82,33 @@ impl ColdTier {
         max_bytes: usize,
     ) -> Option<Result<bytes::Bytes, strata_cold::read::ReadError>> {
         let m = self.manifest(topic, partition)?;
-        let seg = m.segment_for(offset)?.clone();
-        Some(self.reader.read(&seg, offset, max_bytes).await)
+        let mut offset = offset;
+        let mut parts: Vec<bytes::Bytes> = Vec::new();
+        let mut size = 0;
+        // A compacted segment may hold no record from `offset` to its end (nothing, or
+        // only empty batches that carry its last offset): go on into the next segment, so
+        // a response never holds empty batches alone (librdkafka takes that for a record
+        // too large to fetch).
+        while let Some(seg) = m.segment_for(offset) {
+            let got = match self.reader.read(seg, offset, max_bytes - size).await {
+                Ok(got) => got,
+                Err(e) if parts.is_empty() => return Some(Err(e)),
+                Err(_) => break, // serve what was read; the next fetch sees the error
+            };
+            let records = strata_core::batch::BatchIter::new(&got)
+                .any(|b| b.is_ok_and(|(h, _)| h.record_count > 0));
+            size += got.len();
+            parts.push(got);
+            if records || size >= max_bytes || seg.end_offset >= m.end_offset() {
+                break;
+            }
+            offset = seg.end_offset;
+        }
+        match parts.len() {
+            0 => None,
+            1 => parts.pop().map(Ok),
+            _ => Some(Ok(parts.concat().into())),
+        }
     }
 
     /// The first offset the cold tier holds with a record timestamp at or after `ts`, and
@@ -284,6 +310,18 @@ impl Broker {
         match p.progress().leader_epoch {
             Some(epoch) => {
                 self.tier_leader(&p, tier, epoch, cold, key).await;
+                if tier.checked.is_none_or(|t| t.elapsed() >= FOLLOWER_CHECK) {
+                    tier.checked = Some(Instant::now());
+                    // The compactor swaps manifests behind the leader's back.
+                    if let Ok(m) = tier.uploader.manifest().load().await {
+                        let newer = cold
+                            .manifest(key.0, key.1)
+                            .is_none_or(|known| known.version < m.version);
+                        if newer {
+                            cold.set(key, m);
+                        }
+                    }
+                }
                 if tier.claimed == Some(epoch) {
                     self.expire_remote(store, &p, tier, epoch, cold, key).await;
                     let every = orphan_grace.min(Duration::from_secs(600));

@@ -37,6 +37,7 @@ const TYPE_BOOLEAN: i8 = 1;
 const TYPE_STRING: i8 = 2;
 const TYPE_INT: i8 = 3;
 const TYPE_LONG: i8 = 5;
+const TYPE_DOUBLE: i8 = 6;
 const TYPE_LIST: i8 = 7;
 
 fn s(v: impl Into<String>) -> StrBytes {
@@ -343,6 +344,8 @@ fn config_type(key: &str) -> i8 {
         "cleanup.policy" => TYPE_LIST,
         "index.interval.bytes" | "max.message.bytes" | "segment.bytes" => TYPE_INT,
         "flush.messages" | "retention.bytes" | "retention.ms" | "segment.ms" => TYPE_LONG,
+        "delete.retention.ms" | "min.compaction.lag.ms" => TYPE_LONG,
+        "min.cleanable.dirty.ratio" => TYPE_DOUBLE,
         "min.insync.replicas" => TYPE_INT,
         "min.acks" => TYPE_STRING,
         "unclean.leader.election.enable" => TYPE_BOOLEAN,

@@ -61,12 +61,15 @@ pub struct LogConfig {
 /// defaults to 1 here: an acknowledged settlement record must survive a power cut.
 pub const TOPIC_CONFIG_KEYS: &[(&str, &str)] = &[
     ("cleanup.policy", "delete"),
+    ("delete.retention.ms", "86400000"),
     ("flush.messages", "1"),
     ("index.interval.bytes", "4096"),
     ("local.retention.bytes", "-2"),
     ("local.retention.ms", "-2"),
     ("max.message.bytes", "1048588"),
     ("min.acks", "0"),
+    ("min.cleanable.dirty.ratio", "0.5"),
+    ("min.compaction.lag.ms", "0"),
     ("min.insync.replicas", "1"),
     ("retention.bytes", "-1"),
     ("retention.ms", "604800000"),
@@ -98,6 +101,32 @@ fn int(key: &str, value: &str, min: i64, max: i64) -> Result<i64, ConfigError> {
     Ok(v)
 }
 
+/// `cleanup.policy`: `delete`, `compact` or both (comma-separated, any order), normalized.
+/// Compaction runs in the cold tier (strata-compactor), so a compacted topic wants
+/// `remote.storage.enable=true`.
+fn cleanup_policy(value: &str) -> Result<String, ConfigError> {
+    let (mut compact, mut delete) = (false, false);
+    for p in value.split(',').map(str::trim) {
+        match p {
+            "compact" => compact = true,
+            "delete" => delete = true,
+            _ => {
+                return Err(ConfigError::InvalidValue {
+                    key: "cleanup.policy".into(),
+                    value: value.to_string(),
+                    reason: "must be delete, compact, or compact,delete".into(),
+                })
+            }
+        }
+    }
+    Ok(match (compact, delete) {
+        (true, true) => "compact,delete",
+        (true, false) => "compact",
+        _ => "delete",
+    }
+    .to_string())
+}
+
 impl LogConfig {
     /// Builds a config from Kafka-named overrides; keys not given take the defaults of
     /// [`TOPIC_CONFIG_KEYS`].
@@ -116,8 +145,44 @@ impl LogConfig {
                     .expect("key listed in TOPIC_CONFIG_KEYS")
             })
         };
-        let retention_ms = int("retention.ms", get("retention.ms"), -1, i64::MAX)?;
-        let retention_bytes = int("retention.bytes", get("retention.bytes"), -1, i64::MAX)?;
+        let cleanup_policy = cleanup_policy(get("cleanup.policy"))?;
+        // Compaction settings: the compactor (strata-compactor) reads them; checked here so
+        // a bad value is refused when the topic is created, not found later.
+        int(
+            "delete.retention.ms",
+            get("delete.retention.ms"),
+            0,
+            i64::MAX,
+        )?;
+        int(
+            "min.compaction.lag.ms",
+            get("min.compaction.lag.ms"),
+            0,
+            i64::MAX,
+        )?;
+        let ratio = get("min.cleanable.dirty.ratio");
+        if !ratio
+            .trim()
+            .parse::<f64>()
+            .is_ok_and(|r| (0.0..=1.0).contains(&r))
+        {
+            return Err(ConfigError::InvalidValue {
+                key: "min.cleanable.dirty.ratio".into(),
+                value: ratio.to_string(),
+                reason: "must be a number between 0 and 1".into(),
+            });
+        }
+        // A topic that is only compacted keeps records whatever their age or size (Kafka's
+        // rule): retention.ms and retention.bytes apply with `delete` only.
+        let deletes = cleanup_policy.split(',').any(|p| p == "delete");
+        let retention_ms = match deletes {
+            true => int("retention.ms", get("retention.ms"), -1, i64::MAX)?,
+            false => -1,
+        };
+        let retention_bytes = match deletes {
+            true => int("retention.bytes", get("retention.bytes"), -1, i64::MAX)?,
+            false => -1,
+        };
         let flush_messages = int("flush.messages", get("flush.messages"), 1, i64::MAX)?;
         let local_ms = int(
             "local.retention.ms",
@@ -133,16 +198,6 @@ impl LogConfig {
         )?;
         let retention_ms = (retention_ms >= 0).then(|| Duration::from_millis(retention_ms as u64));
         let retention_bytes = (retention_bytes >= 0).then_some(retention_bytes as u64);
-        let cleanup_policy = get("cleanup.policy").trim().to_string();
-        if cleanup_policy != "delete" {
-            return Err(ConfigError::InvalidValue {
-                key: "cleanup.policy".into(),
-                value: cleanup_policy,
-                reason:
-                    "only 'delete' is supported so far (compaction runs in the cold tier, later)"
-                        .into(),
-            });
-        }
         Ok(LogConfig {
             segment_bytes: int("segment.bytes", get("segment.bytes"), 14, i32::MAX as i64)? as u64,
             segment_ms: Duration::from_millis(
@@ -280,6 +335,38 @@ mod tests {
             Err(ConfigError::UnknownKey("no.such".into()))
         );
         assert!(LogConfig::from_map(&map(&[("flush.messages", "0")])).is_err());
+    }
+
+    #[test]
+    fn compaction_settings_are_checked_and_compact_alone_ignores_retention() {
+        let c = LogConfig::from_map(&map(&[
+            ("cleanup.policy", "compact"),
+            ("retention.ms", "1000"),
+        ]))
+        .unwrap();
+        assert_eq!(c.cleanup_policy, "compact");
+        assert_eq!(
+            c.retention_ms, None,
+            "a compact-only topic keeps old records"
+        );
+        let both = LogConfig::from_map(&map(&[
+            ("cleanup.policy", "delete, compact"),
+            ("retention.ms", "1000"),
+            ("delete.retention.ms", "0"),
+            ("min.cleanable.dirty.ratio", "0.1"),
+        ]))
+        .unwrap();
+        assert_eq!(both.cleanup_policy, "compact,delete");
+        assert_eq!(both.retention_ms, Some(Duration::from_secs(1)));
+        for bad in [
+            ("cleanup.policy", "shred"),
+            ("cleanup.policy", ""),
+            ("delete.retention.ms", "-5"),
+            ("min.cleanable.dirty.ratio", "1.5"),
+            ("min.compaction.lag.ms", "soon"),
+        ] {
+            assert!(LogConfig::from_map(&map(&[bad])).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
