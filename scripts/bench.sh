@@ -10,7 +10,7 @@ bench_dir="${BENCH_DIR:-$PWD/target}"
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 python3 -m pip install -q --disable-pip-version-check -r tests/requirements.txt
 cargo build --locked --release --bin strata --bin strata-bench --bin strata-loadgen --bin strata-groupbench --bin strata-tierbench
-cargo build --locked --release -p strata-replay --bin strata-replay
+cargo build --locked --release -p strata-replay -p strata-compactor --bin strata-replay --bin strata-compactor
 
 echo "== log engine"
 "$target_dir/release/strata-bench" --dir "$bench_dir" --seconds "$seconds"
@@ -40,5 +40,5 @@ STRATA_BIN="$target_dir/release/strata" python3 bench/groups_bench.py
 echo "== tiered storage: upload, cold replay vs plain GET, produce p99 during a cold replay (moto_server)"
 STRATA_BIN="$target_dir/release/strata" python3 bench/tiered_bench.py --seconds "$seconds"
 
-echo "== strata-replay: Parquet export vs pyarrow, cat (the cluster down, bucket on local disk)"
+echo "== strata-replay and strata-compactor: Parquet export vs pyarrow, cat, compaction (the cluster down, bucket on local disk)"
 STRATA_BIN="$target_dir/release/strata" python3 bench/replay_bench.py

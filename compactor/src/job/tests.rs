@@ -366,3 +366,33 @@ fn topic_configs_are_read_with_kafkas_defaults_and_checked() {
         .contains("delete.retention.ms"));
     assert!(c(&[("min.cleanable.dirty.ratio", "2")]).is_err());
 }
+
+#[tokio::test]
+async fn a_damaged_object_fails_the_job_by_name_and_changes_nothing() {
+    let mut f = Fixture::new(&[("cleanup.policy", "compact")]).await;
+    f.segment(&updates(5, 4, "v"), 5).await;
+    f.segment(&updates(5, 4, "w"), 5).await;
+    let before = f.manifest().await;
+    let key = Path::from(before.segments[1].key.as_str());
+    let mut bytes = f
+        .store
+        .get(&key)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0x10;
+    f.store.put(&key, bytes.into()).await.unwrap();
+    let err = run(&f.store, &f.topic, 0, &JobConfig::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(before.segments[1].key.as_str()) && err.contains("crc"),
+        "{err}"
+    );
+    assert_eq!(f.manifest().await, before, "nothing swapped");
+}
