@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Broker, rdkafka_conf, scrape_metrics, strata_bin
+from conftest import Broker, free_port, rdkafka_conf, scrape_metrics, strata_bin
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 PER_CODEC = 4000
@@ -241,15 +241,18 @@ def source_records(url):
     return out
 
 
-def test_replay_to_another_cluster_reproduces_the_topic_and_resumes_after_sigkill(archived, tmp_path):
+@pytest.mark.parametrize("transport", ["kafka", "grpc"])
+def test_replay_to_another_cluster_reproduces_the_topic_and_resumes_after_sigkill(archived, tmp_path, transport):
     url, produced = archived
     target = Broker(strata_bin(), tmp_path)
+    grpc = f"127.0.0.1:{free_port()}"
+    target.extra_env = {"STRATA__GRPC__LISTEN": grpc}
     target.start()
     try:
         target.create_topic("trades-copy", PARTITIONS)
         checkpoint = tmp_path / "replay.checkpoint"
-        args = [replay_bin(), "--url", url, "replay", TOPIC, "--to-bootstrap", target.bootstrap,
-                "--to-topic", "trades-copy", "--acks", "all", "--checkpoint", str(checkpoint), "--batch-bytes", "8192"]
+        to = ["--to-bootstrap", target.bootstrap] if transport == "kafka" else ["--to-grpc", grpc]
+        args = [replay_bin(), "--url", url, "replay", TOPIC, *to, "--to-topic", "trades-copy", "--acks", "all", "--checkpoint", str(checkpoint), "--batch-bytes", "8192"]
         # Cut short by SIGKILL partway (rate-capped so it is still running), then rerun.
         first = subprocess.Popen(args + ["--records-per-sec", "5000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 30
@@ -267,6 +270,7 @@ def test_replay_to_another_cluster_reproduces_the_topic_and_resumes_after_sigkil
         second = subprocess.run(args, capture_output=True, timeout=120)
         assert second.returncode == 0, second.stderr.decode()[-2000:]
         assert "replayed" in second.stderr.decode()
+        assert ("(gRPC)" in second.stderr.decode()) == (transport == "grpc")
 
         src = source_records(url)
         copy = read_all(target.bootstrap, "trades-copy", PARTITIONS)

@@ -13,7 +13,7 @@ use kafka_protocol::records::RecordBatchDecoder;
 use strata_core::batch::build::{batch, ProducerIds, Rec};
 use strata_proto::v1::broker_client::BrokerClient;
 use strata_proto::v1::{
-    ClusterMetadataRequest, FetchRequest, InitProducerIdRequest, ProduceRequest,
+    ClusterMetadataRequest, FetchRequest, InitProducerIdRequest, ListOffsetsRequest, ProduceRequest,
 };
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tonic::transport::Channel;
@@ -180,6 +180,25 @@ impl Cluster {
                     format!("topic '{topic}' does not exist"),
                 )
             })
+    }
+
+    /// The offset ListOffsets answers for a partition: `timestamp` -1 for its end, -2 for
+    /// its start, or a time in ms.
+    pub async fn list_offset(&self, topic: &str, partition: u32, timestamp: i64) -> Result<i64> {
+        let r = self
+            .leader(topic, partition)
+            .await?
+            .list_offsets(ListOffsetsRequest {
+                topic: topic.to_string(),
+                partition,
+                timestamp,
+            })
+            .await?
+            .into_inner();
+        match r.error {
+            Some(e) => Err(broker_error(e.code, e.message)),
+            None => Ok(r.offset),
+        }
     }
 
     /// A client for the current leader of a partition.
@@ -421,7 +440,11 @@ async fn partition_worker(
     }
 }
 
-async fn send_batch(
+/// Produces one RecordBatch v2 to a partition's leader with `config.acks`, retrying
+/// retriable errors (a moved leader) up to `config.retries` times; returns its base offset.
+/// With retries, an attempt whose answer was lost may have been written: pass 0 when a
+/// duplicate is worse than a failure.
+pub async fn send_batch(
     cluster: &Cluster,
     config: &ProducerConfig,
     topic: &str,

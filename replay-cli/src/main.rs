@@ -70,8 +70,11 @@ enum Command {
         #[command(flatten)]
         select: Select,
         /// The target cluster's Kafka listener (HOST:PORT).
+        #[arg(long, required_unless_present = "to_grpc", conflicts_with = "to_grpc")]
+        to_bootstrap: Option<String>,
+        /// Or a broker's gRPC data plane (HOST:PORT, `[grpc] listen`).
         #[arg(long)]
-        to_bootstrap: String,
+        to_grpc: Option<String>,
         /// The target topic (default: the source's name); it must exist, with at least as
         /// many partitions.
         #[arg(long)]
@@ -336,7 +339,7 @@ async fn for_each_record(
 async fn replay(
     store: &Arc<dyn ObjectStore>,
     select: &Select,
-    to_bootstrap: &str,
+    (to, grpc): (&str, bool),
     to_topic: Option<&str>,
     acks: &str,
     checkpoint: &Option<std::path::PathBuf>,
@@ -347,7 +350,8 @@ async fn replay(
     let topic = source::find_topic(store, &select.topic, select.cluster.as_deref()).await?;
     let target_name = to_topic.unwrap_or(&select.topic).to_string();
     let mut target = publish::Target::connect(
-        to_bootstrap,
+        to,
+        grpc,
         &target_name,
         publish::parse_acks(acks)?,
         records_per_sec,
@@ -408,9 +412,10 @@ async fn replay(
     let sent = target.sent();
     bar.finish_and_clear();
     eprintln!(
-        "replayed {sent} records ({:.1} MB of batches read) of {} to {target_name} at {to_bootstrap} in {:.1} s{}{}",
+        "replayed {sent} records ({:.1} MB of batches read) of {} to {target_name} at {to}{} in {:.1} s{}{}",
         bytes as f64 / 1e6,
         select.topic,
+        if grpc { " (gRPC)" } else { "" },
         started.elapsed().as_secs_f64(),
         if skipped_written > 0 {
             format!("; resumed, {skipped_written} records already written were skipped")
@@ -454,16 +459,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Replay {
             select,
             to_bootstrap,
+            to_grpc,
             to_topic,
             acks,
             checkpoint,
             records_per_sec,
             batch_bytes,
         } => {
+            let to = match (to_bootstrap, to_grpc) {
+                (Some(kafka), _) => (kafka.as_str(), false),
+                (None, Some(grpc)) => (grpc.as_str(), true),
+                (None, None) => anyhow::bail!("give --to-bootstrap or --to-grpc"),
+            };
             replay(
                 &store,
                 select,
-                to_bootstrap,
+                to,
                 to_topic.as_deref(),
                 acks,
                 checkpoint,

@@ -1,5 +1,6 @@
-//! Re-publishing archived records to a topic of a running cluster over the Kafka protocol:
-//! partition p of the source goes to partition p of the target, in offset order, as
+//! Re-publishing archived records to a topic of a running cluster, over the Kafka protocol
+//! or the brokers' gRPC data plane: partition p of the source goes to partition p of the
+//! target, in offset order, as
 //! RecordBatch v2 batches keeping each record's key, value, headers and timestamp
 //! (CreateTime), one batch in flight per partition, with the chosen acks.
 //!
@@ -64,9 +65,18 @@ impl Checkpoint {
     }
 }
 
+/// How the target cluster is reached.
+enum Conn {
+    Kafka(Cluster),
+    Grpc {
+        cluster: std::sync::Arc<strata_client::native::Cluster>,
+        topic: String,
+    },
+}
+
 /// The target topic on a running cluster.
 pub struct Target {
-    cluster: Cluster,
+    conn: Conn,
     pub partitions: u32,
     acks: i16,
     /// Records per second (`None`: as fast as the target takes them).
@@ -84,19 +94,35 @@ pub fn parse_acks(s: &str) -> anyhow::Result<i16> {
     })
 }
 
+const TARGET_HINT: &str =
+    "the target topic (create it first, with at least as many partitions as the source)";
+
 impl Target {
+    /// The target through a broker's Kafka listener (`grpc`: false) or gRPC data plane.
     pub async fn connect(
-        bootstrap: &str,
+        address: &str,
+        grpc: bool,
         topic: &str,
         acks: i16,
         rate: Option<f64>,
     ) -> anyhow::Result<Target> {
-        let cluster = Cluster::connect(bootstrap, topic).await.context(
-            "the target topic (create it first, with at least as many partitions as the source)",
-        )?;
+        let (conn, partitions) = if grpc {
+            let cluster = strata_client::native::Cluster::connect(&[address.to_string()])
+                .await
+                .with_context(|| format!("connecting to the gRPC data plane at {address}"))?;
+            let partitions = cluster.partitions(topic).await.context(TARGET_HINT)?;
+            let topic = topic.to_string();
+            (Conn::Grpc { cluster, topic }, partitions)
+        } else {
+            let cluster = Cluster::connect(address, topic)
+                .await
+                .context(TARGET_HINT)?;
+            let partitions = cluster.partitions;
+            (Conn::Kafka(cluster), partitions)
+        };
         Ok(Target {
-            partitions: cluster.partitions,
-            cluster,
+            partitions,
+            conn,
             acks,
             rate,
             started: std::time::Instant::now(),
@@ -111,11 +137,15 @@ impl Target {
 
     /// The target partition's end offset (the next offset it will assign).
     pub async fn end(&mut self, partition: u32) -> anyhow::Result<i64> {
-        let topic = self.cluster.topic.clone();
-        let conn = self.cluster.conn(partition).await?;
-        strata_client::list_offset(conn, &topic, partition as i32, -1)
-            .await
-            .with_context(|| format!("reading the end of target partition {partition}"))
+        let end = match &mut self.conn {
+            Conn::Kafka(cluster) => {
+                let topic = cluster.topic.clone();
+                let conn = cluster.conn(partition).await?;
+                strata_client::list_offset(conn, &topic, partition as i32, -1).await
+            }
+            Conn::Grpc { cluster, topic } => cluster.list_offset(topic, partition, -1).await,
+        };
+        end.with_context(|| format!("reading the end of target partition {partition}"))
     }
 
     /// Produces `records` (one partition's, in order) as one batch.
@@ -125,11 +155,28 @@ impl Target {
             tokio::time::sleep_until(due.into()).await;
         }
         let batch = encode(records)?;
-        let (topic, acks) = (self.cluster.topic.clone(), self.acks);
-        let conn = self.cluster.conn(partition).await?;
-        strata_client::produce(conn, topic.as_str(), partition as i32, batch, acks)
-            .await
-            .with_context(|| format!("producing to {topic} partition {partition}"))?;
+        let acks = self.acks;
+        match &mut self.conn {
+            Conn::Kafka(cluster) => {
+                let topic = cluster.topic.clone();
+                let conn = cluster.conn(partition).await?;
+                strata_client::produce(conn, topic.as_str(), partition as i32, batch, acks)
+                    .await
+                    .with_context(|| format!("producing to {topic} partition {partition}"))?;
+            }
+            Conn::Grpc { cluster, topic } => {
+                // No retry: an attempt whose answer was lost may have been written, and
+                // the checkpoint's rerun, not a blind retry, decides what to resend.
+                let config = strata_client::native::ProducerConfig {
+                    acks,
+                    retries: 0,
+                    ..Default::default()
+                };
+                strata_client::native::send_batch(cluster, &config, topic, partition, batch)
+                    .await
+                    .with_context(|| format!("producing to {topic} partition {partition}"))?;
+            }
+        }
         self.sent += records.len() as u64;
         Ok(())
     }
