@@ -272,6 +272,17 @@ impl GroupWriter {
     }
 }
 
+/// What every group of one job shares.
+struct Ctx<'a> {
+    store: &'a Arc<dyn ObjectStore>,
+    uploader: &'a Uploader,
+    manifests: &'a strata_cold::manifest::ManifestStore,
+    cfg: &'a JobConfig,
+    policy: &'a TopicPolicy,
+    now: i64,
+    segs: &'a [RemoteSegment],
+}
+
 /// What pass 2 wrote so far.
 struct Output {
     /// One segment per group, in order.
@@ -283,18 +294,11 @@ struct Output {
 }
 
 impl Output {
-    /// Ends the group of `segs[range]` written by `w`: uploads its object (unless nothing
-    /// changed, or in a dry run) and notes the segment that replaces the group.
-    #[allow(clippy::too_many_arguments)]
+    /// Ends the group of `ctx.segs[range]` written by `w`: uploads its object (unless
+    /// nothing changed, or in a dry run) and notes the segment that replaces the group.
     async fn finish(
         &mut self,
-        store: &Arc<dyn ObjectStore>,
-        uploader: &Uploader,
-        manifests: &strata_cold::manifest::ManifestStore,
-        cfg: &JobConfig,
-        policy: &TopicPolicy,
-        now: i64,
-        segs: &[RemoteSegment],
+        ctx: &Ctx<'_>,
         range: std::ops::Range<usize>,
         mut w: GroupWriter,
     ) -> Result<(), JobError> {
@@ -302,9 +306,9 @@ impl Output {
             let h = BatchHeader::parse(&tail).expect("a batch just built");
             w.push(&h, &tail)?;
         }
-        let sources = &segs[range.clone()];
-        let compacted = policy.compact.then_some(Compacted {
-            at: now,
+        let sources = &ctx.segs[range.clone()];
+        let compacted = ctx.policy.compact.then_some(Compacted {
+            at: ctx.now,
             tombstones: w.tombstones,
             oldest_tombstone: w.oldest_tombstone,
         });
@@ -321,9 +325,10 @@ impl Output {
         let first = &sources[0];
         let last = sources.last().expect("groups are not empty");
         let epoch = sources.iter().map(|s| s.leader_epoch).max().unwrap_or(0);
-        let key = manifests
-            .prefix()
-            .segment_key(first.base_offset, epoch, uuid::Uuid::new_v4());
+        let key =
+            ctx.manifests
+                .prefix()
+                .segment_key(first.base_offset, epoch, uuid::Uuid::new_v4());
         let written = RemoteSegment {
             base_offset: first.base_offset,
             end_offset: last.end_offset,
@@ -334,8 +339,8 @@ impl Output {
             key: key.clone(),
             compacted,
         };
-        if !cfg.dry_run {
-            upload_group(store, uploader, w, sources, &key).await?;
+        if !ctx.cfg.dry_run {
+            upload_group(ctx.store, ctx.uploader, w, sources, &key).await?;
         }
         self.replacement.push(written);
         Ok(())
@@ -428,6 +433,15 @@ pub async fn run(
         manifests.prefix().clone(),
         UploadConfig::default(),
     );
+    let ctx = Ctx {
+        store,
+        uploader: &uploader,
+        manifests: &manifests,
+        cfg,
+        policy: &policy,
+        now,
+        segs,
+    };
     let mut out = Output {
         replacement: Vec::new(),
         groups: Vec::new(),
@@ -449,18 +463,7 @@ pub async fn run(
             if let Some((w, start)) = current.take() {
                 let ratio = (out.written + w.position + 1) as f64 / (read + 1) as f64;
                 if w.position as f64 + seg.size_bytes as f64 * ratio > target as f64 {
-                    out.finish(
-                        store,
-                        &uploader,
-                        &manifests,
-                        cfg,
-                        &policy,
-                        now,
-                        segs,
-                        start..i,
-                        w,
-                    )
-                    .await?;
+                    out.finish(&ctx, start..i, w).await?;
                 } else {
                     current = Some((w, start));
                 }
@@ -512,18 +515,7 @@ pub async fn run(
             }
         }
         if let Some((w, start)) = current {
-            out.finish(
-                store,
-                &uploader,
-                &manifests,
-                cfg,
-                &policy,
-                now,
-                segs,
-                start..span.end,
-                w,
-            )
-            .await?;
+            out.finish(&ctx, start..span.end, w).await?;
         }
     }
     report.segments_out = out.replacement.len() as u64;
