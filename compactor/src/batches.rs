@@ -100,8 +100,28 @@ pub struct Index {
     markers: HashMap<i64, Vec<(i64, bool)>>,
     /// Keys of transactional records whose marker is not seen yet, per producer id.
     pending: HashMap<i64, Vec<KeyAt>>,
-    /// The last offset of each producer's last batch.
+    pending_bytes: usize,
+    /// The first offset of each producer's transaction not decided yet.
+    open_since: HashMap<i64, i64>,
+    /// The last offset of each producer's last data batch.
     last_batch: HashMap<i64, i64>,
+}
+
+/// The offset of record `delta` of a batch, checked against the batch's own range (a
+/// damaged record must not claim another offset).
+fn record_offset(h: &BatchHeader, delta: i64) -> Result<i64, String> {
+    if !(0..=i64::from(h.last_offset_delta)).contains(&delta) {
+        return Err(format!(
+            "record offset delta {delta} outside the batch at offset {} (last delta {})",
+            h.base_offset, h.last_offset_delta
+        ));
+    }
+    h.base_offset.checked_add(delta).ok_or_else(|| {
+        format!(
+            "record offset overflows in the batch at offset {}",
+            h.base_offset
+        )
+    })
 }
 
 impl Index {
@@ -110,32 +130,43 @@ impl Index {
         self.latest.len()
     }
 
-    /// Approximate memory held, in bytes (keys and table entries).
+    /// Approximate memory held, in bytes (keys and table entries, waiting transactions').
     pub fn memory(&self) -> usize {
-        self.key_bytes + self.latest.len() * 48
+        self.key_bytes + self.latest.len() * 48 + self.pending_bytes
+    }
+
+    /// The first offset of a transaction not decided within the range read: what lies
+    /// from there on cannot be called clean yet (a later marker may decide it).
+    pub fn first_undecided(&self) -> Option<i64> {
+        self.open_since.values().copied().min()
     }
 
     /// Learns from one whole batch (its CRC already checked). The keys of `dirty` batches
     /// count; of the others (the clean part) only markers and producers.
     pub fn observe(&mut self, batch: &[u8], h: &BatchHeader, dirty: bool) -> Result<(), String> {
         let pid = h.producer_id;
-        if h.has_producer_id() {
-            self.last_batch.insert(pid, h.last_offset());
-        }
         if h.is_control() {
             if let Some(committed) = marker(batch, h)? {
                 self.markers
                     .entry(pid)
                     .or_default()
                     .push((h.base_offset, committed));
+                self.open_since.remove(&pid);
                 let waiting = self.pending.remove(&pid).unwrap_or_default();
-                if committed {
-                    for (key, offset) in waiting {
+                for (key, offset) in waiting {
+                    self.pending_bytes -= key.len() + 48;
+                    if committed {
                         self.note(key, offset);
                     }
                 }
             }
             return Ok(());
+        }
+        if h.has_producer_id() {
+            self.last_batch.insert(pid, h.last_offset());
+        }
+        if h.is_transactional() {
+            self.open_since.entry(pid).or_insert(h.base_offset);
         }
         if !dirty {
             return Ok(());
@@ -143,8 +174,9 @@ impl Index {
         let section = records_section(batch, h)?;
         for r in split(&section, h)? {
             let Some(key) = r.key else { continue };
-            let offset = h.base_offset + r.offset_delta;
+            let offset = record_offset(h, r.offset_delta)?;
             if h.is_transactional() {
+                self.pending_bytes += key.len() + 48;
                 self.pending
                     .entry(pid)
                     .or_default()
@@ -235,7 +267,7 @@ pub fn compact_batch(
     let mut kept: Vec<&RawRecord> = Vec::with_capacity(recs.len());
     let mut tombstones = 0;
     for r in &recs {
-        let offset = h.base_offset + r.offset_delta;
+        let offset = record_offset(h, r.offset_delta)?;
         let stays = !aborted
             && match r.key {
                 None => true,

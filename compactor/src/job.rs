@@ -160,19 +160,22 @@ pub enum JobError {
     },
 }
 
-/// The batches of one remote object, streamed and CRC-checked.
+/// The batches of one remote segment, streamed, CRC-checked and checked to lie in the
+/// segment's offset range.
 struct ObjectBatches {
     key: String,
+    range: std::ops::Range<u64>,
     stream: BoxStream<'static, strata_cold::object_store::Result<Bytes>>,
     buf: BytesMut,
     position: u64,
 }
 
 impl ObjectBatches {
-    async fn open(store: &Arc<dyn ObjectStore>, key: &str) -> Result<Self, JobError> {
-        let got = store.get(&Path::from(key)).await?;
+    async fn open(store: &Arc<dyn ObjectStore>, seg: &RemoteSegment) -> Result<Self, JobError> {
+        let got = store.get(&Path::from(seg.key.as_str())).await?;
         Ok(ObjectBatches {
-            key: key.to_string(),
+            key: seg.key.clone(),
+            range: seg.base_offset..seg.end_offset,
             stream: got.into_stream(),
             buf: BytesMut::new(),
             position: 0,
@@ -194,6 +197,17 @@ impl ObjectBatches {
                 if self.buf.len() >= h.total_len() {
                     let batch = self.buf.split_to(h.total_len()).freeze();
                     verify(&batch).map_err(|e| self.damaged(e.to_string()))?;
+                    let last = h.base_offset.checked_add(i64::from(h.last_offset_delta));
+                    let inside = u64::try_from(h.base_offset)
+                        .is_ok_and(|b| self.range.contains(&b))
+                        && h.last_offset_delta >= 0
+                        && last.is_some_and(|l| self.range.contains(&(l as u64)));
+                    if !inside {
+                        return Err(self.damaged(format!(
+                            "batch at offset {} (last delta {}) lies outside the segment's range [{}, {})",
+                            h.base_offset, h.last_offset_delta, self.range.start, self.range.end
+                        )));
+                    }
                     self.position += batch.len() as u64;
                     return Ok(Some((h, batch)));
                 }
@@ -250,9 +264,14 @@ impl GroupWriter {
     }
 
     fn push(&mut self, h: &BatchHeader, batch: &[u8]) -> Result<(), JobError> {
-        let relative = u32::try_from(h.base_offset as u64 - self.base).map_err(|_| {
-            self.work_error(std::io::Error::other("more than 2^32 offsets in one group"))
-        })?;
+        let relative = (h.base_offset as u64)
+            .checked_sub(self.base)
+            .and_then(|r| u32::try_from(r).ok())
+            .ok_or_else(|| {
+                self.work_error(std::io::Error::other(
+                    "a batch below the group's base or more than 2^32 offsets in one group",
+                ))
+            })?;
         let position = u32::try_from(self.position)
             .map_err(|_| self.work_error(std::io::Error::other("group larger than 4 GiB")))?;
         self.index.push(h, relative, position);
@@ -281,6 +300,9 @@ struct Ctx<'a> {
     policy: &'a TopicPolicy,
     now: i64,
     segs: &'a [RemoteSegment],
+    /// Where the first transaction not decided yet starts: segments from there on are
+    /// not marked clean, so the next run reads their keys again once it is decided.
+    clean_until: Option<i64>,
 }
 
 /// What pass 2 wrote so far.
@@ -291,6 +313,8 @@ struct Output {
     groups: Vec<std::ops::Range<usize>>,
     /// Bytes written.
     written: u64,
+    /// When the first object was uploaded (the orphan sweep counts its age from then).
+    first_upload: Option<std::time::Instant>,
 }
 
 impl Output {
@@ -307,7 +331,9 @@ impl Output {
             w.push(&h, &tail)?;
         }
         let sources = &ctx.segs[range.clone()];
-        let compacted = ctx.policy.compact.then_some(Compacted {
+        let last = sources.last().expect("groups are not empty");
+        let clean = ctx.clean_until.is_none_or(|o| last.end_offset as i64 <= o);
+        let compacted = (ctx.policy.compact && clean).then_some(Compacted {
             at: ctx.now,
             tombstones: w.tombstones,
             oldest_tombstone: w.oldest_tombstone,
@@ -323,7 +349,6 @@ impl Output {
             return Ok(());
         }
         let first = &sources[0];
-        let last = sources.last().expect("groups are not empty");
         let epoch = sources.iter().map(|s| s.leader_epoch).max().unwrap_or(0);
         let key =
             ctx.manifests
@@ -340,6 +365,8 @@ impl Output {
             compacted,
         };
         if !ctx.cfg.dry_run {
+            self.first_upload
+                .get_or_insert_with(std::time::Instant::now);
             upload_group(ctx.store, ctx.uploader, w, sources, &key).await?;
         }
         self.replacement.push(written);
@@ -408,7 +435,7 @@ pub async fn run(
     if policy.compact {
         for (i, seg) in segs[..plan.end].iter().enumerate() {
             let dirty = i >= plan.clean;
-            let mut batches = ObjectBatches::open(store, &seg.key).await?;
+            let mut batches = ObjectBatches::open(store, seg).await?;
             while let Some((h, batch)) = batches.next().await? {
                 index
                     .observe(&batch, &h, dirty)
@@ -417,7 +444,7 @@ pub async fn run(
             if dirty && index.memory() > cfg.max_map_bytes && i + 1 < plan.end {
                 tracing::info!(topic = %topic.info.name, partition, keys = index.keys(), up_to = seg.end_offset, "key table full: compacting up to here, the rest next run");
                 plan.end = i + 1;
-                plan.groups = group_by_size(&segs[..plan.end], target);
+                break;
             }
         }
         report.keys = index.keys() as u64;
@@ -441,8 +468,10 @@ pub async fn run(
         policy: &policy,
         now,
         segs,
+        clean_until: index.first_undecided(),
     };
     let mut out = Output {
+        first_upload: None,
         replacement: Vec::new(),
         groups: Vec::new(),
         written: 0,
@@ -462,7 +491,10 @@ pub async fn run(
             let seg = &segs[i];
             if let Some((w, start)) = current.take() {
                 let ratio = (out.written + w.position + 1) as f64 / (read + 1) as f64;
-                if w.position as f64 + seg.size_bytes as f64 * ratio > target as f64 {
+                let expected = w.position as f64 + seg.size_bytes as f64 * ratio;
+                // An object's index addresses 4 GiB: never risk passing it.
+                let too_big = w.position + seg.size_bytes > u64::from(u32::MAX) / 2;
+                if expected > target as f64 || too_big {
                     out.finish(&ctx, start..i, w).await?;
                 } else {
                     current = Some((w, start));
@@ -476,7 +508,7 @@ pub async fn run(
             report.segments_in += 1;
             report.bytes_in += seg.size_bytes;
             read += seg.size_bytes;
-            let mut batches = ObjectBatches::open(store, &seg.key).await?;
+            let mut batches = ObjectBatches::open(store, seg).await?;
             while let Some((h, batch)) = batches.next().await? {
                 report.batches_in += 1;
                 let decided = if policy.compact {
@@ -541,15 +573,17 @@ pub async fn run(
         report.skipped = Some("nothing changed".into());
         return Ok(report);
     }
+    // An orphan sweep deletes unnamed objects older than the grace period: objects uploaded
+    // too long ago may be gone already, and must not be named.
+    if out
+        .first_upload
+        .is_some_and(|t| t.elapsed() > cfg.orphan_grace / 2)
+    {
+        tracing::warn!(topic = %topic.info.name, partition, grace = %humantime::format_duration(cfg.orphan_grace), "the job took longer than half the orphan grace period; nothing swapped (raise --orphan-grace and the brokers' orphan_grace, or lower --max-map-mb)");
+        report.conflict = true;
+        return Ok(report);
+    }
     let kept: std::collections::HashSet<&str> = next.iter().map(|s| s.key.as_str()).collect();
-    let retired: Vec<Retired> = read
-        .iter()
-        .filter(|s| !kept.contains(s.key.as_str()))
-        .map(|s| Retired {
-            key: s.key.clone(),
-            at: now,
-        })
-        .collect();
     let grace = cfg.orphan_grace.as_millis() as i64;
     let swapped = manifests
         .update_unfenced(|m| {
@@ -559,8 +593,17 @@ pub async fn run(
             }
             let mut out = m.clone();
             out.segments.splice(..read.len(), next.iter().cloned());
-            out.retired.retain(|r| now_ms() - r.at < grace);
-            out.retired.extend(retired.iter().cloned());
+            // Retired as of this write: kept for the grace period from now on.
+            let at = now_ms();
+            out.retired.retain(|r| at - r.at < grace);
+            out.retired.extend(
+                read.iter()
+                    .filter(|s| !kept.contains(s.key.as_str()))
+                    .map(|s| Retired {
+                        key: s.key.clone(),
+                        at,
+                    }),
+            );
             Ok(Some(out))
         })
         .await?;

@@ -244,11 +244,36 @@ fn transactions_aborted_go_committed_count_open_ones_stay_whole() {
             (7, "z".into(), Some("z".into())),
         ]
     );
-    // Producer 5's aborted batch is its last data batch before the marker, but the marker
-    // is its last batch: the data batch goes. Producer 6's committed batch lost its only
-    // record to a later offset and is not its producer's last: gone too.
-    let bases: Vec<i64> = out.iter().map(|b| verify(b).unwrap().base_offset).collect();
-    assert_eq!(bases, vec![0, 2, 4, 5, 6, 7]);
+    // Producer 5's aborted batch and producer 6's superseded one are each their producer's
+    // last data batch: they stay, emptied, so the producers' last sequences survive (as
+    // Kafka's cleaner keeps them).
+    let kept: Vec<(i64, i32)> = out
+        .iter()
+        .map(|b| verify(b).unwrap())
+        .map(|h| (h.base_offset, h.record_count))
+        .collect();
+    assert_eq!(
+        kept,
+        vec![
+            (0, 1),
+            (1, 0),
+            (2, 1),
+            (3, 0),
+            (4, 1),
+            (5, 1),
+            (6, 1),
+            (7, 1)
+        ]
+    );
+    let mut index = Index::default();
+    for b in &batches {
+        index.observe(b, &verify(b).unwrap(), true).unwrap();
+    }
+    assert_eq!(
+        index.first_undecided(),
+        Some(6),
+        "producer 7's transaction is open"
+    );
 }
 
 #[test]
@@ -336,4 +361,18 @@ proptest! {
         let last = verify(out.last().unwrap()).unwrap().last_offset();
         prop_assert_eq!(last, writes.len() as i64 - 1);
     }
+}
+
+#[test]
+fn a_record_claiming_an_offset_outside_its_batch_is_damage_not_a_key() {
+    // A CRC-valid batch whose header says one offset while it holds two records: the
+    // second would claim an offset of the next batch and hide its key there.
+    let mut b = data(10, &[(Some("a"), Some("1")), (Some("a"), Some("2"))]);
+    b[23..27].copy_from_slice(&0i32.to_be_bytes());
+    let crc = compute_crc(&b);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    let h = verify(&b).unwrap();
+    let err = Index::default().observe(&b, &h, true).unwrap_err();
+    assert!(err.contains("outside the batch"), "{err}");
+    assert!(compact_batch(&b, &h, &Index::default(), KEEP_TOMBSTONES, false).is_err());
 }

@@ -11,6 +11,8 @@ use super::*;
 use crate::batches::records_section;
 
 type Write = (String, Option<String>);
+/// A batch to write: attributes, producer, writes.
+type Batch = (i16, ProducerIds, Vec<Write>);
 
 struct Fixture {
     store: Arc<dyn ObjectStore>,
@@ -65,10 +67,20 @@ impl Fixture {
 
     /// Uploads one segment of batches of `per_batch` writes each, as the leader would.
     async fn segment(&mut self, writes: &[Write], per_batch: usize) {
+        let batches: Vec<Batch> = writes
+            .chunks(per_batch)
+            .map(|c| (0, ProducerIds::NONE, c.to_vec()))
+            .collect();
+        self.segment_of(&batches).await;
+    }
+
+    /// Uploads one segment of these batches: (attributes, producer, writes). A control
+    /// batch's writes are its marker record and stay out of the log of writes.
+    async fn segment_of(&mut self, batches: &[Batch]) {
         let base = self.next;
         let path = self.dir.path().join(format!("{base}.log"));
         let mut bytes = Vec::new();
-        for chunk in writes.chunks(per_batch) {
+        for (attrs, ids, chunk) in batches {
             let recs: Vec<Rec> = chunk
                 .iter()
                 .map(|(k, v)| Rec {
@@ -77,10 +89,15 @@ impl Fixture {
                     timestamp_delta: 0,
                 })
                 .collect();
-            let mut b = batch(now_ms(), ProducerIds::NONE, &recs);
+            let mut b = batch(now_ms(), *ids, &recs);
             b[0..8].copy_from_slice(&(self.next as i64).to_be_bytes());
+            b[21..23].copy_from_slice(&attrs.to_be_bytes());
+            let crc = strata_core::batch::compute_crc(&b);
+            b[17..21].copy_from_slice(&crc.to_be_bytes());
             for w in chunk {
-                self.log.insert(self.next, w.clone());
+                if attrs & 0x20 == 0 {
+                    self.log.insert(self.next, w.clone());
+                }
                 self.next += 1;
             }
             bytes.extend_from_slice(&b);
@@ -104,8 +121,11 @@ impl Fixture {
     async fn records(&self) -> Vec<(u64, Write)> {
         let mut out = Vec::new();
         for seg in self.manifest().await.segments {
-            let mut batches = ObjectBatches::open(&self.store, &seg.key).await.unwrap();
+            let mut batches = ObjectBatches::open(&self.store, &seg).await.unwrap();
             while let Some((h, b)) = batches.next().await.unwrap() {
+                if h.is_control() {
+                    continue;
+                }
                 let section = records_section(&b, &h).unwrap();
                 for r in raw_records(&section, h.record_count).unwrap() {
                     let text = |v: &[u8]| String::from_utf8(v.to_vec()).unwrap();
@@ -395,4 +415,48 @@ async fn a_damaged_object_fails_the_job_by_name_and_changes_nothing() {
         "{err}"
     );
     assert_eq!(f.manifest().await, before, "nothing swapped");
+}
+
+#[tokio::test]
+async fn a_transaction_still_open_keeps_its_segment_dirty_until_it_is_decided() {
+    let mut f = Fixture::new(&[
+        ("cleanup.policy", "compact"),
+        ("min.cleanable.dirty.ratio", "0"),
+    ])
+    .await;
+    let txn = ProducerIds {
+        producer_id: 7,
+        producer_epoch: 0,
+        base_sequence: 0,
+    };
+    let w = |k: &str, v: &str| (k.to_string(), Some(v.to_string()));
+    // K@0 plain, K@1 in a transaction whose marker is not uploaded yet.
+    f.segment_of(&[
+        (0, ProducerIds::NONE, vec![w("K", "plain")]),
+        (0x10, txn, vec![w("K", "in-txn")]),
+    ])
+    .await;
+    let r = f.compact(&JobConfig::default()).await;
+    assert_eq!(r.records_removed, 0, "the open transaction hides nothing");
+    assert!(
+        f.manifest().await.segments[0].compacted.is_none(),
+        "a segment holding an undecided transaction is not clean"
+    );
+    // The commit arrives: K@1 is K's latest, K@0 goes.
+    let commit = ("\0\0\0\u{1}".to_string(), Some("\0\0\0\0\0\0".to_string()));
+    f.segment_of(&[
+        (0x30, txn, vec![commit]),
+        (0, ProducerIds::NONE, vec![w("X", "x")]),
+    ])
+    .await;
+    let r = f.compact(&JobConfig::default()).await;
+    assert!(r.swapped, "{r:?}");
+    let got = f.records().await;
+    assert_eq!(got, vec![(1, w("K", "in-txn")), (3, w("X", "x"))]);
+    assert!(f
+        .manifest()
+        .await
+        .segments
+        .iter()
+        .all(|s| s.compacted.is_some()));
 }
