@@ -221,6 +221,33 @@ impl ObjectBatches {
     }
 }
 
+/// Work files are named `strata-compact-{pid}-...`.
+const WORK_PREFIX: &str = "strata-compact-";
+
+/// Removes work files a killed compactor left in `dir` (their process is gone); returns
+/// how many.
+pub fn clean_work_dir(dir: &std::path::Path) -> std::io::Result<usize> {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(WORK_PREFIX)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let alive = pid == std::process::id()
+            || !std::path::Path::new("/proc/self").exists()
+            || std::path::Path::new(&format!("/proc/{pid}")).exists();
+        if !alive {
+            std::fs::remove_file(entry.path())?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// One group's new object, written to a work file before it is uploaded.
 struct GroupWriter {
     file: std::io::BufWriter<tempfile::NamedTempFile>,
@@ -237,8 +264,9 @@ struct GroupWriter {
 
 impl GroupWriter {
     fn new(cfg: &JobConfig, base: u64) -> Result<Self, JobError> {
+        let prefix = format!("{WORK_PREFIX}{}-", std::process::id());
         let tmp = tempfile::Builder::new()
-            .prefix("strata-compact-")
+            .prefix(&prefix)
             .tempfile_in(&cfg.work_dir)
             .map_err(|source| JobError::Work {
                 path: cfg.work_dir.display().to_string(),

@@ -88,6 +88,11 @@ fn round_config(c: &Common) -> anyhow::Result<RoundConfig> {
     let work_dir = c.work_dir.clone().unwrap_or_else(std::env::temp_dir);
     std::fs::create_dir_all(&work_dir)
         .with_context(|| format!("creating the work dir {}", work_dir.display()))?;
+    let stale = strata_compactor::job::clean_work_dir(&work_dir)
+        .with_context(|| format!("cleaning the work dir {}", work_dir.display()))?;
+    if stale > 0 {
+        tracing::info!(dir = %work_dir.display(), files = stale, "removed work files a killed compactor left");
+    }
     Ok(RoundConfig {
         job: JobConfig {
             merge_bytes: c.merge_mb.map(|mb| mb << 20),

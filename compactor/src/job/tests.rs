@@ -460,3 +460,19 @@ async fn a_transaction_still_open_keeps_its_segment_dirty_until_it_is_decided() 
         .iter()
         .all(|s| s.compacted.is_some()));
 }
+
+#[test]
+fn work_files_of_dead_processes_are_removed_live_ones_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let mine = dir
+        .path()
+        .join(format!("{WORK_PREFIX}{}-abc", std::process::id()));
+    // A pid far above any pid_max: no such process.
+    let dead = dir.path().join(format!("{WORK_PREFIX}4294967294-abc"));
+    let other = dir.path().join("unrelated.log");
+    for p in [&mine, &dead, &other] {
+        std::fs::write(p, b"x").unwrap();
+    }
+    assert_eq!(clean_work_dir(dir.path()).unwrap(), 1);
+    assert!(mine.exists() && other.exists() && !dead.exists());
+}
