@@ -311,8 +311,9 @@ def test_service_against_s3_dry_run_then_rounds_with_metrics(tmp_path, s3_endpoi
         assert vals["strata_compactor_records_removed_total"] > 0
         assert vals["strata_compactor_segments_read_total"] > vals["strata_compactor_segments_written_total"]
         assert vals.get("strata_compactor_partitions_failed_total", 0) == 0
-        svc.send_signal(signal.SIGINT)
-        svc.wait(timeout=30)
+        svc.send_signal(signal.SIGTERM)
+        assert svc.wait(timeout=30) == 0, "SIGTERM stops the service, in a round or between"
+
         # Through the broker, the compacted range holds only each key's latest.
         m = newest_manifest()
         last_tiered = m["segments"][-1]["end_offset"]

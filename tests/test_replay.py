@@ -71,7 +71,8 @@ def archived(tmp_path_factory):
             p = Producer(rdkafka_conf({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 10,
                                        "compression.type": codec, "enable.idempotence": True}))
             for i in range(PER_CODEC):
-                headers = [("codec", codec.encode()), ("seq", str(i).encode())]
+                # A repeated header key: both values, in order, must survive.
+                headers = [("codec", codec.encode()), ("seq", str(i).encode()), ("codec", b"again")]
                 p.produce(TOPIC, key=f"{codec}-{i % 50}".encode(), value=value_of(codec, i),
                           headers=headers, on_delivery=delivered(headers))
                 if i % 1000 == 0:

@@ -19,52 +19,10 @@
 
 use std::collections::HashMap;
 
-use bytes::{Bytes, BytesMut};
-use kafka_protocol::compression::{Compressor, Decompressor, Gzip, Lz4, Snappy, Zstd};
 use strata_core::batch::{
-    compute_crc, raw_records, BatchHeader, Compression, RawRecord, HEADER_LEN, LOG_OVERHEAD,
+    compute_crc, raw_records, BatchHeader, RawRecord, HEADER_LEN, LOG_OVERHEAD,
 };
-
-/// The records section of a batch, decompressed.
-pub fn records_section(batch: &[u8], h: &BatchHeader) -> Result<Bytes, String> {
-    let mut body = &batch[HEADER_LEN..h.total_len()];
-    let take = |b: &mut Bytes| Ok(std::mem::take(b));
-    let got = match h.compression() {
-        Compression::None => return Ok(Bytes::copy_from_slice(body)),
-        Compression::Gzip => Gzip::decompress(&mut body, take),
-        Compression::Snappy => Snappy::decompress(&mut body, take),
-        Compression::Lz4 => Lz4::decompress(&mut body, take),
-        Compression::Zstd => Zstd::decompress(&mut body, take),
-        Compression::Unknown(c) => return Err(format!("unknown compression codec {c}")),
-    };
-    got.map_err(|e| {
-        format!(
-            "cannot decompress the batch at offset {}: {e:#}",
-            h.base_offset
-        )
-    })
-}
-
-fn compress(codec: Compression, raw: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(raw.len() / 2 + 64);
-    let fill = |tmp: &mut BytesMut| {
-        tmp.extend_from_slice(raw);
-        Ok(())
-    };
-    let done = match codec {
-        Compression::None => {
-            out.extend_from_slice(raw);
-            Ok(())
-        }
-        Compression::Gzip => Gzip::compress(&mut out, fill),
-        Compression::Snappy => Snappy::compress(&mut out, fill),
-        Compression::Lz4 => Lz4::compress(&mut out, fill),
-        Compression::Zstd => Zstd::compress(&mut out, fill),
-        Compression::Unknown(c) => return Err(format!("unknown compression codec {c}")),
-    };
-    done.map_err(|e| format!("cannot compress: {e:#}"))?;
-    Ok(out)
-}
+pub use strata_core::codec::{compress, records_section};
 
 fn split<'a>(section: &'a [u8], h: &BatchHeader) -> Result<Vec<RawRecord<'a>>, String> {
     raw_records(section, h.record_count)

@@ -232,31 +232,52 @@ async fn serve(
         });
     }
     tracing::info!(interval = %humantime::format_duration(interval), dry_run = cfg.job.dry_run, "compactor started");
+    // SIGINT or SIGTERM, whenever it comes: between rounds, or in one, which then stops
+    // where it is (as a kill would: manifests stay valid, work files are removed).
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let stop = async move {
+        tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        }
+    };
+    tokio::pin!(stop);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = tokio::signal::ctrl_c() => {
-                tracing::info!("stopping");
+            signal = &mut stop => {
+                tracing::info!(signal, "stopping");
                 return Ok(());
             }
         }
-        let work = match service::partitions(&store, &cfg).await {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list the topics in the bucket; next round retries");
-                continue;
+        let round = async {
+            let work = match service::partitions(&store, &cfg).await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list the topics in the bucket; next round retries");
+                    return Vec::new();
+                }
+            };
+            service::round(&store, &cfg, work, &metrics, |o| {
+                if let Ok(r) = &o.result {
+                    if r.skipped.is_none() {
+                        tracing::debug!("{}", line(o));
+                    }
+                }
+            })
+            .await
+        };
+        let outcomes = tokio::select! {
+            outcomes = round => outcomes,
+            signal = &mut stop => {
+                tracing::info!(signal, "stopping in the middle of a round; what it wrote and did not swap is left to the orphan sweep");
+                return Ok(());
             }
         };
-        let outcomes = service::round(&store, &cfg, work, &metrics, |o| {
-            if let Ok(r) = &o.result {
-                if r.skipped.is_none() {
-                    tracing::debug!("{}", line(o));
-                }
-            }
-        })
-        .await;
         let swapped = outcomes
             .iter()
             .filter(|o| o.result.as_ref().is_ok_and(|r| r.swapped))

@@ -371,6 +371,8 @@ pub struct RawRecord<'a> {
     pub offset_delta: i64,
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
+    /// Its headers in order (a key may repeat).
+    pub headers: Vec<(&'a [u8], Option<&'a [u8]>)>,
 }
 
 /// Splits an uncompressed records section holding `count` records. `None` when it is
@@ -391,10 +393,11 @@ pub fn raw_records(section: &[u8], count: i32) -> Option<Vec<RawRecord<'_>>> {
         let offset_delta = read_varint(rec, &mut pos)?;
         let key = read_bytes(rec, &mut pos)?;
         let value = read_bytes(rec, &mut pos)?;
-        let headers = read_varint(rec, &mut pos)?;
-        for _ in 0..headers.max(0) {
-            read_bytes(rec, &mut pos)?;
-            read_bytes(rec, &mut pos)?;
+        let count = read_varint(rec, &mut pos)?;
+        let mut headers = Vec::new();
+        for _ in 0..count.max(0) {
+            let name = read_bytes(rec, &mut pos)??;
+            headers.push((name, read_bytes(rec, &mut pos)?));
         }
         if pos != end {
             return None;
@@ -405,6 +408,7 @@ pub fn raw_records(section: &[u8], count: i32) -> Option<Vec<RawRecord<'_>>> {
             offset_delta,
             key,
             value,
+            headers,
         });
     }
     (pos == section.len()).then_some(out)
@@ -460,23 +464,78 @@ pub mod build {
         }
     }
 
+    /// A record with headers and its own timestamp, for [`batch_with_headers`].
+    pub struct FullRec<'a> {
+        pub key: Option<&'a [u8]>,
+        pub value: Option<&'a [u8]>,
+        pub timestamp: i64,
+        /// In order; a key may repeat.
+        pub headers: Vec<(&'a [u8], Option<&'a [u8]>)>,
+    }
+
+    fn put_record(
+        body: &mut Vec<u8>,
+        timestamp_delta: i64,
+        offset_delta: i64,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: &[(&[u8], Option<&[u8]>)],
+    ) {
+        let mut rec = Vec::new();
+        rec.push(0u8); // attributes
+        put_varint(&mut rec, timestamp_delta);
+        put_varint(&mut rec, offset_delta);
+        put_bytes(&mut rec, key);
+        put_bytes(&mut rec, value);
+        put_varint(&mut rec, headers.len() as i64);
+        for (k, v) in headers {
+            put_bytes(&mut rec, Some(k));
+            put_bytes(&mut rec, *v);
+        }
+        put_varint(body, rec.len() as i64);
+        body.extend_from_slice(&rec);
+    }
+
+    /// Encodes `records` (headers included, each with its own timestamp; the earliest is
+    /// the batch's base) as one uncompressed batch with base offset 0 and no producer id.
+    pub fn batch_with_headers(records: &[FullRec<'_>]) -> Vec<u8> {
+        assert!(!records.is_empty(), "a batch holds at least one record");
+        let base_timestamp = records.iter().map(|r| r.timestamp).min().unwrap_or(0);
+        let mut body = Vec::new();
+        for (i, r) in records.iter().enumerate() {
+            let delta = r.timestamp - base_timestamp;
+            put_record(&mut body, delta, i as i64, r.key, r.value, &r.headers);
+        }
+        let max_ts = records.iter().map(|r| r.timestamp).max().unwrap_or(0);
+        finish(
+            body,
+            records.len(),
+            base_timestamp,
+            max_ts,
+            ProducerIds::NONE,
+        )
+    }
+
     /// Encodes `records` as one uncompressed batch with base offset 0.
     pub fn batch(base_timestamp: i64, ids: ProducerIds, records: &[Rec<'_>]) -> Vec<u8> {
         assert!(!records.is_empty(), "a batch holds at least one record");
         let mut body = Vec::new();
         let mut max_ts = base_timestamp;
         for (i, r) in records.iter().enumerate() {
-            let mut rec = Vec::new();
-            rec.push(0u8); // attributes
-            put_varint(&mut rec, r.timestamp_delta);
-            put_varint(&mut rec, i as i64);
-            put_bytes(&mut rec, r.key);
-            put_bytes(&mut rec, r.value);
-            put_varint(&mut rec, 0); // headers
-            put_varint(&mut body, rec.len() as i64);
-            body.extend_from_slice(&rec);
+            put_record(&mut body, r.timestamp_delta, i as i64, r.key, r.value, &[]);
             max_ts = max_ts.max(base_timestamp + r.timestamp_delta);
         }
+        finish(body, records.len(), base_timestamp, max_ts, ids)
+    }
+
+    /// The header before `body` (the records section), and the CRC.
+    fn finish(
+        body: Vec<u8>,
+        records_len: usize,
+        base_timestamp: i64,
+        max_ts: i64,
+        ids: ProducerIds,
+    ) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER_LEN + body.len());
         out.extend_from_slice(&0i64.to_be_bytes());
         out.extend_from_slice(&((HEADER_LEN - LOG_OVERHEAD + body.len()) as i32).to_be_bytes());
@@ -484,13 +543,13 @@ pub mod build {
         out.push(2); // magic
         out.extend_from_slice(&[0; 4]); // crc, filled below
         out.extend_from_slice(&0i16.to_be_bytes()); // attributes
-        out.extend_from_slice(&((records.len() - 1) as i32).to_be_bytes());
+        out.extend_from_slice(&((records_len - 1) as i32).to_be_bytes());
         out.extend_from_slice(&base_timestamp.to_be_bytes());
         out.extend_from_slice(&max_ts.to_be_bytes());
         out.extend_from_slice(&ids.producer_id.to_be_bytes());
         out.extend_from_slice(&ids.producer_epoch.to_be_bytes());
         out.extend_from_slice(&ids.base_sequence.to_be_bytes());
-        out.extend_from_slice(&(records.len() as i32).to_be_bytes());
+        out.extend_from_slice(&(records_len as i32).to_be_bytes());
         out.extend_from_slice(&body);
         let crc = compute_crc(&out);
         out[17..21].copy_from_slice(&crc.to_be_bytes());

@@ -3,5 +3,7 @@
 //! the replay tools. This crate does no I/O beyond encoding and decoding bytes.
 
 pub mod batch;
+#[cfg(feature = "codecs")]
+pub mod codec;
 pub mod segment;
 pub mod topic;

@@ -16,12 +16,9 @@ use std::path::{Path, PathBuf};
 use crate::cluster::Cluster;
 use crate::source::Record;
 use anyhow::{bail, Context};
-use bytes::{Bytes, BytesMut};
-use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record as KafkaRecord, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use strata_core::batch::build::{batch_with_headers, FullRec};
 
 /// Per partition: where the source resumes and the target's end offset at that point.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,44 +179,26 @@ impl Target {
     }
 }
 
-/// One RecordBatch v2 of `records`, with their keys, values, headers and timestamps.
+/// One RecordBatch v2 of `records`, with their keys, values, headers (in order, repeated
+/// keys kept) and timestamps (CreateTime), uncompressed, without a producer id.
 pub fn encode(records: &[Record]) -> anyhow::Result<Bytes> {
-    let batch: Vec<KafkaRecord> = records
+    if records.is_empty() {
+        anyhow::bail!("no records to encode");
+    }
+    let recs: Vec<FullRec> = records
         .iter()
-        .enumerate()
-        .map(|(i, r)| KafkaRecord {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: i as i64,
-            // The encoder starts a new batch where offset - sequence changes; this keeps
-            // it constant and the batch's base sequence -1 (no producer id).
-            sequence: i as i32 - 1,
+        .map(|r| FullRec {
+            key: r.key.as_deref(),
+            value: r.value.as_deref(),
             timestamp: r.timestamp,
-            key: r.key.clone(),
-            value: r.value.clone(),
             headers: r
                 .headers
                 .iter()
-                .map(|(k, v)| (StrBytes::from_string(k.clone()), v.clone()))
+                .map(|(k, v)| (k.as_bytes(), v.as_deref()))
                 .collect(),
         })
         .collect();
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        &batch,
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::None,
-        },
-    )
-    .map_err(|e| anyhow::anyhow!("encoding a batch: {e}"))?;
-    Ok(buf.freeze())
+    Ok(Bytes::from(batch_with_headers(&recs)))
 }
 
 /// The checkpoint path and what it holds for this replay.
@@ -261,9 +240,11 @@ mod tests {
                 timestamp: 1_700_000_000_000 + i,
                 key: (i != 2).then(|| Bytes::from(format!("k{i}"))),
                 value: Some(Bytes::from(vec![0xff, i as u8])),
+                // A repeated key: both stay, in order.
                 headers: vec![
-                    ("h".into(), Some(Bytes::from_static(b"v"))),
+                    ("h".into(), Some(Bytes::from_static(b"v1"))),
                     ("n".into(), None),
+                    ("h".into(), Some(Bytes::from_static(b"v2"))),
                 ],
             })
             .collect();
@@ -275,6 +256,18 @@ mod tests {
             (h.record_count, h.base_sequence, h.producer_id),
             (5, -1, -1)
         );
+        // Our decoder gives back every field, headers whole.
+        let range = crate::source::Range::default();
+        let (back, next) = crate::source::decode(0, b.clone(), 0, u64::MAX, &range, "t").unwrap();
+        assert_eq!(next, 5);
+        for (i, (g, r)) in back.iter().zip(&recs).enumerate() {
+            assert_eq!(g.offset, i as i64);
+            assert_eq!(
+                (g.timestamp, &g.key, &g.value, &g.headers),
+                (r.timestamp, &r.key, &r.value, &r.headers)
+            );
+        }
+        // The Kafka codec reads the same wire format (it keeps one value per header key).
         let sets = RecordBatchDecoder::decode_all(&mut b).unwrap();
         let got = &sets[0].records;
         assert_eq!(got.len(), 5);

@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use kafka_protocol::records::RecordBatchDecoder;
 use strata_cold::catalog::Topic;
 use strata_cold::manifest::RemoteSegment;
 use strata_cold::object_store::ObjectStore;
 use strata_cold::read::{ReadConfig, ReadError, RemoteReader};
+use strata_core::batch::{raw_records, verify, BatchIter};
+use strata_core::codec::records_section;
 
 /// Which records: partitions and an offset and time range (inclusive from, exclusive to).
 #[derive(Debug, Clone, Default)]
@@ -195,44 +196,67 @@ impl Source {
 }
 
 /// The records of `range` in the batches `got` (read at offset `at`, for offsets below
-/// `end`), and the offset after the last batch.
+/// `end`), and the offset after the last batch. Each batch is CRC-checked; keys, values and
+/// header values are slices of the decompressed records, headers kept in order (a key may
+/// repeat); control batches (transaction markers) are skipped.
 pub fn decode(
     partition: u32,
-    mut got: Bytes,
+    got: Bytes,
     at: u64,
     end: u64,
     range: &Range,
     what: &str,
 ) -> anyhow::Result<(Vec<Record>, u64)> {
-    // Where the batches end, from their headers: a compacted batch may hold fewer records
-    // than its offsets span, or none.
-    let next = strata_core::batch::BatchIter::new(&got)
-        .filter_map(Result::ok)
-        .map(|(h, _)| h.last_offset() as u64 + 1)
-        .fold(at, u64::max);
-    let sets = RecordBatchDecoder::decode_all(&mut got)
-        .map_err(|e| anyhow::anyhow!("decoding the batches of {what} at offset {at}: {e}"))?;
+    let mut next = at;
     let mut records = Vec::new();
-    for set in sets {
-        for r in set.records {
-            if r.control || (r.offset as u64) < at || r.offset as u64 >= end {
+    for item in BatchIter::new(&got) {
+        let (h, span) = item
+            .map_err(|e| anyhow::anyhow!("decoding the batches of {what} at offset {at}: {e}"))?;
+        let batch = &got[span];
+        verify(batch).map_err(|e| {
+            anyhow::anyhow!(
+                "the batch at offset {} of {what} is damaged: {e}",
+                h.base_offset
+            )
+        })?;
+        // Where the batch ends, from its header: a compacted batch may hold fewer records
+        // than its offsets span, or none.
+        next = next.max(h.last_offset() as u64 + 1);
+        if h.is_control() {
+            continue;
+        }
+        let section = records_section(batch, &h).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        let raws = raw_records(&section, h.record_count).ok_or_else(|| {
+            anyhow::anyhow!(
+                "malformed records in the batch at offset {} of {what}",
+                h.base_offset
+            )
+        })?;
+        for r in raws {
+            let offset = h.base_offset + r.offset_delta;
+            let timestamp = match h.log_append_time() {
+                true => h.max_timestamp,
+                false => h.base_timestamp + r.timestamp_delta,
+            };
+            if offset < 0 || (offset as u64) < at || offset as u64 >= end {
                 continue;
             }
-            if range.from_ms.is_some_and(|f| r.timestamp < f)
-                || range.to_ms.is_some_and(|t| r.timestamp >= t)
+            if range.from_ms.is_some_and(|f| timestamp < f)
+                || range.to_ms.is_some_and(|t| timestamp >= t)
             {
                 continue;
             }
+            let slice = |b: &[u8]| section.slice_ref(b);
             records.push(Record {
                 partition,
-                offset: r.offset,
-                timestamp: r.timestamp,
-                key: r.key,
-                value: r.value,
+                offset,
+                timestamp,
+                key: r.key.map(slice),
+                value: r.value.map(slice),
                 headers: r
                     .headers
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v))
+                    .iter()
+                    .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.map(slice)))
                     .collect(),
             });
         }

@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use strata_core::batch::build::{batch, ProducerIds, Rec};
-use strata_core::batch::verify;
+use strata_core::batch::{verify, Compression};
 
 use super::*;
 
