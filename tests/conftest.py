@@ -33,10 +33,19 @@ def strata_bin() -> str:
     return str(path)
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and never handed out before in this test run: the kernel may give
+    a just-released port again, and two listeners of one cluster must not get the same."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def port_accepts(port: int) -> bool:
