@@ -7,6 +7,12 @@
 //! linearizes them (no If-Match needed, which local file systems lack). The newest version
 //! is the manifest; a few older ones are kept for readers that listed just before.
 //!
+//! Deleting old versions frees their numbers, so a create-only put alone does not prove a
+//! win: a writer that read version N and stalled while N+1..N+5 were written and N+1 was
+//! deleted can create N+1 and be told Ok, behind N+5. So a writer lists the versions after
+//! its put and counts it as won only when none is newer; otherwise it lost the race and
+//! retries on the newest, as when its create is refused (see [`ManifestStore::update`]).
+//!
 //! Every manifest carries the highest leader epoch that wrote it. A leader first claims the
 //! manifest with its epoch; a deposed leader (lower epoch) is then refused, so an upload it
 //! finishes late can never be committed. Objects it left behind are orphans, found later by
@@ -206,8 +212,8 @@ impl ManifestStore {
         &self.prefix
     }
 
-    /// The newest manifest version written (0: none).
-    async fn latest_version(&self) -> Result<u64, ManifestError> {
+    /// The manifest versions in the store, in no particular order.
+    async fn versions(&self) -> Result<Vec<u64>, ManifestError> {
         let listed: Vec<_> = self
             .store
             .list(Some(&self.prefix.manifest_dir()))
@@ -222,8 +228,12 @@ impl ManifestStore {
                     .parse::<u64>()
                     .ok()
             })
-            .max()
-            .unwrap_or(0))
+            .collect())
+    }
+
+    /// The newest manifest version written (0: none).
+    async fn latest_version(&self) -> Result<u64, ManifestError> {
+        Ok(self.versions().await?.into_iter().max().unwrap_or(0))
     }
 
     /// The current manifest (an empty one, version 0, when none was written).
@@ -269,6 +279,18 @@ impl ManifestStore {
     /// the next version, retrying against concurrent writers. `change` returns `None` when
     /// there is nothing to do (it must be idempotent: after a write whose answer was lost,
     /// it sees its own change already made). Refused when the manifest has a newer epoch.
+    ///
+    /// A write counts only when, listed right after its put, no newer version exists. Version
+    /// numbers are reused once deleted, and the alternative, never reusing them, would mean
+    /// never deleting a version (or leaving a tombstone per version): the listing every
+    /// read starts with would grow forever, and a deletion delay would only shrink the
+    /// window, since a writer can stall for any time between its read and its put. The
+    /// re-read needs no such bound: the newest version is never deleted (only versions
+    /// `keep` below a confirmed newest one are), so a put that re-created an old number
+    /// always finds a newer version in the listing (object stores list strongly after
+    /// writes, as `load` already relies on). Such a write is then a lost race and is retried
+    /// on the newest manifest. A write that did win but was built on right away is retried
+    /// too; its idempotent change then finds itself applied and writes nothing.
     pub async fn update(
         &self,
         epoch: i32,
@@ -320,14 +342,21 @@ impl ManifestStore {
                 .put_opts(&self.prefix.manifest(next.version), body.into(), opts)
                 .await
             {
-                Ok(_) => {
-                    self.remove_old(next.version).await;
-                    return Ok(next);
-                }
+                Ok(_) => {}
                 // Another writer took this version: read it and try again.
                 Err(object_store::Error::AlreadyExists { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
+            // The put may have re-created a version deleted as old: it won only if nothing
+            // newer exists. (A listing that fails leaves the outcome unknown, as a lost
+            // answer does: the caller retries, and its idempotent change sees what landed.)
+            let versions = self.versions().await?;
+            if let Some(&newer) = versions.iter().find(|&&v| v > next.version) {
+                tracing::debug!(prefix = %self.prefix.0, version = next.version, newer, "manifest version written behind a newer one; retrying on the newest");
+                continue;
+            }
+            self.remove_old(next.version, &versions).await;
+            return Ok(next);
         }
         Err(ManifestError::Contended(MAX_ATTEMPTS))
     }
@@ -339,27 +368,16 @@ impl ManifestStore {
             .await
     }
 
-    /// Deletes manifest versions older than the few kept (best effort).
-    async fn remove_old(&self, newest: u64) {
+    /// Deletes, of the `listed` versions, those older than the few kept below `newest`, the
+    /// version just written and confirmed newest (best effort).
+    async fn remove_old(&self, newest: u64, listed: &[u64]) {
         let Some(below) = newest.checked_sub(self.keep) else {
             return;
         };
-        let listed: Result<Vec<_>, _> = self
-            .store
-            .list(Some(&self.prefix.manifest_dir()))
-            .try_collect()
-            .await;
-        for o in listed.unwrap_or_default() {
-            let old = o
-                .location
-                .filename()
-                .and_then(|f| f.strip_suffix(".json"))
-                .and_then(|v| v.parse::<u64>().ok())
-                .is_some_and(|v| v < below);
-            if old {
-                if let Err(e) = self.store.delete(&o.location).await {
-                    tracing::debug!(key = %o.location, error = %e, "could not delete an old manifest");
-                }
+        for &v in listed.iter().filter(|&&v| v < below) {
+            let key = self.prefix.manifest(v);
+            if let Err(e) = self.store.delete(&key).await {
+                tracing::debug!(key = %key, error = %e, "could not delete an old manifest");
             }
         }
     }

@@ -235,3 +235,53 @@ async fn an_unfenced_writer_keeps_the_leaders_epoch_and_races_it_safely() {
         "no new version was written"
     );
 }
+
+/// Issue 14, defect 7: a writer several versions behind (it read version 1; versions 2 to 6
+/// were written meanwhile and 2 was deleted as old) re-creates the deleted version 2. The
+/// create-only put succeeds, but version 6 is still the newest: the update must not be
+/// reported as done while it is lost, so the writer retries on top of the newest.
+#[tokio::test]
+async fn a_writer_far_behind_cannot_recreate_a_deleted_version_and_lose_its_update() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let late = ManifestStore::new(store.clone(), prefix());
+    late.update(3, append(segment(0, 10, "first")))
+        .await
+        .unwrap();
+    let stalled = std::sync::atomic::AtomicBool::new(true);
+    let got = late
+        .update(3, |current| {
+            if stalled.swap(false, Ordering::SeqCst) {
+                // While this writer holds version 1, others write versions 2 to 6.
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        let others = ManifestStore::new(store, prefix());
+                        for i in 0..5 {
+                            others
+                                .update(3, append(segment(0, 10, &format!("other-{i}"))))
+                                .await
+                                .unwrap();
+                        }
+                    })
+                })
+                .join()
+                .unwrap();
+            }
+            append(segment(0, 10, "late"))(current)
+        })
+        .await
+        .unwrap();
+    let newest = late.load().await.unwrap();
+    assert!(
+        newest.segments.iter().any(|s| s.key == "late"),
+        "the update was reported done (version {}) but the newest manifest (version {}) lacks it",
+        got.version,
+        newest.version
+    );
+    assert_eq!(got, newest, "the update's answer is the newest manifest");
+    assert_eq!(newest.segments.len(), 7);
+    assert_eq!(newest.version, 7);
+}
