@@ -143,6 +143,86 @@ impl Manifest {
     }
 }
 
+/// A replica's leader-epoch lineage (its `leader-epoch-checkpoint`) and its log's range:
+/// what a replica checks remote segments against before it counts them as its own history
+/// (KIP-405). After an unclean election (or any bug that let replicas diverge), the cold
+/// tier may hold a deposed leader's records at offsets where this log holds others.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lineage {
+    /// (epoch, first offset written in it), in order.
+    pub epochs: Vec<(i32, u64)>,
+    /// The local log start (the lineage starts there too).
+    pub log_start: u64,
+    /// The local log end.
+    pub log_end: u64,
+}
+
+/// The epoch that wrote `offset` in a history of (epoch, start offset) entries.
+fn epoch_at(history: &[(i32, u64)], offset: u64) -> Option<i32> {
+    history
+        .iter()
+        .filter(|(_, start)| *start <= offset)
+        .max_by_key(|(epoch, start)| (*start, *epoch))
+        .map(|(epoch, _)| *epoch)
+}
+
+impl Lineage {
+    /// Whether `seg`, whose records were written at `epochs` (its `.epochs` companion:
+    /// (epoch, start) pairs covering its range; `None` or empty when unknown), holds the
+    /// records this log holds at the same offsets. Offsets below the local log start cannot
+    /// be checked and are trusted: this replica deleted them itself, as tiered. Offsets
+    /// past the local log end are records this log does not have.
+    pub fn holds(&self, seg: &RemoteSegment, epochs: Option<&[(i32, u64)]>) -> bool {
+        if seg.end_offset <= self.log_start {
+            return true;
+        }
+        if seg.end_offset > self.log_end {
+            return false;
+        }
+        let from = seg.base_offset.max(self.log_start);
+        let inside = |start: &u64| *start > from && *start < seg.end_offset;
+        let mine = |o| epoch_at(&self.epochs, o);
+        match epochs.filter(|e| !e.is_empty()) {
+            // Both histories are step functions of the offset: they agree on the range
+            // when they agree where it starts and wherever either one steps.
+            Some(theirs) => std::iter::once(from)
+                .chain(
+                    theirs
+                        .iter()
+                        .chain(&self.epochs)
+                        .map(|e| e.1)
+                        .filter(inside),
+                )
+                .all(|o| mine(o).is_some_and(|e| Some(e) == epoch_at(theirs, o))),
+            // Only the uploader's epoch is known, and no record in the segment was
+            // written after it: a newer epoch of this log in the range means divergence.
+            None => std::iter::once(from)
+                .chain(self.epochs.iter().map(|e| e.1).filter(inside))
+                .all(|o| mine(o).is_some_and(|e| e <= seg.leader_epoch)),
+        }
+    }
+}
+
+/// The end of the longest prefix of `m`'s segments whose records `lineage` also holds (see
+/// [`Lineage::holds`]); `epochs` has each segment's `.epochs` companion by key (a segment
+/// missing from it is checked against the epoch that uploaded it). `m`'s log start when no
+/// segment qualifies. The prefix is whole segments, so a replica may count it as tiered
+/// and a leader may cut the manifest back to it (`ManifestStore::cut_back`).
+pub fn consistent_end(
+    m: &Manifest,
+    epochs: &std::collections::HashMap<String, Vec<(i32, u64)>>,
+    lineage: &Lineage,
+) -> u64 {
+    let mut end = m.log_start;
+    for s in &m.segments {
+        if !lineage.holds(s, epochs.get(&s.key).map(Vec::as_slice)) {
+            break;
+        }
+        end = s.end_offset;
+    }
+    end
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     #[error("fenced: leader epoch {mine} is older than the manifest's {manifest}")]
@@ -366,6 +446,50 @@ impl ManifestStore {
     pub async fn claim(&self, epoch: i32) -> Result<Manifest, ManifestError> {
         self.update(epoch, |m| Ok((m.leader_epoch < epoch).then(|| m.clone())))
             .await
+    }
+
+    /// The leader epochs that wrote `seg` (its `.epochs` companion): `None` when it has
+    /// none or it is unreadable (a damaged one is logged).
+    pub async fn segment_epochs(
+        &self,
+        seg: &RemoteSegment,
+    ) -> Result<Option<Vec<(i32, u64)>>, ManifestError> {
+        let key = Path::from(format!("{}.epochs", seg.key));
+        let bytes = match self.store.get(&key).await {
+            Ok(r) => r.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        match serde_json::from_slice(&bytes) {
+            Ok(pairs) => Ok(Some(pairs)),
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "unreadable segment epochs; checking the segment by its upload epoch");
+                Ok(None)
+            }
+        }
+    }
+
+    /// As leader `epoch`: drops the segments from `end` on (records of another history, see
+    /// [`consistent_end`]), so that this leader uploads its own in their place. Their
+    /// objects become orphans. Refused when no segment boundary is at `end` any more (the
+    /// manifest changed since `end` was found: check again).
+    pub async fn cut_back(&self, epoch: i32, end: u64) -> Result<Manifest, ManifestError> {
+        self.update(epoch, |m| {
+            let keep = m.segments.partition_point(|s| s.end_offset <= end);
+            let Some(first_dropped) = m.segments.get(keep) else {
+                return Ok(None);
+            };
+            if first_dropped.base_offset != end {
+                return Err(format!(
+                    "cannot cut the manifest back to {end}: segment [{}, {}) spans it",
+                    first_dropped.base_offset, first_dropped.end_offset
+                ));
+            }
+            let mut next = m.clone();
+            next.segments.truncate(keep);
+            Ok(Some(next))
+        })
+        .await
     }
 
     /// Deletes, of the `listed` versions, those older than the few kept below `newest`, the

@@ -285,3 +285,276 @@ async fn a_writer_far_behind_cannot_recreate_a_deleted_version_and_lose_its_upda
     assert_eq!(newest.segments.len(), 7);
     assert_eq!(newest.version, 7);
 }
+
+/// Issue 14, defect 5: which remote segments a replica may count as tiered.
+mod lineage {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// A segment [base, end) uploaded at `leader_epoch`, keyed by its range.
+    fn seg(base: u64, end: u64, leader_epoch: i32) -> RemoteSegment {
+        RemoteSegment {
+            leader_epoch,
+            ..segment(base, end, &format!("{base}-{end}"))
+        }
+    }
+
+    fn manifest(log_start: u64, segments: Vec<RemoteSegment>) -> Manifest {
+        let m = Manifest {
+            format: FORMAT,
+            version: 1,
+            leader_epoch: 1,
+            log_start,
+            segments,
+            retired: vec![],
+        };
+        m.validate().unwrap();
+        m
+    }
+
+    /// The `.epochs` companions, by segment key.
+    fn companions(pairs: &[(&RemoteSegment, &[(i32, u64)])]) -> HashMap<String, Vec<(i32, u64)>> {
+        pairs
+            .iter()
+            .map(|(s, e)| (s.key.clone(), e.to_vec()))
+            .collect()
+    }
+
+    fn lineage(epochs: &[(i32, u64)], log_start: u64, log_end: u64) -> Lineage {
+        Lineage {
+            epochs: epochs.to_vec(),
+            log_start,
+            log_end,
+        }
+    }
+
+    /// The issue's case: the old leader (epoch 1) uploaded [0, 200), written at epoch 0 up
+    /// to 100 and at epoch 1 after; the new leader's log has epoch 0 from 0, then epoch 2
+    /// from 100: only [0, 100) is the same history.
+    #[test]
+    fn an_unclean_leader_trusts_only_the_prefix_its_own_history_shares() {
+        let (a, b) = (seg(0, 100, 1), seg(100, 200, 1));
+        let epochs = companions(&[(&a, &[(0, 0)]), (&b, &[(0, 0), (1, 100)])]);
+        let m = manifest(0, vec![a, b]);
+        let new_leader = lineage(&[(0, 0), (2, 100)], 0, 150);
+        assert_eq!(consistent_end(&m, &epochs, &new_leader), 100);
+        // The old leader's own lineage (or a follower's copy of it) trusts all of it.
+        let old_leader = lineage(&[(0, 0), (1, 100)], 0, 230);
+        assert_eq!(consistent_end(&m, &epochs, &old_leader), 200);
+    }
+
+    #[test]
+    fn records_past_the_local_log_end_are_not_trusted() {
+        let (a, b) = (seg(0, 100, 1), seg(100, 200, 1));
+        let epochs = companions(&[(&a, &[(0, 0)]), (&b, &[(0, 0), (1, 100)])]);
+        let m = manifest(0, vec![a, b]);
+        // Same epochs, but this log ends inside the second segment.
+        assert_eq!(
+            consistent_end(&m, &epochs, &lineage(&[(0, 0), (1, 100)], 0, 150)),
+            100
+        );
+        assert_eq!(
+            consistent_end(&m, &epochs, &lineage(&[(0, 0), (1, 100)], 0, 200)),
+            200
+        );
+    }
+
+    #[test]
+    fn an_epoch_change_inside_a_segment_must_be_at_the_same_offset() {
+        let a = seg(0, 200, 1);
+        let epochs = companions(&[(&a, &[(0, 0), (1, 120)])]);
+        let m = manifest(0, vec![a]);
+        assert_eq!(
+            consistent_end(&m, &epochs, &lineage(&[(0, 0), (1, 100)], 0, 300)),
+            0
+        );
+        assert_eq!(
+            consistent_end(&m, &epochs, &lineage(&[(0, 0), (1, 120)], 0, 300)),
+            200
+        );
+        assert_eq!(
+            consistent_end(&m, &epochs, &lineage(&[(0, 0), (1, 120), (3, 150)], 0, 300)),
+            0,
+            "a newer epoch inside the segment's range"
+        );
+    }
+
+    #[test]
+    fn a_divergent_segment_ends_the_prefix_even_if_later_ones_agree() {
+        // [100, 200) is the old leader's; [200, 300) was uploaded on top of it by the new
+        // leader before this fix.
+        let (a, b, c) = (seg(0, 100, 1), seg(100, 200, 1), seg(200, 300, 2));
+        let epochs = companions(&[
+            (&a, &[(0, 0)]),
+            (&b, &[(0, 0), (1, 100)]),
+            (&c, &[(0, 0), (2, 100)]),
+        ]);
+        let m = manifest(0, vec![a, b, c]);
+        assert_eq!(
+            consistent_end(&m, &epochs, &lineage(&[(0, 0), (2, 100)], 0, 400)),
+            100
+        );
+    }
+
+    #[test]
+    fn what_lies_below_the_local_log_start_is_trusted_and_the_rest_checked() {
+        // This log was trimmed to 150 (its lineage too): [0, 100) cannot be checked; the
+        // straddling [100, 200) is checked from 150 on.
+        let (a, b) = (seg(0, 100, 9), seg(100, 200, 1));
+        let epochs = companions(&[(&a, &[(9, 0)]), (&b, &[(0, 0), (1, 100)])]);
+        let m = manifest(0, vec![a, b]);
+        assert_eq!(
+            consistent_end(&m, &epochs, &lineage(&[(1, 150)], 150, 250)),
+            200
+        );
+        assert_eq!(
+            consistent_end(&m, &epochs, &lineage(&[(2, 150)], 150, 250)),
+            100
+        );
+        // An emptied log (restarted at 250 with no epochs yet) trusts what lies below it.
+        assert_eq!(consistent_end(&m, &epochs, &lineage(&[], 250, 250)), 200);
+        assert_eq!(consistent_end(&m, &epochs, &lineage(&[], 150, 150)), 100);
+    }
+
+    #[test]
+    fn without_its_epochs_a_segment_is_checked_against_the_epoch_that_uploaded_it() {
+        // No `.epochs` companion (or an empty one): every record in a segment was written
+        // at or below the epoch that uploaded it.
+        let (a, b) = (seg(0, 100, 1), seg(100, 200, 1));
+        let m = manifest(0, vec![a.clone(), b]);
+        let none = HashMap::new();
+        assert_eq!(
+            consistent_end(&m, &none, &lineage(&[(0, 0), (2, 100)], 0, 150)),
+            100
+        );
+        assert_eq!(
+            consistent_end(&m, &none, &lineage(&[(0, 0), (1, 100)], 0, 200)),
+            200
+        );
+        let empty = companions(&[(&a, &[])]);
+        assert_eq!(consistent_end(&m, &empty, &lineage(&[(2, 0)], 0, 200)), 0);
+    }
+
+    #[test]
+    fn an_empty_manifest_ends_at_its_log_start() {
+        let m = manifest(70, vec![]);
+        assert_eq!(
+            consistent_end(&m, &HashMap::new(), &lineage(&[(4, 0)], 0, 10)),
+            70
+        );
+        let m = manifest(70, vec![seg(70, 80, 4)]);
+        assert_eq!(
+            consistent_end(&m, &HashMap::new(), &lineage(&[(5, 0)], 0, 100)),
+            70
+        );
+    }
+
+    /// Every history of up to 6 offsets over epochs 0..3, every local log (start, end,
+    /// history) and every way of cutting the remote range into segments: the answer is the
+    /// last segment boundary at or below the first offset, from the local log start, where
+    /// the two histories differ or the local log ends.
+    #[test]
+    fn exhaustively_the_last_boundary_before_the_histories_part() {
+        const N: usize = 6;
+        // Non-decreasing epoch sequences of length `len`.
+        fn histories(len: usize) -> Vec<Vec<i32>> {
+            let mut out = vec![vec![]];
+            for _ in 0..len {
+                out = out
+                    .into_iter()
+                    .flat_map(|h: Vec<i32>| {
+                        let low = h.last().copied().unwrap_or(0);
+                        (low..3).map(move |e| {
+                            let mut h = h.clone();
+                            h.push(e);
+                            h
+                        })
+                    })
+                    .collect();
+            }
+            out
+        }
+        // (epoch, start) entries of `h` from offset `from`.
+        fn entries(h: &[i32], from: usize) -> Vec<(i32, u64)> {
+            let mut out: Vec<(i32, u64)> = Vec::new();
+            for (o, &e) in h.iter().enumerate().skip(from) {
+                if out.last().is_none_or(|l| l.0 != e) {
+                    out.push((e, o as u64));
+                }
+            }
+            out
+        }
+        let mut checked = 0u64;
+        for remote in histories(N) {
+            for cuts in 0u32..(1 << (N - 1)) {
+                let mut bounds = vec![0u64];
+                bounds.extend((1..N as u64).filter(|b| cuts & (1 << (b - 1)) != 0));
+                bounds.push(N as u64);
+                let segments: Vec<RemoteSegment> =
+                    bounds.windows(2).map(|w| seg(w[0], w[1], 3)).collect();
+                let epochs: HashMap<String, Vec<(i32, u64)>> = segments
+                    .iter()
+                    .map(|s| {
+                        let upto = &remote[..s.end_offset as usize];
+                        (s.key.clone(), entries(upto, 0))
+                    })
+                    .collect();
+                let m = manifest(0, segments);
+                for log_end in 0..=N {
+                    for local in histories(log_end) {
+                        for log_start in 0..=log_end {
+                            let l = lineage(
+                                &entries(&local, log_start),
+                                log_start as u64,
+                                log_end as u64,
+                            );
+                            let parted = (log_start..N)
+                                .find(|&o| o >= log_end || local[o] != remote[o])
+                                .unwrap_or(N) as u64;
+                            let want = bounds
+                                .iter()
+                                .copied()
+                                .filter(|&b| b <= parted)
+                                .max()
+                                .unwrap_or(0);
+                            assert_eq!(
+                                consistent_end(&m, &epochs, &l),
+                                want,
+                                "remote {remote:?} cut at {bounds:?}, local {local:?} from {log_start}"
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 100_000, "{checked}");
+    }
+}
+
+#[tokio::test]
+async fn cut_back_drops_the_segments_from_a_boundary_fenced_by_epoch() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let m = ManifestStore::new(store, prefix());
+    for k in ["a", "b", "c"] {
+        m.update(1, append(segment(0, 10, k))).await.unwrap();
+    }
+    let spans = m.cut_back(2, 15).await;
+    assert!(
+        matches!(&spans, Err(ManifestError::Rejected(why)) if why.contains("[10, 20) spans it")),
+        "{spans:?}"
+    );
+    let cut = m.cut_back(2, 10).await.unwrap();
+    assert_eq!((cut.leader_epoch, cut.end_offset()), (2, 10));
+    assert_eq!(cut.segments[0].key, "a");
+    // Cutting again writes nothing; a deposed leader cannot cut.
+    assert_eq!(m.cut_back(2, 10).await.unwrap().version, cut.version);
+    assert!(matches!(
+        m.cut_back(1, 0).await,
+        Err(ManifestError::Fenced {
+            mine: 1,
+            manifest: 2
+        })
+    ));
+}

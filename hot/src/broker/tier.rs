@@ -7,9 +7,12 @@
 //! - as follower, it reads where the manifest ends now and then;
 //!
 //! and records that end in the partition (`Progress::tiered_end`), so local retention
-//! (`local.retention.*`) deletes only what the cold tier holds. When the object store
-//! fails, uploads stop for the round and are retried on the next; local data stays, and
-//! the backlog shows in `strata_under_tiered_bytes`.
+//! (`local.retention.*`) deletes only what the cold tier holds. Either way it counts only
+//! the remote segments its own leader-epoch history shares (KIP-405): after an unclean
+//! election the cold tier may hold a deposed leader's records where this log holds others,
+//! and a claiming leader cuts those from the manifest to upload its own in their place.
+//! When the object store fails, uploads stop for the round and are retried on the next;
+//! local data stays, and the backlog shows in `strata_under_tiered_bytes`.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -17,7 +20,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use strata_cold::catalog::TopicInfo;
-use strata_cold::manifest::{Manifest, ManifestError, PartitionPrefix};
+use strata_cold::manifest::{Lineage, Manifest, ManifestError, PartitionPrefix};
 use strata_cold::object_store::ObjectStore;
 use strata_cold::retention::{self, Retention};
 use strata_cold::upload::{UploadConfig, UploadError, Uploaded, Uploader};
@@ -178,6 +181,53 @@ struct PartitionTier {
     claimed: Option<i32>,
     checked: Option<Instant>,
     swept: Option<Instant>,
+    /// The `.epochs` companions read so far, by segment key (objects never change; empty:
+    /// the segment has none).
+    epochs: HashMap<String, Vec<(i32, u64)>>,
+}
+
+impl PartitionTier {
+    /// The end of the part of `m` that `lineage` shares (see
+    /// [`strata_cold::manifest::consistent_end`]), reading the epochs of the segments it
+    /// must check, each once.
+    async fn consistent_end(
+        &mut self,
+        m: &Manifest,
+        lineage: &Lineage,
+    ) -> Result<u64, ManifestError> {
+        let named: std::collections::HashSet<&str> =
+            m.segments.iter().map(|s| s.key.as_str()).collect();
+        self.epochs.retain(|k, _| named.contains(k.as_str()));
+        for s in &m.segments {
+            // Below the local log start nothing is checked; past its end, nothing held.
+            let checked = s.end_offset > lineage.log_start && s.base_offset < lineage.log_end;
+            if checked && !self.epochs.contains_key(&s.key) {
+                let epochs = self.uploader.manifest().segment_epochs(s).await?;
+                self.epochs
+                    .insert(s.key.clone(), epochs.unwrap_or_default());
+            }
+        }
+        Ok(strata_cold::manifest::consistent_end(
+            m,
+            &self.epochs,
+            lineage,
+        ))
+    }
+}
+
+/// The replica's leader-epoch history and log range, to check remote segments against.
+fn lineage_of(p: &super::Partition) -> Lineage {
+    let log = p.lock();
+    Lineage {
+        epochs: log
+            .epochs()
+            .entries()
+            .iter()
+            .map(|e| (e.epoch, e.start_offset))
+            .collect(),
+        log_start: log.start_offset(),
+        log_end: log.end_offset(),
+    }
 }
 
 pub(super) async fn run(
@@ -263,6 +313,7 @@ impl Broker {
                     claimed: None,
                     checked: None,
                     swept: None,
+                    epochs: HashMap::new(),
                 });
                 local.insert(key, p.clone());
             }
@@ -335,11 +386,8 @@ impl Broker {
                 tier.claimed = None;
                 if tier.checked.is_none_or(|t| t.elapsed() >= FOLLOWER_CHECK) {
                     tier.checked = Some(Instant::now());
-                    match tier.uploader.manifest().load().await {
-                        Ok(m) => {
-                            p.set_tiered_end(m.end_offset());
-                            cold.set(key, m);
-                        }
+                    match follow_manifest(tier, &p).await {
+                        Ok(m) => cold.set(key, m),
                         Err(e) => {
                             tracing::debug!(topic = %p.topic, partition = p.index, error = %e, "could not read the cold tier's manifest")
                         }
@@ -361,10 +409,9 @@ impl Broker {
     ) {
         let m = self.metrics();
         if tier.claimed != Some(epoch) {
-            match tier.uploader.manifest().claim(epoch).await {
+            match claim_manifest(tier, p, epoch).await {
                 Ok(manifest) => {
                     tier.claimed = Some(epoch);
-                    p.set_tiered_end(manifest.end_offset());
                     cold.set(key, manifest);
                 }
                 Err(e) => {
@@ -481,5 +528,151 @@ impl Broker {
                 tracing::warn!(topic = %p.topic, partition = p.index, epoch, error = %e, "remote retention failed; will retry")
             }
         }
+    }
+}
+
+/// A new leader's claim on the manifest at `epoch` (fencing older leaders); records in `p`
+/// how far the cold tier holds its log. Only the part of the cold tier this leader's epoch
+/// history shares counts: the rest (a deposed leader's records, after an unclean election)
+/// is cut from the manifest, epoch-fenced, so this leader uploads its own records in their
+/// place; the cut objects become orphans for the sweep. Until then local retention keeps
+/// them, as `tiered_end` stops where the shared part does.
+async fn claim_manifest(
+    tier: &mut PartitionTier,
+    p: &super::Partition,
+    epoch: i32,
+) -> Result<Manifest, ManifestError> {
+    let claimed = tier.uploader.manifest().claim(epoch).await?;
+    let lineage = lineage_of(p);
+    let shared_end = tier.consistent_end(&claimed, &lineage).await?;
+    let manifest = if shared_end < claimed.end_offset() {
+        tracing::warn!(
+            topic = %p.topic,
+            partition = p.index,
+            epoch,
+            remote_end = claimed.end_offset(),
+            shared_end,
+            log_start = lineage.log_start,
+            "the cold tier holds records this leader's epoch history does not; cutting its manifest back to upload this log's own"
+        );
+        tier.uploader.manifest().cut_back(epoch, shared_end).await?
+    } else {
+        claimed
+    };
+    p.set_tiered_end(manifest.end_offset());
+    Ok(manifest)
+}
+
+/// As follower: reads the manifest and records in `p` how far it holds this replica's log
+/// (the part its epoch history shares, as for a leader).
+async fn follow_manifest(
+    tier: &mut PartitionTier,
+    p: &super::Partition,
+) -> Result<Manifest, ManifestError> {
+    let m = tier.uploader.manifest().load().await?;
+    let shared_end = tier.consistent_end(&m, &lineage_of(p)).await?;
+    p.set_tiered_end(shared_end);
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_cold::manifest::{ManifestStore, RemoteSegment};
+    use strata_cold::object_store::memory::InMemory;
+    use strata_cold::object_store::path::Path;
+    use strata_core::batch::build::{batch, ProducerIds, Rec};
+
+    use super::*;
+    use crate::broker::Partition;
+    use crate::log::{PartitionLog, ValidBatch};
+
+    /// Appends `batches` batches of 10 records at the log's current leader epoch.
+    fn append(log: &mut PartitionLog, batches: usize) {
+        for _ in 0..batches {
+            let recs: Vec<Rec<'_>> = (0..10)
+                .map(|i| Rec {
+                    key: None,
+                    value: Some(b"record"),
+                    timestamp_delta: i,
+                })
+                .collect();
+            let b = ValidBatch::new(bytes::Bytes::from(batch(1_000, ProducerIds::NONE, &recs)))
+                .expect("a built batch is valid");
+            log.append(&b, 0).expect("append");
+        }
+    }
+
+    /// Issue 14, defect 5. The old leader (epoch 1) tiered [0, 200): written at epoch 0 up
+    /// to 100, at epoch 1 after. The new leader, elected uncleanly, wrote epoch 2 from 100:
+    /// it must not count [100, 200) as tiered, and it cuts the manifest back to 100 so that
+    /// its own records go up in their place.
+    #[tokio::test]
+    async fn a_new_leader_claims_only_the_part_of_the_cold_tier_its_history_shares() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let prefix = PartitionPrefix::new("c", "t", 0);
+        let old = ManifestStore::new(store.clone(), prefix.clone());
+        for (base, end, epochs) in [
+            (0u64, 100u64, vec![(0, 0)]),
+            (100, 200, vec![(0, 0), (1, 100)]),
+        ] {
+            let key = prefix.segment_key(base, 1, Uuid::new_v4());
+            let companion = serde_json::to_vec(&epochs).expect("pairs serialize");
+            store
+                .put(&Path::from(format!("{key}.epochs")), companion.into())
+                .await
+                .expect("in-memory put");
+            let s = RemoteSegment {
+                base_offset: base,
+                end_offset: end,
+                min_timestamp: 0,
+                max_timestamp: 0,
+                size_bytes: 1,
+                leader_epoch: 1,
+                key,
+                compacted: None,
+            };
+            old.update(1, move |m| {
+                let mut next = m.clone();
+                next.segments.push(s.clone());
+                Ok(Some(next))
+            })
+            .await
+            .expect("old leader's upload");
+        }
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (mut log, _) =
+            PartitionLog::open(dir.path(), crate::log::LogConfig::default(), 0).expect("open log");
+        append(&mut log, 10);
+        log.set_leader_epoch(2);
+        append(&mut log, 5);
+        let lineage: Vec<(i32, u64)> = log
+            .epochs()
+            .entries()
+            .iter()
+            .map(|e| (e.epoch, e.start_offset))
+            .collect();
+        assert_eq!(lineage, [(0, 0), (2, 100)]);
+        let p = Partition::start(Arc::from("t"), 0, log, 150);
+
+        let mut tier = PartitionTier {
+            uploader: Uploader::new(store.clone(), prefix.clone(), UploadConfig::default()),
+            claimed: None,
+            checked: None,
+            swept: None,
+            epochs: HashMap::new(),
+        };
+        let claimed = claim_manifest(&mut tier, &p, 2).await.expect("claim");
+        assert_eq!(
+            p.progress().tiered_end,
+            Some(100),
+            "tiered_end counts only what the new leader's history shares"
+        );
+        let m = old.load().await.expect("load");
+        assert_eq!(m, claimed);
+        assert_eq!(
+            (m.leader_epoch, m.end_offset(), m.segments.len()),
+            (2, 100, 1)
+        );
     }
 }
