@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::Broker;
 use crate::cluster::ClusterLink;
+use crate::replication::leader::IsrRefusal;
 
 const TICK: Duration = Duration::from_millis(250);
 
@@ -62,11 +63,20 @@ pub(super) async fn run(broker: Weak<Broker>, link: Arc<ClusterLink>) {
                                 b.metrics().isr_shrinks.fetch_add(1, Relaxed);
                             }
                             tracing::info!(topic = %name, partition = p.index, isr = ?r.isr, partition_epoch = r.partition_epoch, "ISR change committed");
-                            p.isr_answer(epoch, Some((r.isr, r.partition_epoch)), b.now_ms());
+                            p.isr_answer(epoch, Ok((r.isr, r.partition_epoch)), b.now_ms());
                         }
                         Err(e) => {
-                            tracing::info!(topic = %name, partition = p.index, isr = ?proposal.isr, error = %e.message(), "ISR change refused; will propose again from newer metadata");
-                            p.isr_answer(epoch, None, b.now_ms());
+                            // Only an invalid ISR is known not to be committed; any other
+                            // failure (a stale partition epoch after a controller failover, no
+                            // answer) may follow a commit, so the change stays pending until
+                            // the metadata shows its outcome.
+                            let why = if e.code() == tonic::Code::InvalidArgument {
+                                IsrRefusal::Rejected
+                            } else {
+                                IsrRefusal::Unknown
+                            };
+                            tracing::info!(topic = %name, partition = p.index, isr = ?proposal.isr, error = %e.message(), outcome = ?why, "ISR change not confirmed; waiting for the metadata to show it");
+                            p.isr_answer(epoch, Err(why), b.now_ms());
                         }
                     }
                 });

@@ -16,7 +16,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::log::{AppendError, Appended, PartitionLog, ReadError, ReadPlan, ValidBatch};
 use crate::replication::leader::{
-    Assignment, FollowerStatus, IsrProposal, LeaderState, NotEnoughReplicas, Policy,
+    Assignment, FollowerStatus, IsrProposal, IsrRefusal, LeaderState, NotEnoughReplicas, Policy,
 };
 
 /// Kafka's special ListOffsets timestamps.
@@ -83,6 +83,26 @@ pub enum ReplicaFetchError {
     UnknownLeaderEpoch(i32),
     #[error("broker {0} is not a replica of the partition")]
     NotReplica(i32),
+}
+
+/// The leader and leader epoch a follower's fetcher acts for: its writes apply only while the
+/// replica still follows that leader at that epoch, checked under the lock that orders role
+/// changes, so a fetcher outliving its role can never write into a leader's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Following {
+    pub leader: i32,
+    pub epoch: i32,
+}
+
+/// Why a follower's write was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaWriteError {
+    #[error("this replica no longer follows broker {leader} at leader epoch {epoch}")]
+    NotFollowing { leader: i32, epoch: i32 },
+    #[error(transparent)]
+    Append(#[from] AppendError),
+    #[error("log i/o failed: {0}")]
+    Io(#[from] std::io::Error),
 }
 
 /// A leader's answer to a replica fetch that was accepted.
@@ -238,7 +258,10 @@ impl Partition {
         }
         let (leader_end, log_end) = {
             let mut log = self.lock();
-            log.set_leader_epoch(epoch);
+            if let Err(e) = log.begin_leader_epoch(epoch) {
+                tracing::error!(topic = %self.topic, partition = self.index, epoch, error = %e, "could not record the new leader epoch; partition stops accepting writes");
+                self.progress.send_modify(|p| p.failed = true);
+            }
             let end = log.end_offset();
             if log.config().acks_wait_for_fsync() {
                 (self.progress().durable_end, end)
@@ -247,7 +270,7 @@ impl Partition {
             }
         };
         let hw = self.progress().high_watermark;
-        let state = LeaderState::new(assignment, leader_end, hw, policy, now_ms);
+        let state = LeaderState::new(assignment, log_end, leader_end, hw, policy, now_ms);
         let (hw, under) = (state.high_watermark(), state.under_min_isr());
         *role = Role::Leader { epoch, state };
         drop(role);
@@ -318,6 +341,30 @@ impl Partition {
         acks: i16,
         now_ms: i64,
     ) -> Result<(Appended, i32), LeaderAppendError> {
+        self.append_checked(batch, acks, now_ms, None)
+    }
+
+    /// [`Partition::append`] only while this replica leads at `epoch` (checked under the
+    /// lock the append holds: a writer bound to one leadership, such as a group
+    /// coordinator, never writes into a later one).
+    pub fn append_in_epoch(
+        &self,
+        epoch: i32,
+        batch: &ValidBatch,
+        acks: i16,
+        now_ms: i64,
+    ) -> Result<Appended, LeaderAppendError> {
+        self.append_checked(batch, acks, now_ms, Some(epoch))
+            .map(|(a, _)| a)
+    }
+
+    fn append_checked(
+        &self,
+        batch: &ValidBatch,
+        acks: i16,
+        now_ms: i64,
+        expected_epoch: Option<i32>,
+    ) -> Result<(Appended, i32), LeaderAppendError> {
         if self.progress.borrow().failed {
             return Err(AppendError::Io(std::io::Error::other(
                 "partition storage failed earlier; restart the broker after checking the disk",
@@ -328,6 +375,9 @@ impl Partition {
         let Role::Leader { epoch, state } = &mut *role else {
             return Err(LeaderAppendError::NotLeader);
         };
+        if expected_epoch.is_some_and(|e| e != *epoch) {
+            return Err(LeaderAppendError::NotLeader);
+        }
         let mut log = self.lock();
         let min_acks = log.config().min_acks;
         if !crate::log::LogConfig::accepts(min_acks, acks) {
@@ -358,12 +408,29 @@ impl Partition {
         Ok((appended, epoch))
     }
 
-    /// Appends batches copied from the leader (a follower's write); returns the new log end.
+    /// Holds the role lock while this replica follows `at`; the caller then takes the log.
+    fn following(&self, at: Following) -> Result<MutexGuard<'_, Role>, ReplicaWriteError> {
+        let role = self.role();
+        match &*role {
+            Role::Follower { leader, epoch, .. } if *leader == at.leader && *epoch == at.epoch => {
+                Ok(role)
+            }
+            _ => Err(ReplicaWriteError::NotFollowing {
+                leader: at.leader,
+                epoch: at.epoch,
+            }),
+        }
+    }
+
+    /// Appends batches copied from the leader (a follower's write) while this replica follows
+    /// `at`; returns the new log end.
     pub fn append_replicated(
         &self,
+        at: Following,
         batches: &[ValidBatch],
         now_ms: i64,
-    ) -> Result<u64, AppendError> {
+    ) -> Result<u64, ReplicaWriteError> {
+        let role = self.following(at)?;
         let mut log = self.lock();
         let mut flush = false;
         let mut result = Ok(());
@@ -378,6 +445,7 @@ impl Partition {
         }
         let (start, end) = (log.start_offset(), log.end_offset());
         drop(log);
+        drop(role);
         self.progress.send_modify(|p| {
             p.log_start = start;
             p.log_end = end;
@@ -385,17 +453,42 @@ impl Partition {
         if flush {
             self.flush.notify_one();
         }
-        result.map(|()| end)
+        Ok(result.map(|()| end)?)
     }
 
-    /// A follower learned the leader's high watermark.
-    pub fn set_follower_hw(&self, leader_hw: u64) {
+    /// A follower of `at` learned the leader's high watermark; false when it no longer
+    /// follows `at` (nothing is published then).
+    pub fn set_follower_hw(&self, at: Following, leader_hw: u64) -> bool {
+        let Ok(_role) = self.following(at) else {
+            return false;
+        };
         self.progress.send_if_modified(|p| {
             let hw = leader_hw.min(p.log_end);
             let changed = hw != p.high_watermark;
             p.high_watermark = hw;
             changed
         });
+        true
+    }
+
+    /// Makes the log durable up to its current end before returning (a follower reports its
+    /// fetch offset as durable to the leader). Fails when the storage failed.
+    pub async fn wait_synced(&self) -> Result<(), WaitError> {
+        let end = self.progress().log_end;
+        let mut rx = self.progress.subscribe();
+        if rx.borrow().durable_end >= end {
+            return Ok(());
+        }
+        self.flush.notify_one();
+        let synced = rx
+            .wait_for(|p| p.durable_end >= end || p.failed)
+            .await
+            .is_ok_and(|p| !p.failed);
+        if synced {
+            Ok(())
+        } else {
+            Err(WaitError::StorageFailed)
+        }
     }
 
     /// Waits until everything below `end`, written at leader `epoch`, is committed. Fails
@@ -506,8 +599,15 @@ impl Partition {
             if !state.replicas().contains(&replica) {
                 return Err(ReplicaFetchError::NotReplica(replica));
             }
-            let log_end = self.progress().log_end;
-            state.on_follower_fetch(replica, offset, log_end, now_ms)
+            let Progress {
+                log_start, log_end, ..
+            } = self.progress();
+            // An offset outside the log is answered OFFSET_OUT_OF_RANGE below; it says
+            // nothing of what the follower holds, so it must not count as its position.
+            (log_start..=log_end)
+                .contains(&offset)
+                .then(|| state.on_follower_fetch(replica, offset, log_end, now_ms))
+                .flatten()
         };
         self.publish_hw(hw);
         Ok(self
@@ -539,8 +639,13 @@ impl Partition {
     }
 
     /// The controller answered an ISR proposal made at leader `epoch`: committed
-    /// (`Some((isr, partition_epoch))`) or refused (`None`).
-    pub fn isr_answer(&self, epoch: i32, committed: Option<(Vec<i32>, i32)>, now_ms: i64) {
+    /// (`Ok((isr, partition_epoch))`) or not (how far that is known).
+    pub fn isr_answer(
+        &self,
+        epoch: i32,
+        committed: Result<(Vec<i32>, i32), IsrRefusal>,
+        now_ms: i64,
+    ) {
         let mut role = self.role();
         let Role::Leader { epoch: e, state } = &mut *role else {
             return;
@@ -549,9 +654,9 @@ impl Partition {
             return;
         }
         let hw = match committed {
-            Some((isr, pe)) => state.on_isr_committed(isr, pe),
-            None => {
-                state.on_isr_refused(now_ms);
+            Ok((isr, pe)) => state.on_isr_committed(isr, pe),
+            Err(why) => {
+                state.on_isr_refused(why, now_ms);
                 None
             }
         };
@@ -573,17 +678,30 @@ impl Partition {
         }
     }
 
-    /// Cuts the log at `offset` (a follower truncating to where it agrees with its leader).
-    pub fn truncate_to(&self, offset: u64, now_ms: i64) -> std::io::Result<()> {
+    /// Cuts the log at `offset` (a follower of `at` truncating to where it agrees with its
+    /// leader).
+    pub fn truncate_to(
+        &self,
+        at: Following,
+        offset: u64,
+        now_ms: i64,
+    ) -> Result<(), ReplicaWriteError> {
+        let _role = self.following(at)?;
         let mut log = self.lock();
         log.truncate_to(offset, now_ms)?;
         self.after_cut(&log);
         Ok(())
     }
 
-    /// Empties the log and restarts it at `offset` (a follower far behind a leader whose
-    /// retention removed what it would fetch next).
-    pub fn reset_to(&self, offset: u64, now_ms: i64) -> std::io::Result<()> {
+    /// Empties the log and restarts it at `offset` (a follower of `at` far behind a leader
+    /// whose retention removed what it would fetch next).
+    pub fn reset_to(
+        &self,
+        at: Following,
+        offset: u64,
+        now_ms: i64,
+    ) -> Result<(), ReplicaWriteError> {
+        let _role = self.following(at)?;
         let mut log = self.lock();
         log.reset_to(offset, now_ms)?;
         self.after_cut(&log);
@@ -714,13 +832,21 @@ impl Partition {
             let end = work.end;
             let result = tokio::task::spawn_blocking(move || work.run(&dir)).await;
             match result {
-                Ok(Ok(())) if self.cuts.load(std::sync::atomic::Ordering::SeqCst) != cuts => {
-                    // The log was cut while this ran: what it synced may be gone and what
-                    // follows the cut is not covered. Sync again.
-                    self.flush.notify_one();
-                }
                 Ok(Ok(())) => {
-                    let hw = match &mut *self.role() {
+                    // Compared and published under the log lock, which every cut holds: a
+                    // truncation either came before (and this sync may not count) or comes
+                    // after (and lowers what this publishes).
+                    let mut role = self.role();
+                    let log = self.lock();
+                    if self.cuts.load(std::sync::atomic::Ordering::SeqCst) != cuts {
+                        // The log was cut while this ran: what it synced may be gone and
+                        // what follows the cut is not covered. Sync again.
+                        drop(log);
+                        drop(role);
+                        self.flush.notify_one();
+                        continue;
+                    }
+                    let hw = match &mut *role {
                         Role::Leader { state, .. } if wait_for_fsync => {
                             state.on_leader_durable(end)
                         }
@@ -732,6 +858,7 @@ impl Partition {
                             p.high_watermark = p.high_watermark.max(hw);
                         }
                     });
+                    drop(log);
                 }
                 Ok(Err(e)) => {
                     tracing::error!(topic = %self.topic, partition = self.index, error = %e, "fsync failed; partition stops accepting writes");
@@ -835,7 +962,13 @@ mod tests {
         let _stop = p.become_follower(2, 2).expect("a new follower role");
         assert_eq!(waiter.await.unwrap(), Err(WaitError::NotLeader));
         // even if the new leader's HW later covers that offset (with other records)
-        p.set_follower_hw(100);
+        assert!(p.set_follower_hw(
+            Following {
+                leader: 2,
+                epoch: 2
+            },
+            100
+        ));
         assert_eq!(
             p.wait_durable(a.last_offset + 1, epoch, Duration::from_millis(100))
                 .await,
@@ -905,5 +1038,107 @@ mod tests {
             Err(ReplicaFetchError::NotReplica(7))
         );
         assert_eq!(fetch(&p, 2, 1, 0).await, Ok(()));
+    }
+
+    /// A stamped batch of `n` records at `base` in leader epoch `epoch` (what a leader sends).
+    fn replicated(base: u64, n: usize, epoch: i32) -> ValidBatch {
+        let recs: Vec<Rec<'_>> = (0..n)
+            .map(|i| Rec {
+                key: None,
+                value: Some(b"settlement"),
+                timestamp_delta: i as i64,
+            })
+            .collect();
+        let mut bytes = batch(0, ProducerIds::NONE, &recs);
+        let prefix = strata_core::batch::stamped_prefix(&bytes, base as i64, epoch);
+        bytes[..prefix.len()].copy_from_slice(&prefix);
+        ValidBatch::new(bytes::Bytes::from(bytes)).unwrap()
+    }
+
+    /// Issue 14, defect 9: a fetcher that outlived its role (the replica became leader, or
+    /// follows another leader now) could still append, truncate and set the HW.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fetcher_of_an_old_role_cannot_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = PartitionLog::open(dir.path(), crate::log::LogConfig::default(), 0).unwrap();
+        let p = Partition::start(Arc::from("t"), 0, log, 0);
+        let old = Following {
+            leader: 2,
+            epoch: 3,
+        };
+        p.become_follower(2, 3).expect("following");
+        p.append_replicated(old, &[replicated(0, 2, 3)], 0).unwrap();
+        assert!(p.set_follower_hw(old, 2));
+        // the replica is elected leader at epoch 4 while the old fetcher is mid-round
+        p.become_leader(
+            4,
+            Assignment {
+                me: 1,
+                replicas: vec![1, 2, 3],
+                isr: vec![1, 2, 3],
+                partition_epoch: 5,
+            },
+            Policy {
+                min_insync_replicas: 2,
+                replica_lag_max_ms: 10_000,
+            },
+            0,
+        );
+        assert!(matches!(
+            p.append_replicated(old, &[replicated(2, 1, 3)], 0),
+            Err(ReplicaWriteError::NotFollowing { .. })
+        ));
+        assert!(matches!(
+            p.truncate_to(old, 0, 0),
+            Err(ReplicaWriteError::NotFollowing { .. })
+        ));
+        assert!(!p.set_follower_hw(old, 0));
+        assert_eq!(p.progress().log_end, 2, "the leader's log is untouched");
+        // and a follower of epoch 3 cannot write once it follows epoch 5
+        p.become_follower(3, 5).expect("following again");
+        assert!(matches!(
+            p.append_replicated(old, &[replicated(2, 1, 3)], 0),
+            Err(ReplicaWriteError::NotFollowing { .. })
+        ));
+    }
+
+    /// Issue 14, defect 6: the flusher compared the cut count and published its durable end
+    /// in two steps, so a truncation between them left `durable_end` past the log end (a
+    /// follower then reported unsynced records as durable). The test holds the role lock,
+    /// which the flusher takes between the two, and cuts the log meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_truncation_during_a_sync_is_not_published_as_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = PartitionLog::open(dir.path(), crate::log::LogConfig::default(), 0).unwrap();
+        let p = Partition::start(Arc::from("t"), 0, log, 0);
+        p.become_follower(2, 1).expect("following");
+        p.append_replicated(
+            Following {
+                leader: 2,
+                epoch: 1,
+            },
+            &[replicated(0, 3, 1)],
+            0,
+        )
+        .unwrap();
+        let role = p.role();
+        // the flusher syncs offsets 0..3 (on the other worker), then waits for the role lock
+        // held here
+        std::thread::sleep(Duration::from_millis(300));
+        {
+            let mut log = p.lock();
+            log.truncate_to(0, 0).unwrap();
+            p.after_cut(&log);
+        }
+        drop(role);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let q = p.progress();
+        assert_eq!(q.log_end, 0, "{q:?}");
+        assert!(
+            q.durable_end <= q.log_end,
+            "durable end {} published past the log end {}",
+            q.durable_end,
+            q.log_end
+        );
     }
 }

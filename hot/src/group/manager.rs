@@ -15,6 +15,7 @@ use uuid::Uuid;
 use super::coordinator::{Coordinator, OffsetsLog, NOT_COORDINATOR};
 use super::records::{partition_for_group, Replayed};
 use super::state::{codes, GroupConfig};
+use crate::broker::partition::LeaderAppendError;
 use crate::broker::{AdminError, Broker, Clock, NewTopic, Partition};
 
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
@@ -429,18 +430,20 @@ impl OffsetsLog for PartitionOffsets {
             .collect();
         let bytes = Bytes::from(build::batch(now, ProducerIds::NONE, &recs));
         let batch = crate::log::ValidBatch::new(bytes).map_err(|e| e.to_string())?;
-        let (appended, epoch) = self
+        // The epoch is checked inside the append: a coordinator closed by a leadership
+        // change must not write after its successor has loaded (and maybe written).
+        let appended = self
             .partition
-            .append(&batch, -1, now)
-            .map_err(|e| e.to_string())?;
-        if epoch != self.epoch {
-            return Err(format!(
-                "the offsets partition is led at epoch {epoch} now, not {}",
-                self.epoch
-            ));
-        }
+            .append_in_epoch(self.epoch, &batch, -1, now)
+            .map_err(|e| match e {
+                LeaderAppendError::NotLeader => format!(
+                    "the offsets partition is no longer led by this broker at epoch {}",
+                    self.epoch
+                ),
+                e => e.to_string(),
+            })?;
         self.partition
-            .wait_durable(appended.last_offset + 1, epoch, self.timeout)
+            .wait_durable(appended.last_offset + 1, self.epoch, self.timeout)
             .await
             .map_err(|e| e.to_string())
     }
@@ -453,5 +456,64 @@ impl OffsetsLog for PartitionOffsets {
         if let Err(e) = self.partition.trim_before(offset) {
             tracing::warn!(partition = self.partition.index, error = %e, "could not delete superseded offsets segments");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::SystemClock;
+    use crate::log::{LogConfig, PartitionLog};
+    use crate::replication::leader::{Assignment, Policy};
+
+    fn lead(p: &Partition, epoch: i32) {
+        p.become_leader(
+            epoch,
+            Assignment {
+                me: 1,
+                replicas: vec![1],
+                isr: vec![1],
+                partition_epoch: epoch,
+            },
+            Policy {
+                min_insync_replicas: 1,
+                replica_lag_max_ms: 10_000,
+            },
+            0,
+        );
+    }
+
+    /// Issue 14, defect 8: a coordinator loaded at epoch 1 whose partition is now led at
+    /// epoch 2 (a successor coordinator loaded and may have written) appended its commit
+    /// first and checked the epoch after: its stale write landed behind the successor's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_closed_coordinator_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = PartitionLog::open(dir.path(), LogConfig::default(), 0).unwrap();
+        let partition = Partition::start(Arc::from("__consumer_offsets"), 0, log, 0);
+        lead(&partition, 1);
+        let offsets = PartitionOffsets {
+            partition: partition.clone(),
+            epoch: 1,
+            clock: Arc::new(SystemClock),
+            timeout: Duration::from_secs(5),
+        };
+        let commit = || vec![(Bytes::from_static(b"k"), Some(Bytes::from_static(b"v")))];
+        offsets
+            .append(commit())
+            .await
+            .expect("written while leading at 1");
+        assert_eq!(partition.progress().log_end, 1);
+        lead(&partition, 2);
+        let refused = offsets.append(commit()).await;
+        assert!(
+            refused.is_err(),
+            "a write of epoch 1's coordinator at epoch 2"
+        );
+        assert_eq!(
+            partition.progress().log_end,
+            1,
+            "nothing may be appended by the closed coordinator"
+        );
     }
 }

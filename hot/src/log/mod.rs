@@ -124,6 +124,9 @@ pub struct SyncWork {
     dir: Option<PathBuf>,
     pub end: u64,
     recovery_point: Option<u64>,
+    /// The log's cut count when this was handed out (see [`PartitionLog::cuts`]).
+    cuts_seen: u64,
+    cuts: Arc<std::sync::Mutex<u64>>,
 }
 
 impl SyncWork {
@@ -137,7 +140,12 @@ impl SyncWork {
             File::open(dir)?.sync_all()?;
         }
         if let Some(rp) = self.recovery_point {
-            write_atomically(log_dir, RECOVERY_POINT_FILE, rp.to_string().as_bytes())?;
+            // A truncation since this was handed out may have removed the segments this
+            // point vouches for (and lowered the file): then it must not be written.
+            let cuts = self.cuts.lock().unwrap_or_else(|e| e.into_inner());
+            if *cuts == self.cuts_seen {
+                write_atomically(log_dir, RECOVERY_POINT_FILE, rp.to_string().as_bytes())?;
+            }
         }
         Ok(())
     }
@@ -204,6 +212,9 @@ pub struct PartitionLog {
     /// Offset up to which a sync has been handed out.
     sync_handed_out: u64,
     pending_recovery_point: Option<u64>,
+    /// Counts truncations; held while the `recovery-point` file is written, so a cut and an
+    /// in-flight sync's write of that file are ordered.
+    cuts: Arc<std::sync::Mutex<u64>>,
     messages_since_flush: u64,
     /// Set by [`PartitionLog::close`]; a closed log refuses appends.
     closed: bool,
@@ -275,11 +286,16 @@ impl PartitionLog {
             dir_dirty: true,
             sync_handed_out: 0,
             pending_recovery_point: None,
+            cuts: Arc::default(),
             messages_since_flush: 0,
             closed: false,
             epochs: LeaderEpochCache::default(),
         };
         log.sync_handed_out = log.end_offset();
+        // Snapshots past the recovered end describe a tail that was lost (or cut by a
+        // truncation the crash interrupted); loading one after the log grows back past it
+        // would resurrect that history's producer state.
+        log.remove_snapshots_from(log.end_offset() + 1)?;
         log.rebuild_producer_state()?;
         log.load_epochs()?;
         if !report.clean {
@@ -312,6 +328,20 @@ impl PartitionLog {
 
     pub fn set_leader_epoch(&mut self, epoch: i32) {
         self.leader_epoch = epoch;
+    }
+
+    /// This replica starts leading at `epoch`: appends are stamped with it, and the epoch
+    /// history records that it starts at the log end now, before any record of it is
+    /// written (as Kafka does). Without the entry, a follower whose latest epoch is older
+    /// than every epoch this leader knows would get no answer to OffsetForLeaderEpoch and
+    /// fall back to its high watermark, keeping records this leader does not have.
+    pub fn begin_leader_epoch(&mut self, epoch: i32) -> io::Result<()> {
+        self.leader_epoch = epoch;
+        if self.epochs.latest().is_none_or(|l| l.epoch < epoch) {
+            self.epochs.assign(epoch, self.end_offset());
+            self.persist_epochs()?;
+        }
+        Ok(())
     }
 
     /// First offset still in the log.
@@ -483,9 +513,16 @@ impl PartitionLog {
             let seg = Segment::create(&self.dir, offset, now_ms, self.config.index_interval_bytes)?;
             self.segments.insert(offset, seg);
         }
-        self.producers.truncate_to(offset);
+        self.lower_recovery_point(self.active().base)?;
         self.epochs.truncate_from_end(offset);
         self.persist_epochs()?;
+        // Producer state as of the cut: from the newest snapshot not past it plus the log
+        // up to it. Forgetting only the batches past the cut would forget producers whose
+        // retained batches all lie there, and a retry of their last batch below the cut would
+        // then be appended twice; snapshots past the cut describe a history that is gone.
+        self.remove_snapshots_from(self.end_offset() + 1)?;
+        self.producers = ProducerStateTable::default();
+        self.rebuild_producer_state()?;
         self.sync_handed_out = self.sync_handed_out.min(self.end_offset());
         File::open(&self.dir)?.sync_all()
     }
@@ -499,14 +536,28 @@ impl PartitionLog {
         }
         let seg = Segment::create(&self.dir, offset, now_ms, self.config.index_interval_bytes)?;
         self.segments.insert(offset, seg);
-        self.producers.truncate_to(0);
+        self.lower_recovery_point(offset)?;
+        self.producers = ProducerStateTable::default();
         self.epochs.truncate_from_end(0);
         self.persist_epochs()?;
         self.unsynced_sealed.clear();
         self.sync_handed_out = offset;
         self.pending_recovery_point = None;
-        self.prune_snapshots()?;
+        self.remove_snapshots_from(0)?;
         File::open(&self.dir)?.sync_all()
+    }
+
+    /// After a cut: no segment at or past `base` (the segment now being rewritten) may be
+    /// trusted by the next open without a CRC scan, whatever syncs recorded before the cut.
+    fn lower_recovery_point(&mut self, base: u64) -> io::Result<()> {
+        let mut cuts = self.cuts.lock().unwrap_or_else(|e| e.into_inner());
+        *cuts += 1;
+        self.pending_recovery_point = self.pending_recovery_point.filter(|rp| *rp <= base);
+        let path = self.dir.join(RECOVERY_POINT_FILE);
+        if read_number(&path).is_some_and(|rp| rp > base) {
+            write_atomically(&self.dir, RECOVERY_POINT_FILE, base.to_string().as_bytes())?;
+        }
+        Ok(())
     }
 
     fn maybe_roll(&mut self, incoming: u64, now_ms: i64) -> io::Result<()> {
@@ -563,6 +614,8 @@ impl PartitionLog {
             dir: std::mem::take(&mut self.dir_dirty).then(|| self.dir.clone()),
             end,
             recovery_point: self.pending_recovery_point.take(),
+            cuts_seen: *self.cuts.lock().unwrap_or_else(|e| e.into_inner()),
+            cuts: self.cuts.clone(),
         })
     }
 
@@ -862,6 +915,16 @@ impl PartitionLog {
         }
         out.sort_unstable();
         Ok(out)
+    }
+
+    /// Removes the producer snapshots at or past `offset`.
+    fn remove_snapshots_from(&self, offset: u64) -> io::Result<()> {
+        for o in self.snapshot_offsets()? {
+            if o >= offset {
+                remove_if_exists(&self.dir.join(fmt::file_name(o, SNAPSHOT_SUFFIX)))?;
+            }
+        }
+        Ok(())
     }
 
     /// Keeps the newest snapshots and removes those below the log start.

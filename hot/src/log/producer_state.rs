@@ -3,7 +3,9 @@
 //! Pure logic, no I/O: the log feeds it every appended batch header (live appends and the
 //! replay after a restart) and asks it, before each append, whether a batch is new, a retry of
 //! one already written (answered with its original offsets) or out of order. Snapshots let a
-//! restart replay only the log after the snapshot's offset.
+//! restart replay only the log after the snapshot's offset. After a truncation the log
+//! rebuilds the table (snapshot plus replay) rather than trimming it: a producer whose
+//! retained batches all lay past the cut would be forgotten.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -118,14 +120,6 @@ impl ProducerStateTable {
             entry.batches.pop_front();
         }
         entry.batches.push_back(written);
-    }
-
-    /// Forgets batches at or past `offset` (after the log was truncated there).
-    pub fn truncate_to(&mut self, offset: u64) {
-        for entry in self.producers.values_mut() {
-            entry.batches.retain(|b| b.last_offset < offset);
-        }
-        self.producers.retain(|_, e| !e.batches.is_empty());
     }
 
     pub fn len(&self) -> usize {
@@ -299,17 +293,6 @@ mod tests {
         let mut t = ProducerStateTable::default();
         t.record(&header(1, 0, i32::MAX - 1, 2, 0));
         assert_eq!(t.check(&header(1, 0, 0, 1, 2)), SequenceCheck::Append);
-    }
-
-    #[test]
-    fn truncation_forgets_later_batches() {
-        let mut t = ProducerStateTable::default();
-        t.record(&header(1, 0, 0, 1, 0));
-        t.record(&header(1, 0, 1, 1, 1));
-        t.truncate_to(1);
-        assert_eq!(t.check(&header(1, 0, 1, 1, 0)), SequenceCheck::Append);
-        t.truncate_to(0);
-        assert!(t.is_empty());
     }
 
     #[test]

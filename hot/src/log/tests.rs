@@ -677,3 +677,109 @@ fn reset_empties_the_log_and_restarts_it_at_the_leaders_start() {
         (end + 500, end + 502)
     );
 }
+
+/// Issue 14, defect 2: a producer whose five retained batches all lie past a truncation was
+/// forgotten, so a retry of its last batch below the cut (its answer lost) was appended again.
+#[test]
+fn truncation_rebuilds_producer_state_so_a_retry_below_the_cut_is_a_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = |seq| ProducerIds {
+        producer_id: 5,
+        producer_epoch: 0,
+        base_sequence: seq,
+    };
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    for seq in 0..10 {
+        let a = log.append(&make(seq as u64, 1, 0, ids(seq)), 0).unwrap();
+        assert_eq!(a.base_offset, seq as u64);
+    }
+    // a new leader never had offsets 5..: cut there
+    log.truncate_to(5, 0).unwrap();
+    let retry = log.append(&make(4, 1, 0, ids(4)), 0).unwrap();
+    assert!(
+        retry.duplicate,
+        "seq 4 is at offset 4: a retry must not be written again (got {retry:?})"
+    );
+    assert_eq!(retry.base_offset, 4);
+    let next = log.append(&make(5, 1, 0, ids(5)), 0).unwrap();
+    assert_eq!((next.duplicate, next.base_offset), (false, 5));
+}
+
+/// Issue 14, defect 2: producer snapshots written past a truncation survived it; once the
+/// log grew back past them, a restart loaded one, and a healthy producer got
+/// OUT_OF_ORDER_SEQUENCE for its next batch.
+#[test]
+fn snapshots_past_a_truncation_are_not_loaded_after_the_log_grows_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = |seq| ProducerIds {
+        producer_id: 5,
+        producer_epoch: 0,
+        base_sequence: seq,
+    };
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let mut bases = Vec::new();
+    for i in 0..40 {
+        bases.push(
+            log.append(&make(i, 3, 0, ids(i as i32 * 3)), 0)
+                .unwrap()
+                .base_offset,
+        );
+    }
+    assert!(log.segment_count() > 3, "rolls wrote snapshots");
+    let old_end = log.end_offset();
+    // The new leader had this producer's first ten batches only (seqs 0..30).
+    let cut = bases[10];
+    log.truncate_to(cut, 0).unwrap();
+    // Its history then grows past the old end in one big batch of another writer.
+    let big = make(99, 200, 0, ProducerIds::NONE);
+    log.append(&big, 0).unwrap();
+    assert!(log.end_offset() > old_end);
+    drop(log); // unclean stop
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let next = log.append(&make(41, 3, 0, ids(30)), 0);
+    assert!(
+        matches!(next, Ok(ref a) if !a.duplicate),
+        "the producer's next batch (seq 30) must append, got {next:?}"
+    );
+}
+
+/// Issue 14, defect 6: a truncation left the `recovery-point` past the cut, so after the cut
+/// segment was rewritten and rolled, a crash skipped its CRC scan and served a damaged batch.
+#[test]
+fn truncation_lowers_the_recovery_point_so_a_rewritten_segment_is_scanned() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let written = append_many(&mut log, 60);
+    while let Some(work) = log.take_sync_work() {
+        work.run(dir.path()).unwrap();
+    }
+    let rp = read_number(&dir.path().join(RECOVERY_POINT_FILE)).expect("a recovery point");
+    let cut = written[5].0;
+    assert!(
+        rp > cut + 20,
+        "the test needs a recovery point well past the cut"
+    );
+    log.truncate_to(cut, 0).unwrap();
+    let holder = log.active().base;
+    // rewrite past the cut and roll, without syncing
+    append_many(&mut log, 30);
+    assert!(log.segment_count() > 1);
+    drop(log);
+    // damage the last batch of the rewritten segment (its next segment starts below the
+    // stale recovery point)
+    let path = dir.path().join(fmt::file_name(holder, LOG_SUFFIX));
+    let len = fs::metadata(&path).unwrap().len();
+    let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(b"garbage!", len - 8).unwrap();
+    drop(f);
+    let (log, report) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    assert!(
+        report
+            .truncated
+            .as_ref()
+            .is_some_and(|(base, _)| *base == holder),
+        "the rewritten segment must be scanned and cut: {report:?}"
+    );
+    // everything served is intact
+    read_all(&log, 0);
+}

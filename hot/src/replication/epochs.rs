@@ -45,12 +45,14 @@ impl LeaderEpochCache {
     }
 
     /// OffsetsForLeaderEpoch: the largest epoch `<= requested` this log knows, and the offset
-    /// where it ended (the start of the next epoch, or `log_end` for the latest). `None` when
-    /// `requested` is older than every epoch here (Kafka's UNDEFINED_EPOCH answer).
+    /// where it ended (the start of the next epoch, or `log_end` for the latest). When
+    /// `requested` is older than every epoch here, `requested` itself and where this history
+    /// starts, as Kafka answers: whatever the asker holds of that epoch past that point is not
+    /// here. `None` only for an empty history (Kafka's UNDEFINED_EPOCH answer).
     pub fn end_offset_for(&self, requested: i32, log_end: u64) -> Option<(i32, u64)> {
         let i = self.entries.partition_point(|e| e.epoch <= requested);
         if i == 0 {
-            return None;
+            return self.entries.first().map(|e| (requested, e.start_offset));
         }
         let found = self.entries[i - 1];
         let end = self
@@ -139,6 +141,34 @@ pub fn follower_truncation_offset(
     leader_end.min(local_epoch_end).min(local_end)
 }
 
+/// One round of a follower's truncation (KIP-279): where to cut after asking the leader
+/// about epoch `asked`, and whether to ask again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TruncationRound {
+    pub truncate_to: u64,
+    /// The leader answered an older epoch than asked: this replica's history holds an epoch
+    /// the leader never had, and after the cut it must ask about its (new) latest epoch,
+    /// until the leader answers the very epoch asked.
+    pub again: bool,
+}
+
+/// Decides one truncation round: cut where [`follower_truncation_offset`] says, and go on
+/// while the leader's answer names another epoch than the one asked. Each further round asks
+/// an older epoch, so the rounds end.
+pub fn truncation_round(
+    local: &LeaderEpochCache,
+    local_end: u64,
+    high_watermark: u64,
+    asked: i32,
+    leader_answer: Option<(i32, u64)>,
+) -> TruncationRound {
+    let truncate_to = follower_truncation_offset(local, local_end, high_watermark, leader_answer);
+    TruncationRound {
+        truncate_to,
+        again: leader_answer.is_some_and(|(epoch, _)| epoch != asked),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,7 +196,12 @@ mod tests {
             Some((5, 40)),
             "the latest epoch ends at the log end"
         );
-        assert_eq!(cache(&[(3, 7)]).end_offset_for(2, 40), None);
+        assert_eq!(
+            cache(&[(3, 7)]).end_offset_for(2, 40),
+            Some((2, 7)),
+            "older than every epoch: the asked epoch ends where this history starts"
+        );
+        assert_eq!(LeaderEpochCache::default().end_offset_for(2, 40), None);
     }
 
     #[test]
@@ -236,18 +271,23 @@ mod tests {
         fn end(&self) -> u64 {
             self.0.len() as u64
         }
-        /// Follower catch-up: truncate at the divergence point, then copy the leader's tail.
+        /// Follower catch-up: truncate at the divergence point (as many rounds as it takes),
+        /// then copy the leader's tail.
         fn follow(&mut self, leader: &Log) {
-            let mine = self.epochs();
-            let asked = mine.latest().map_or(-1, |l| l.epoch);
-            let answer = leader.epochs().end_offset_for(asked, leader.end());
-            let cut = if asked < 0 {
-                0
-            } else {
-                follower_truncation_offset(&mine, self.end(), 0, answer)
-            };
-            self.0.truncate(cut as usize);
-            self.0.extend_from_slice(&leader.0[cut as usize..]);
+            loop {
+                let mine = self.epochs();
+                let Some(asked) = mine.latest().map(|l| l.epoch) else {
+                    break;
+                };
+                let answer = leader.epochs().end_offset_for(asked, leader.end());
+                let round = truncation_round(&mine, self.end(), 0, asked, answer);
+                self.0.truncate(round.truncate_to as usize);
+                if !round.again {
+                    break;
+                }
+            }
+            let cut = self.0.len();
+            self.0.extend_from_slice(&leader.0[cut..]);
         }
     }
 
@@ -280,6 +320,45 @@ mod tests {
         let b = Log(vec![0, 0, 0, 3, 3]); // B had more of epoch 0, then led epoch 3
         a.follow(&b);
         assert_eq!(a, b);
+    }
+
+    /// Issue 14, defect 4: the follower led epoch 2 (which the leader never saw) after
+    /// epoch 0; the leader had epoch 1 from offset 3. One round cuts to 4 (where the leader's
+    /// epoch 1 ends) and keeps offset 3 of epoch 0, which the leader holds in epoch 1. A
+    /// second round, asking about epoch 0, cuts to 3.
+    #[test]
+    fn kip279_truncation_repeats_until_the_epochs_agree() {
+        let mut a = Log(vec![0, 0, 0, 0, 0, 2, 2]);
+        let b = Log(vec![0, 0, 0, 1, 3, 3]);
+        a.follow(&b);
+        assert_eq!(a, b);
+        let before = Log(vec![0, 0, 0, 0, 0, 2, 2]).epochs();
+        assert_eq!(b.epochs().end_offset_for(2, b.end()), Some((1, 4)));
+        let first = truncation_round(&before, 7, 0, 2, Some((1, 4)));
+        assert_eq!(first.truncate_to, 4, "the epochs module's first cut");
+        assert!(
+            first.again,
+            "the leader answered epoch 1 for epoch 2: ask again"
+        );
+    }
+
+    /// Found by the simulation (seed 1868 with unclean election): a new leader whose history
+    /// starts at epoch 1 answered "no such epoch" to a follower asking about epoch 0, and the
+    /// follower kept its epoch-0 records up to its high watermark, diverging from the leader.
+    #[test]
+    fn a_follower_older_than_the_leaders_history_truncates_to_its_start() {
+        let mut old_leader = Log(vec![0, 0, 0, 0, 0]);
+        let mut leader = Log(vec![]);
+        let mut history = LeaderEpochCache::default();
+        history.assign(1, 0); // elected at epoch 1 with an empty log, nothing written yet
+        let answer = history.end_offset_for(0, leader.end());
+        assert_eq!(answer, Some((0, 0)));
+        let round = truncation_round(&old_leader.epochs(), old_leader.end(), 5, 0, answer);
+        assert_eq!((round.truncate_to, round.again), (0, false));
+        old_leader.0.truncate(round.truncate_to as usize);
+        leader.0.extend([1, 1]);
+        old_leader.follow(&leader);
+        assert_eq!(old_leader, leader);
     }
 
     #[test]

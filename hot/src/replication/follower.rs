@@ -18,10 +18,11 @@ use strata_proto::v1::{OffsetForLeaderEpochRequest, ReplicaFetchRequest};
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
+use crate::broker::partition::Following;
 use crate::broker::Partition;
 use crate::kafka::codes;
 use crate::log::ValidBatch;
-use crate::replication::epochs::follower_truncation_offset;
+use crate::replication::epochs::truncation_round;
 
 /// How long the leader holds a fetch that finds nothing new.
 const FETCH_WAIT: Duration = Duration::from_millis(500);
@@ -40,6 +41,15 @@ pub struct Target {
     pub topic_id: String,
     pub leader: i32,
     pub leader_epoch: i32,
+}
+
+impl Target {
+    fn following(&self) -> Following {
+        Following {
+            leader: self.leader,
+            epoch: self.leader_epoch,
+        }
+    }
 }
 
 /// Where to reach a broker's gRPC listener (looked up again at every reconnect).
@@ -157,59 +167,64 @@ async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, d: Duration) {
 }
 
 /// Asks the leader where this replica's latest epoch ends there and cuts the local log to
-/// what both agree on.
+/// what both agree on, round after round until the leader answers the epoch asked (KIP-279:
+/// a replica whose history holds an epoch the leader never had must look further back).
 async fn truncate(
     partition: &Partition,
     target: &Target,
     mut client: ReplicaClient<Channel>,
     directory: &dyn Directory,
 ) -> Result<(), Restart> {
-    let latest = partition.lock().epochs().latest();
-    let Some(latest) = latest else {
-        // An empty history: nothing this replica holds can disagree.
-        return Ok(());
-    };
-    let answer = tokio::time::timeout(
-        CALL_TIMEOUT,
-        client.offset_for_leader_epoch(OffsetForLeaderEpochRequest {
-            replica_id: target.me,
-            topic: target.topic.clone(),
-            topic_id: target.topic_id.clone(),
-            partition: partition.index as u32,
-            current_leader_epoch: target.leader_epoch,
-            leader_epoch: latest.epoch,
-        }),
-    )
-    .await
-    .map_err(|_| Restart::Backoff("OffsetForLeaderEpoch timed out".into()))?
-    .map_err(|e| Restart::Backoff(format!("OffsetForLeaderEpoch failed: {}", e.message())))?
-    .into_inner();
-    if let Some(e) = answer.error {
-        return Err(refused(
-            e.code,
-            format!(
-                "leader refused OffsetForLeaderEpoch: {} ({})",
-                e.message, e.code
-            ),
-        ));
-    }
-    let leader_answer = answer.leader_epoch.map(|e| (e, answer.end_offset));
-    let (to, end) = {
-        let log = partition.lock();
-        let hw = partition.progress().high_watermark;
-        let end = log.end_offset();
-        (
-            follower_truncation_offset(log.epochs(), end, hw, leader_answer),
-            end,
+    loop {
+        let latest = partition.lock().epochs().latest();
+        let Some(latest) = latest else {
+            // An empty history: nothing this replica holds can disagree.
+            return Ok(());
+        };
+        let answer = tokio::time::timeout(
+            CALL_TIMEOUT,
+            client.offset_for_leader_epoch(OffsetForLeaderEpochRequest {
+                replica_id: target.me,
+                topic: target.topic.clone(),
+                topic_id: target.topic_id.clone(),
+                partition: partition.index as u32,
+                current_leader_epoch: target.leader_epoch,
+                leader_epoch: latest.epoch,
+            }),
         )
-    };
-    if to < end {
-        tracing::info!(topic = %target.topic, partition = partition.index, leader = target.leader, epoch = target.leader_epoch, from = end, to, "truncating to where the leader's log agrees");
-        partition
-            .truncate_to(to, directory.now_ms())
-            .map_err(|e| Restart::Backoff(format!("truncation failed: {e}")))?;
+        .await
+        .map_err(|_| Restart::Backoff("OffsetForLeaderEpoch timed out".into()))?
+        .map_err(|e| Restart::Backoff(format!("OffsetForLeaderEpoch failed: {}", e.message())))?
+        .into_inner();
+        if let Some(e) = answer.error {
+            return Err(refused(
+                e.code,
+                format!(
+                    "leader refused OffsetForLeaderEpoch: {} ({})",
+                    e.message, e.code
+                ),
+            ));
+        }
+        let leader_answer = answer.leader_epoch.map(|e| (e, answer.end_offset));
+        let (round, end) = {
+            let log = partition.lock();
+            let hw = partition.progress().high_watermark;
+            let end = log.end_offset();
+            (
+                truncation_round(log.epochs(), end, hw, latest.epoch, leader_answer),
+                end,
+            )
+        };
+        if round.truncate_to < end {
+            tracing::info!(topic = %target.topic, partition = partition.index, leader = target.leader, epoch = target.leader_epoch, asked = latest.epoch, answer = ?leader_answer, from = end, to = round.truncate_to, "truncating to where the leader's log agrees");
+            partition
+                .truncate_to(target.following(), round.truncate_to, directory.now_ms())
+                .map_err(|e| Restart::Backoff(format!("truncation failed: {e}")))?;
+        }
+        if !round.again {
+            return Ok(());
+        }
     }
-    Ok(())
 }
 
 async fn fetch_loop(
@@ -220,6 +235,12 @@ async fn fetch_loop(
     backoff: &mut Duration,
 ) -> Restart {
     loop {
+        // The fetch offset tells the leader what this replica holds durably: what an earlier
+        // role or fetcher appended must be fsynced first.
+        if partition.lock().config().acks_wait_for_fsync() && partition.wait_synced().await.is_err()
+        {
+            return Restart::Backoff("local storage failed".into());
+        }
         let offset = partition.progress().log_end;
         let call = client.fetch(ReplicaFetchRequest {
             replica_id: target.me,
@@ -240,10 +261,29 @@ async fn fetch_loop(
             let code = e.code as i16;
             if code == codes::OFFSET_OUT_OF_RANGE && offset < resp.log_start_offset {
                 // The leader's retention removed what comes next here: start over at its start.
-                if let Err(err) = partition.reset_to(resp.log_start_offset, directory.now_ms()) {
+                if let Err(err) = partition.reset_to(
+                    target.following(),
+                    resp.log_start_offset,
+                    directory.now_ms(),
+                ) {
                     return Restart::Backoff(format!("could not reset the log: {err}"));
                 }
                 continue;
+            }
+            if code == codes::OFFSET_OUT_OF_RANGE && offset > resp.log_end_offset {
+                // This replica holds more than the leader: cut to the leader's end, then
+                // check the epochs again below it.
+                if let Err(err) = partition.truncate_to(
+                    target.following(),
+                    resp.log_end_offset,
+                    directory.now_ms(),
+                ) {
+                    return Restart::Backoff(format!("could not truncate the log: {err}"));
+                }
+                return Restart::Truncate(format!(
+                    "fetch offset {offset} is past the leader's log end {}",
+                    resp.log_end_offset
+                ));
             }
             return refused(e.code, format!("leader answered {} ({code})", e.message));
         }
@@ -256,30 +296,29 @@ async fn fetch_loop(
             }
         }
         if !resp.records.is_empty() {
-            match append(partition, resp.records, directory.now_ms()) {
-                Ok(end) => {
-                    if partition.lock().config().acks_wait_for_fsync() {
-                        // Fetch again only from what is durable here: the next fetch offset
-                        // is what the leader counts as this replica's log end.
-                        let mut rx = partition.subscribe();
-                        if rx
-                            .wait_for(|p| p.durable_end >= end || p.failed)
-                            .await
-                            .map_or(true, |p| p.failed)
-                        {
-                            return Restart::Backoff("local storage failed".into());
-                        }
-                    }
-                }
-                Err(why) => return Restart::Truncate(why),
+            // (The next round fsyncs what this appended before fetching on.)
+            if let Err(why) = append(
+                partition,
+                target.following(),
+                resp.records,
+                directory.now_ms(),
+            ) {
+                return Restart::Truncate(why);
             }
         }
-        partition.set_follower_hw(resp.high_watermark);
+        if !partition.set_follower_hw(target.following(), resp.high_watermark) {
+            return Restart::Backoff("no longer following this leader".into());
+        }
     }
 }
 
 /// Checks and appends the fetched batches; returns the new log end.
-fn append(partition: &Partition, records: Bytes, now_ms: i64) -> Result<u64, String> {
+fn append(
+    partition: &Partition,
+    at: Following,
+    records: Bytes,
+    now_ms: i64,
+) -> Result<u64, String> {
     let mut batches = Vec::new();
     for item in BatchIter::new(&records) {
         let (_, range) = item.map_err(|e| format!("leader sent a bad batch: {e}"))?;
@@ -288,6 +327,6 @@ fn append(partition: &Partition, records: Bytes, now_ms: i64) -> Result<u64, Str
         batches.push(batch);
     }
     partition
-        .append_replicated(&batches, now_ms)
+        .append_replicated(at, &batches, now_ms)
         .map_err(|e| format!("could not append replicated batches: {e}"))
 }

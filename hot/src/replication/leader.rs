@@ -6,8 +6,12 @@
 //! - HW = min LEO over the ISR, where the leader's LEO is its durable end; while an ISR
 //!   expansion is pending, the HW is taken over the larger set; the HW never moves back.
 //! - A follower that has not caught up to the leader's LEO for `lag_max_ms` is proposed for
-//!   removal; one whose LEO reached the HW is proposed for re-addition. A change counts only
-//!   once the controller committed it (with the partition epoch as CAS token).
+//!   removal; one whose LEO reached both the HW and the start of this leader's epoch is
+//!   proposed for re-addition (a new leader's HW may be stale, KAFKA-7128). A change counts
+//!   only once the controller committed it (with the partition epoch as CAS token).
+//! - A proposal whose fate is unknown (no answer, or a refusal that says the partition moved
+//!   on, as when the controller committed it and failed over before answering) stays pending,
+//!   and the HW keeps counting its members, until the metadata shows the outcome.
 //! - acks=all is refused before append when the committed ISR is smaller than
 //!   `min.insync.replicas`.
 
@@ -71,6 +75,24 @@ pub struct IsrProposal {
     pub partition_epoch: i32,
 }
 
+/// How the controllers answered a proposal that was not committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IsrRefusal {
+    /// The change itself was refused (an invalid ISR): nothing was committed.
+    Rejected,
+    /// No answer, or a refusal that may follow a commit (a stale partition epoch after a
+    /// controller failover, a leader epoch that moved on): the change may be in the metadata.
+    Unknown,
+}
+
+/// A proposal sent to the controllers and not yet settled by the metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pending {
+    proposal: IsrProposal,
+    /// Sent and not answered yet; false after an unknown outcome, when it may be re-sent.
+    in_flight: bool,
+}
+
 /// Why a produce with acks=all is refused before append.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{isr} in-sync replicas, but min.insync.replicas is {min}")]
@@ -85,8 +107,11 @@ pub struct LeaderState {
     replicas: Vec<BrokerId>,
     isr: Vec<BrokerId>,
     partition_epoch: i32,
-    pending: Option<IsrProposal>,
+    pending: Option<Pending>,
     followers: BTreeMap<BrokerId, Follower>,
+    /// This leader's log end when it took over: the first offset of its epoch. A follower
+    /// joins the ISR only once it has everything before it.
+    epoch_start: u64,
     leader_end: u64,
     hw: u64,
     min_isr: usize,
@@ -95,14 +120,16 @@ pub struct LeaderState {
     retry_after_ms: i64,
 }
 
-/// How long after a refused ISR proposal the next one may be made.
+/// How long after a refused ISR proposal the next one (or the same again) may be made.
 const RETRY_AFTER_REFUSAL_MS: i64 = 1_000;
 
 impl LeaderState {
-    /// A broker becoming leader with the controller's view of the partition. Followers start
+    /// A broker becoming leader with the controller's view of the partition, its log end
+    /// (`epoch_start`), its durable end (`leader_end`) and the HW it knows. Followers start
     /// as caught up at `now` with an unknown LEO until they fetch.
     pub fn new(
         assignment: Assignment,
+        epoch_start: u64,
         leader_end: u64,
         hw: u64,
         policy: Policy,
@@ -138,6 +165,7 @@ impl LeaderState {
             partition_epoch,
             pending: None,
             followers,
+            epoch_start,
             leader_end,
             hw,
             min_isr: policy.min_insync_replicas,
@@ -193,7 +221,7 @@ impl LeaderState {
     fn maximal_isr(&self) -> Vec<BrokerId> {
         let mut set = self.isr.clone();
         if let Some(p) = &self.pending {
-            for r in &p.isr {
+            for r in &p.proposal.isr {
                 if !set.contains(r) {
                     set.push(*r);
                 }
@@ -265,10 +293,18 @@ impl LeaderState {
     }
 
     /// The ISR change to propose now, if any (one at a time): drop lagging followers first,
-    /// else add caught-up ones.
+    /// else add caught-up ones. A pending change whose outcome is unknown is proposed again
+    /// (the same change at the same partition epoch) until the metadata settles it.
     pub fn tick(&mut self, now_ms: i64) -> Option<IsrProposal> {
-        if self.pending.is_some() || now_ms < self.retry_after_ms {
+        if now_ms < self.retry_after_ms {
             return None;
+        }
+        if let Some(p) = &mut self.pending {
+            if p.in_flight {
+                return None;
+            }
+            p.in_flight = true;
+            return Some(p.proposal.clone());
         }
         let lagging: Vec<BrokerId> = self
             .isr
@@ -294,10 +330,12 @@ impl LeaderState {
                 .copied()
                 .filter(|r| !self.isr.contains(r))
                 .filter(|r| {
-                    // Caught up to the HW and still fetching: a replica that died after
-                    // catching up must not rejoin on its old fetch.
+                    // Caught up to the HW and to this epoch's start (a new leader's HW may be
+                    // behind what the old leader committed), and still fetching: a replica
+                    // that died after catching up must not rejoin on its old fetch.
+                    let floor = self.hw.max(self.epoch_start);
                     self.followers.get(r).is_some_and(|f| {
-                        f.fetched && f.leo >= self.hw && now_ms - f.last_fetch_ms <= self.lag_max_ms
+                        f.fetched && f.leo >= floor && now_ms - f.last_fetch_ms <= self.lag_max_ms
                     })
                 })
                 .collect();
@@ -312,7 +350,10 @@ impl LeaderState {
             isr: proposal,
             partition_epoch: self.partition_epoch,
         };
-        self.pending = Some(p.clone());
+        self.pending = Some(Pending {
+            proposal: p.clone(),
+            in_flight: true,
+        });
         Some(p)
     }
 
@@ -329,10 +370,19 @@ impl LeaderState {
         self.advance_hw()
     }
 
-    /// The controller refused the pending proposal (a stale partition epoch): drop it and
-    /// propose again from the next metadata.
-    pub fn on_isr_refused(&mut self, now_ms: i64) {
-        self.pending = None;
+    /// The pending proposal was not committed, as far as this answer tells. A rejected one
+    /// is dropped; one whose fate is unknown stays pending (the HW still counts a member it
+    /// adds, since the controllers may already list it in the ISR) and is proposed again
+    /// after a pause, until the metadata shows a newer partition epoch.
+    pub fn on_isr_refused(&mut self, why: IsrRefusal, now_ms: i64) {
+        match why {
+            IsrRefusal::Rejected => self.pending = None,
+            IsrRefusal::Unknown => {
+                if let Some(p) = &mut self.pending {
+                    p.in_flight = false;
+                }
+            }
+        }
         self.retry_after_ms = now_ms + RETRY_AFTER_REFUSAL_MS;
     }
 }
@@ -357,7 +407,7 @@ mod tests {
     }
 
     fn three() -> LeaderState {
-        LeaderState::new(assignment(vec![1, 2, 3], 0), 0, 0, POLICY, 0)
+        LeaderState::new(assignment(vec![1, 2, 3], 0), 0, 0, 0, POLICY, 0)
     }
 
     #[test]
@@ -407,7 +457,7 @@ mod tests {
 
     #[test]
     fn a_caught_up_follower_is_re_added_and_the_hw_uses_the_larger_set_while_pending() {
-        let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, POLICY, 0);
+        let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, 50, POLICY, 0);
         s.on_follower_fetch(2, 50, 50, 1);
         s.on_follower_fetch(3, 30, 50, 1);
         assert_eq!(s.tick(2), None, "3 has not reached the HW");
@@ -467,7 +517,7 @@ mod tests {
 
     #[test]
     fn a_follower_that_stopped_fetching_is_not_re_added() {
-        let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, POLICY, 0);
+        let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, 50, POLICY, 0);
         s.on_follower_fetch(2, 50, 50, 1);
         s.on_follower_fetch(3, 50, 50, 1); // caught up, then it dies
         s.on_follower_fetch(2, 50, 50, 20_000);
@@ -487,18 +537,74 @@ mod tests {
 
     #[test]
     fn a_leader_alone_in_the_isr_commits_its_own_end() {
-        let s = LeaderState::new(assignment(vec![1], 2), 30, 0, POLICY, 0);
+        let s = LeaderState::new(assignment(vec![1], 2), 30, 30, 0, POLICY, 0);
         assert_eq!(s.high_watermark(), 30);
         assert!(s.under_min_isr());
     }
 
     #[test]
-    fn a_refused_proposal_can_be_made_again() {
+    fn a_rejected_proposal_can_be_made_again() {
         let mut s = three();
         s.on_leader_durable(10);
         assert!(s.tick(20_000).is_some());
-        s.on_isr_refused(20_001);
+        s.on_isr_refused(IsrRefusal::Rejected, 20_001);
         assert!(s.tick(20_002).is_none(), "not at once");
         assert!(s.tick(21_001).is_some());
+    }
+
+    /// Issue 14, defect 1: the controller commits "add 3" and fails over before answering;
+    /// the retry is refused with a stale partition epoch. The leader must keep counting 3 in
+    /// the HW until the metadata settles it, or it acknowledges writes 3 lacks while the
+    /// controllers may elect 3.
+    #[test]
+    fn an_expansion_whose_answer_was_lost_keeps_counting_the_new_member() {
+        let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, 50, POLICY, 0);
+        s.on_follower_fetch(2, 50, 50, 1);
+        s.on_follower_fetch(3, 50, 50, 1);
+        let p = s.tick(2).expect("3 caught up");
+        assert_eq!(p.isr, vec![1, 2, 3]);
+        // committed at partition epoch 5 by a controller that died; the retry is refused
+        s.on_isr_refused(IsrRefusal::Unknown, 3);
+        s.on_leader_durable(60);
+        s.on_follower_fetch(2, 60, 60, 4);
+        assert_eq!(
+            s.high_watermark(),
+            50,
+            "the HW must wait for 3, which the controllers may list in the ISR"
+        );
+        assert_eq!(
+            s.tick(4),
+            None,
+            "no other change while the outcome is unknown"
+        );
+        assert_eq!(
+            s.tick(2_000).map(|p| (p.isr, p.partition_epoch)),
+            Some((vec![1, 2, 3], 4)),
+            "the same change is proposed again"
+        );
+        // the metadata shows it committed
+        assert_eq!(s.on_isr_committed(vec![1, 2, 3], 5), None);
+        assert_eq!(s.on_follower_fetch(3, 60, 60, 2_001), Some(60));
+        assert_eq!(s.tick(2_002), None);
+    }
+
+    /// Issue 14, defect 3 (KAFKA-7128): a new leader's HW can be behind what the old leader
+    /// committed; a follower that reached that stale HW but not this epoch's start must not
+    /// join the ISR, or electing it later loses committed records.
+    #[test]
+    fn a_follower_joins_only_once_it_reached_the_leaders_epoch_start() {
+        // a new leader at log end 100 with a stale HW of 40; 2 (in the ISR) is still at 40,
+        // 3 (out of it) at 70
+        let mut s = LeaderState::new(assignment(vec![1, 2], 4), 100, 100, 40, POLICY, 0);
+        s.on_follower_fetch(2, 40, 100, 1);
+        s.on_follower_fetch(3, 70, 100, 1);
+        assert_eq!(s.high_watermark(), 40);
+        assert_eq!(
+            s.tick(2),
+            None,
+            "3 reached the stale HW 40 but not the epoch start 100"
+        );
+        s.on_follower_fetch(3, 100, 100, 3);
+        assert_eq!(s.tick(4).map(|p| p.isr), Some(vec![1, 2, 3]));
     }
 }
