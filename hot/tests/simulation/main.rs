@@ -1,0 +1,1154 @@
+//! A deterministic simulation of replication: three brokers, the controllers' metadata state
+//! machine and an idempotent acks=all producer, over a network that delays, drops and
+//! reorders messages, with crashes (losing what was not fsynced), restarts, isolated brokers
+//! and controller failovers between committing an AlterIsr and answering it.
+//!
+//! Everything is driven by one seeded random generator, so a seed replays its run step for
+//! step. After every step the invariants of docs/replication.md are checked; a failure prints
+//! the seed and the run's trace.
+//!
+//! `cargo test -p strata-hot --test simulation` runs `SIM_SEEDS` seeds (default 2000) from
+//! `SIM_FIRST_SEED` (default 0); `SIM_SEED=N` runs one seed and prints its whole trace.
+
+mod replica;
+mod rng;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use strata_controller::metadata::{
+    ClusterMetadata, Command, MetadataError, PartitionRecord, UNCLEAN_ELECTION_CONFIG,
+};
+use strata_hot::replication::leader::Assignment;
+use uuid::Uuid;
+
+use replica::{FetchError, Phase, ProduceOutcome, Rec, Refusal, Replica, Role};
+use rng::Rng;
+
+const TOPIC: &str = "settlements";
+const BROKERS: [i32; 3] = [1, 2, 3];
+const PID: i64 = 1;
+/// Steps per seed.
+const STEPS: usize = 2_000;
+/// Records the producer writes per seed.
+const RECORDS: i32 = 100;
+/// Batches an idempotent producer keeps in flight (Kafka's maximum with idempotence).
+const IN_FLIGHT: usize = 5;
+/// A broker silent this long is fenced by the controllers.
+const LEASE_MS: i64 = 1_500;
+/// A request unanswered this long is given up (and retried where the real code retries).
+const REQUEST_TIMEOUT_MS: i64 = 2_000;
+/// An acks=all produce waits this long for the HW.
+const PRODUCE_TIMEOUT_MS: i64 = 3_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Node {
+    Producer,
+    Controller,
+    Broker(i32),
+}
+
+#[derive(Debug, Clone)]
+enum Msg {
+    Produce {
+        req: u64,
+        seq: i32,
+    },
+    ProduceReply {
+        req: u64,
+        seq: i32,
+        result: Result<u64, &'static str>,
+    },
+    Fetch {
+        req: u64,
+        epoch: i32,
+        offset: u64,
+    },
+    FetchReply {
+        req: u64,
+        offset: u64,
+        result: Result<(Vec<Rec>, u64), FetchError>,
+    },
+    EpochQuery {
+        req: u64,
+        epoch: i32,
+        asked: i32,
+    },
+    EpochReply {
+        req: u64,
+        asked: i32,
+        result: Result<Option<(i32, u64)>, FetchError>,
+    },
+    AlterIsr {
+        req: u64,
+        leader_epoch: i32,
+        partition_epoch: i32,
+        isr: Vec<i32>,
+        /// Set on the broker's retry after the controller it called failed over.
+        retry: bool,
+    },
+    AlterIsrReply {
+        req: u64,
+        leader_epoch: i32,
+        result: Result<(Vec<i32>, i32), Refusal>,
+    },
+}
+
+struct Envelope {
+    at: i64,
+    /// Send order: messages between the same two nodes arrive in it (one connection).
+    sent: u64,
+    from: Node,
+    to: Node,
+    /// The incarnation of the broker at each end when sent (0 for other nodes).
+    from_inc: u32,
+    to_inc: u32,
+    msg: Msg,
+}
+
+struct Producer {
+    next_seq: i32,
+    /// Sequence numbers written but not acknowledged, in order.
+    unacked: BTreeSet<i32>,
+    /// Requests in flight: seq -> (request id, sent at).
+    in_flight: BTreeMap<i32, (u64, i64)>,
+    /// Acknowledged: seq -> offset.
+    acked: BTreeMap<i32, u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    Deliver,
+    Produce,
+    Flush,
+    Roll,
+    Follower,
+    IsrTick,
+    Metadata,
+    Lease,
+    Crash,
+    Restart,
+    Isolate,
+    Heal,
+    Slow,
+}
+
+/// Counts across a run, to show the simulation exercised what it claims.
+#[derive(Debug, Default, Clone, Copy)]
+struct Stats {
+    acked: u64,
+    elections: u64,
+    truncations: u64,
+    isr_changes: u64,
+    lost_isr_answers: u64,
+    crashes: u64,
+}
+
+struct World {
+    rng: Rng,
+    now: i64,
+    meta: ClusterMetadata,
+    index: u64,
+    replicas: BTreeMap<i32, Replica>,
+    /// Brokers cut off from everyone (alive, but no message gets through).
+    isolated: BTreeSet<i32>,
+    /// Brokers whose every message is slow until the given time (a gray failure: alive,
+    /// heartbeating, but far behind).
+    slow: BTreeMap<i32, i64>,
+    /// Since when each broker has not heartbeated (crashed or isolated).
+    silent_since: BTreeMap<i32, i64>,
+    producer: Producer,
+    net: Vec<Envelope>,
+    sent: u64,
+    next_req: u64,
+    trace: Option<Vec<String>>,
+    stats: Stats,
+    /// A seq acknowledged at two offsets (found when the second ack arrives).
+    duplicate_ack: Option<(i32, u64, u64)>,
+    /// The topic allows unclean leader election.
+    unclean: bool,
+}
+
+macro_rules! trace {
+    ($w:expr, $($arg:tt)*) => {
+        if $w.trace.is_some() {
+            let mut line = format!("{:>6}ms ", $w.now);
+            let _ = write!(line, $($arg)*);
+            if let Some(t) = $w.trace.as_mut() {
+                t.push(line);
+            }
+        }
+    };
+}
+
+impl World {
+    fn new(seed: u64, tracing: bool) -> Self {
+        let mut rng = Rng::new(seed);
+        let mut w = World {
+            rng: Rng::new(0),
+            now: 0,
+            meta: ClusterMetadata::default(),
+            index: 0,
+            replicas: BROKERS.iter().map(|b| (*b, Replica::new(*b))).collect(),
+            isolated: BTreeSet::new(),
+            slow: BTreeMap::new(),
+            silent_since: BTreeMap::new(),
+            producer: Producer {
+                next_seq: 0,
+                unacked: BTreeSet::new(),
+                in_flight: BTreeMap::new(),
+                acked: BTreeMap::new(),
+            },
+            net: Vec::new(),
+            sent: 0,
+            next_req: 0,
+            trace: tracing.then(Vec::new),
+            stats: Stats::default(),
+            duplicate_ack: None,
+            unclean: false,
+        };
+        for b in BROKERS {
+            let incarnation = Uuid::from_u128(u128::from(rng.next_u64()));
+            w.apply(Command::RegisterBroker {
+                id: b,
+                incarnation,
+                endpoints: vec![],
+                rack: None,
+            })
+            .expect("registration applies");
+        }
+        // Placement rotates the preferred leader: vary it by seed.
+        for i in 0..rng.below(3) {
+            w.apply(Command::CreateTopic {
+                name: format!("other-{i}"),
+                id: Uuid::from_u128(u128::from(rng.next_u64())),
+                partitions: 1,
+                replication_factor: 3,
+                configs: BTreeMap::new(),
+            })
+            .expect("topic creation applies");
+        }
+        // A quarter of the runs let replicas outside the ISR be elected: acknowledged records
+        // may then be lost (the topic chose availability), but replicas must still converge.
+        w.unclean = rng.chance(250);
+        let mut configs = BTreeMap::new();
+        if w.unclean {
+            configs.insert(UNCLEAN_ELECTION_CONFIG.to_string(), "true".to_string());
+        }
+        w.apply(Command::CreateTopic {
+            name: TOPIC.into(),
+            id: Uuid::from_u128(u128::from(rng.next_u64())),
+            partitions: 1,
+            replication_factor: 3,
+            configs,
+        })
+        .expect("topic creation applies");
+        w.rng = rng;
+        let p = w.partition().clone();
+        trace!(
+            w,
+            "created: replicas {:?}, leader {:?}, unclean election {}",
+            p.replicas,
+            p.leader,
+            w.unclean
+        );
+        w
+    }
+
+    fn apply(&mut self, cmd: Command) -> Result<(), MetadataError> {
+        self.index += 1;
+        self.meta.apply(self.index, &cmd).map(|_| ())
+    }
+
+    fn partition(&self) -> &PartitionRecord {
+        &self.meta.topics[TOPIC].partitions[0]
+    }
+
+    fn req(&mut self) -> u64 {
+        self.next_req += 1;
+        self.next_req
+    }
+
+    fn incarnation(&self, n: Node) -> u32 {
+        match n {
+            Node::Broker(b) => self.replicas[&b].incarnation,
+            _ => 0,
+        }
+    }
+
+    fn send(&mut self, from: Node, to: Node, msg: Msg) {
+        if self.rng.chance(10) {
+            trace!(self, "net drops {from:?}->{to:?} {msg:?}");
+            return;
+        }
+        let mut delay = if self.rng.chance(50) {
+            200 + self.rng.below(800) as i64
+        } else {
+            self.rng.below(30) as i64
+        };
+        let slow = |n: Node| matches!(n, Node::Broker(b) if self.slow.get(&b).is_some_and(|until| *until > self.now));
+        if slow(from) || slow(to) {
+            delay += 300 + self.rng.below(1_200) as i64;
+        }
+        let (from_inc, to_inc) = (self.incarnation(from), self.incarnation(to));
+        self.sent += 1;
+        self.net.push(Envelope {
+            at: self.now + delay,
+            sent: self.sent,
+            from,
+            to,
+            from_inc,
+            to_inc,
+            msg,
+        });
+    }
+
+    /// Whether a message between these ends can get through now.
+    fn reachable(&self, e: &Envelope) -> bool {
+        for (n, inc) in [(e.from, e.from_inc), (e.to, e.to_inc)] {
+            if let Node::Broker(b) = n {
+                let r = &self.replicas[&b];
+                if !r.alive || r.incarnation != inc || self.isolated.contains(&b) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn step(&mut self) -> Result<(), String> {
+        self.now += 1 + self.rng.below(20) as i64;
+        let event = self.rng.weighted(&[
+            (40, Event::Deliver),
+            (10, Event::Produce),
+            (10, Event::Flush),
+            (1, Event::Roll),
+            (12, Event::Follower),
+            (4, Event::IsrTick),
+            (6, Event::Metadata),
+            (3, Event::Lease),
+            (1, Event::Crash),
+            (2, Event::Restart),
+            (1, Event::Isolate),
+            (2, Event::Heal),
+            (1, Event::Slow),
+        ]);
+        let mut b = BROKERS[self.rng.below(BROKERS.len() as u64) as usize];
+        if matches!(event, Event::Crash | Event::Isolate | Event::Slow) && self.rng.chance(500) {
+            // Faults hit the leader more often than chance would: that is where they hurt.
+            if let Some(l) = self.partition().leader {
+                b = l;
+            }
+        }
+        match event {
+            Event::Deliver => self.deliver(),
+            Event::Produce => self.producer_act(),
+            Event::Flush => {
+                if self.replicas[&b].alive {
+                    self.replicas.get_mut(&b).expect("broker").flush();
+                }
+            }
+            Event::Roll => {
+                if self.replicas[&b].alive {
+                    trace!(self, "b{b} rolls a segment at {}", self.replicas[&b].end());
+                    self.replicas.get_mut(&b).expect("broker").roll();
+                }
+            }
+            Event::Follower => self.follower_act(b),
+            Event::IsrTick => self.isr_tick(b),
+            Event::Metadata => self.deliver_metadata(b),
+            Event::Lease => self.check_leases(),
+            Event::Crash => {
+                // Runs with unclean election crash more: the elections they then make are
+                // where replica histories fork.
+                let odds = if self.unclean { 600 } else { 200 };
+                if self.replicas[&b].alive && self.rng.chance(odds) {
+                    self.stats.crashes += 1;
+                    let r = self.replicas.get_mut(&b).expect("broker");
+                    let before = r.end();
+                    r.crash(&mut self.rng);
+                    let (kept, durable) = (r.end(), r.durable);
+                    self.silent_since.entry(b).or_insert(self.now);
+                    trace!(
+                        self,
+                        "b{b} CRASHES: log {before} -> {kept} (fsynced {durable})"
+                    );
+                }
+            }
+            Event::Restart => {
+                if !self.replicas[&b].alive {
+                    self.replicas.get_mut(&b).expect("broker").restart();
+                    let incarnation = Uuid::from_u128(u128::from(self.rng.next_u64()));
+                    let _ = self.apply(Command::RegisterBroker {
+                        id: b,
+                        incarnation,
+                        endpoints: vec![],
+                        rack: None,
+                    });
+                    self.silent_since.remove(&b);
+                    let r = &self.replicas[&b];
+                    trace!(
+                        self,
+                        "b{b} RESTARTS with log end {} epochs {:?}; registered: {:?}",
+                        r.end(),
+                        r.epochs.entries(),
+                        self.partition()
+                    );
+                }
+            }
+            Event::Isolate => {
+                if self.replicas[&b].alive && self.isolated.is_empty() && self.rng.chance(200) {
+                    self.isolated.insert(b);
+                    self.silent_since.entry(b).or_insert(self.now);
+                    trace!(self, "b{b} ISOLATED");
+                }
+            }
+            Event::Slow => {
+                if self.rng.chance(300) {
+                    let until = self.now + 1_000 + self.rng.below(4_000) as i64;
+                    self.slow.insert(b, until);
+                    trace!(self, "b{b} SLOW until {until}ms");
+                }
+            }
+            Event::Heal => {
+                if self.isolated.remove(&b) {
+                    self.silent_since.remove(&b);
+                    let epoch = self.meta.brokers[&b].epoch;
+                    if self.meta.brokers[&b].fenced {
+                        let _ = self.apply(Command::UnfenceBroker { id: b, epoch });
+                    }
+                    trace!(self, "b{b} HEALED: {:?}", self.partition());
+                }
+            }
+        }
+        self.resolve_waiters();
+        self.check_invariants()
+    }
+
+    fn deliver(&mut self) {
+        // Any due message that is the oldest on its connection: connections are reordered
+        // against each other, never within.
+        let due: Vec<usize> = (0..self.net.len())
+            .filter(|i| {
+                let e = &self.net[*i];
+                e.at <= self.now
+                    && !self
+                        .net
+                        .iter()
+                        .any(|o| o.from == e.from && o.to == e.to && o.sent < e.sent)
+            })
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let i = due[self.rng.below(due.len() as u64) as usize];
+        let e = self.net.swap_remove(i);
+        if !self.reachable(&e) {
+            return;
+        }
+        match (e.to, e.msg) {
+            (Node::Broker(b), Msg::Produce { req, seq }) => {
+                let now = self.now;
+                let r = self.replicas.get_mut(&b).expect("broker");
+                match r.produce(req, PID, seq, now) {
+                    ProduceOutcome::Wait(w) => {
+                        trace!(
+                            self,
+                            "b{b} appends seq {seq} at {} (epoch {})",
+                            w.base,
+                            w.epoch
+                        );
+                        self.replicas.get_mut(&b).expect("broker").waiters.push(w);
+                    }
+                    ProduceOutcome::Refused(why) => {
+                        trace!(self, "b{b} refuses seq {seq}: {why}");
+                        self.send(
+                            Node::Broker(b),
+                            Node::Producer,
+                            Msg::ProduceReply {
+                                req,
+                                seq,
+                                result: Err(why),
+                            },
+                        );
+                    }
+                }
+            }
+            (Node::Producer, Msg::ProduceReply { req, seq, result }) => {
+                self.on_produce_reply(req, seq, result)
+            }
+            (Node::Broker(b), Msg::Fetch { req, epoch, offset }) => {
+                let Node::Broker(from) = e.from else { return };
+                let now = self.now;
+                let result = self
+                    .replicas
+                    .get_mut(&b)
+                    .expect("broker")
+                    .serve_fetch(from, epoch, offset, now);
+                self.send(
+                    Node::Broker(b),
+                    e.from,
+                    Msg::FetchReply {
+                        req,
+                        offset,
+                        result,
+                    },
+                );
+            }
+            (
+                Node::Broker(b),
+                Msg::FetchReply {
+                    req,
+                    offset,
+                    result,
+                },
+            ) => self.on_fetch_reply(b, req, offset, result),
+            (Node::Broker(b), Msg::EpochQuery { req, epoch, asked }) => {
+                let result = self.replicas[&b].serve_epoch_query(epoch, asked);
+                self.send(
+                    Node::Broker(b),
+                    e.from,
+                    Msg::EpochReply { req, asked, result },
+                );
+            }
+            (Node::Broker(b), Msg::EpochReply { req, asked, result }) => {
+                self.on_epoch_reply(b, req, asked, result)
+            }
+            (
+                Node::Controller,
+                Msg::AlterIsr {
+                    req,
+                    leader_epoch,
+                    partition_epoch,
+                    isr,
+                    retry,
+                },
+            ) => {
+                let Node::Broker(b) = e.from else { return };
+                self.controller_alter_isr(b, req, leader_epoch, partition_epoch, isr, retry)
+            }
+            (
+                Node::Broker(b),
+                Msg::AlterIsrReply {
+                    req,
+                    leader_epoch,
+                    result,
+                },
+            ) => {
+                let now = self.now;
+                let r = self.replicas.get_mut(&b).expect("broker");
+                let Role::Leader { call, .. } = &r.role else {
+                    return;
+                };
+                if call.as_ref().is_none_or(|c| c.req != req) {
+                    return;
+                }
+                trace!(self, "b{b} AlterIsr answer: {result:?}");
+                self.replicas
+                    .get_mut(&b)
+                    .expect("broker")
+                    .isr_answer(leader_epoch, result, now);
+            }
+            (to, msg) => panic!("misrouted message to {to:?}: {msg:?}"),
+        }
+    }
+
+    /// The active controller handles AlterIsr: the command is committed to the metadata log
+    /// and answered, unless this controller dies between the two (then the broker's client
+    /// retries on another controller, which finds the change already applied).
+    fn controller_alter_isr(
+        &mut self,
+        b: i32,
+        req: u64,
+        leader_epoch: i32,
+        partition_epoch: i32,
+        isr: Vec<i32>,
+        retry: bool,
+    ) {
+        let result = if self.meta.brokers[&b].fenced {
+            Err(Refusal::Unknown)
+        } else {
+            match self.apply(Command::AlterIsr {
+                topic: TOPIC.into(),
+                partition: 0,
+                leader: b,
+                leader_epoch,
+                partition_epoch,
+                isr: isr.clone(),
+            }) {
+                Ok(()) => {
+                    self.stats.isr_changes += 1;
+                    let p = self.partition();
+                    Ok((p.isr.clone(), p.partition_epoch))
+                }
+                Err(MetadataError::InvalidIsr { .. }) => Err(Refusal::Invalid),
+                Err(_) => Err(Refusal::Unknown),
+            }
+        };
+        trace!(self, "controller AlterIsr from b{b} {isr:?} at partition epoch {partition_epoch}: {result:?}");
+        if result.is_ok() && !retry && self.rng.chance(150) {
+            self.stats.lost_isr_answers += 1;
+            trace!(self, "controller FAILS OVER before answering b{b}");
+            self.send(
+                Node::Broker(b),
+                Node::Controller,
+                Msg::AlterIsr {
+                    req,
+                    leader_epoch,
+                    partition_epoch,
+                    isr,
+                    retry: true,
+                },
+            );
+            return;
+        }
+        self.send(
+            Node::Controller,
+            Node::Broker(b),
+            Msg::AlterIsrReply {
+                req,
+                leader_epoch,
+                result,
+            },
+        );
+    }
+
+    fn producer_act(&mut self) {
+        let Some(leader) = self.partition().leader else {
+            return;
+        };
+        let now = self.now;
+        // A request unanswered too long: the client gives up on all in flight and resends.
+        if self
+            .producer
+            .in_flight
+            .values()
+            .any(|(_, at)| now - at > PRODUCE_TIMEOUT_MS + 500)
+        {
+            self.producer.in_flight.clear();
+        }
+        if self.producer.unacked.len() < IN_FLIGHT && self.producer.next_seq < RECORDS {
+            let seq = self.producer.next_seq;
+            self.producer.next_seq += 1;
+            self.producer.unacked.insert(seq);
+        }
+        let to_send: Vec<i32> = self
+            .producer
+            .unacked
+            .iter()
+            .copied()
+            .filter(|s| !self.producer.in_flight.contains_key(s))
+            .collect();
+        for seq in to_send {
+            let req = self.req();
+            self.producer.in_flight.insert(seq, (req, now));
+            self.send(
+                Node::Producer,
+                Node::Broker(leader),
+                Msg::Produce { req, seq },
+            );
+        }
+    }
+
+    fn on_produce_reply(&mut self, req: u64, seq: i32, result: Result<u64, &'static str>) {
+        match result {
+            Ok(offset) => {
+                if let Some(prev) = self.producer.acked.insert(seq, offset) {
+                    if prev != offset {
+                        // Reported by the invariant check (a record written twice).
+                        self.producer.acked.insert(seq, prev);
+                        trace!(
+                            self,
+                            "producer: seq {seq} acknowledged again at {offset}, first at {prev}"
+                        );
+                        self.duplicate_ack = Some((seq, prev, offset));
+                        return;
+                    }
+                }
+                self.stats.acked += 1;
+                trace!(self, "producer: seq {seq} ACKED at {offset}");
+                self.producer.unacked.remove(&seq);
+                self.producer.in_flight.remove(&seq);
+            }
+            Err(why) => {
+                if self
+                    .producer
+                    .in_flight
+                    .get(&seq)
+                    .is_some_and(|(r, _)| *r == req)
+                {
+                    trace!(
+                        self,
+                        "producer: seq {seq} failed ({why}); resending all unacknowledged"
+                    );
+                    self.producer.in_flight.clear();
+                }
+            }
+        }
+    }
+
+    fn resolve_waiters(&mut self) {
+        let now = self.now;
+        let mut replies = Vec::new();
+        for r in self.replicas.values_mut() {
+            let (epoch, under_min) = match &r.role {
+                Role::Leader { epoch, state, .. } => (Some(*epoch), state.under_min_isr()),
+                _ => (None, false),
+            };
+            let hw = r.hw;
+            r.waiters.retain(|w| {
+                let result = if epoch != Some(w.epoch) {
+                    Err("NOT_LEADER_OR_FOLLOWER")
+                } else if hw >= w.end && under_min {
+                    Err("NOT_ENOUGH_REPLICAS_AFTER_APPEND")
+                } else if hw >= w.end {
+                    Ok(w.base)
+                } else if now - w.since > PRODUCE_TIMEOUT_MS {
+                    Err("REQUEST_TIMED_OUT")
+                } else {
+                    return true;
+                };
+                replies.push((r.id, w.req, w.seq, result));
+                false
+            });
+        }
+        for (b, req, seq, result) in replies {
+            self.send(
+                Node::Broker(b),
+                Node::Producer,
+                Msg::ProduceReply { req, seq, result },
+            );
+        }
+    }
+
+    /// The fetcher task of a follower: one request at a time, resent after a timeout.
+    fn follower_act(&mut self, b: i32) {
+        let now = self.now;
+        let req = self.req();
+        let r = self.replicas.get_mut(&b).expect("broker");
+        if !r.alive {
+            return;
+        }
+        let end = r.end();
+        let durable = r.durable as u64;
+        let latest = r.epochs.latest().map(|e| e.epoch);
+        let Role::Follower {
+            leader,
+            epoch,
+            phase,
+            awaiting,
+            asked,
+        } = &mut r.role
+        else {
+            return;
+        };
+        if awaiting.is_some_and(|(_, at)| now - at < REQUEST_TIMEOUT_MS) {
+            return;
+        }
+        let (leader, epoch) = (*leader, *epoch);
+        let msg = match *phase {
+            Phase::Truncating => match latest {
+                None => {
+                    *phase = Phase::Fetching;
+                    *awaiting = None;
+                    return;
+                }
+                Some(latest) => {
+                    *asked = latest;
+                    Msg::EpochQuery {
+                        req,
+                        epoch,
+                        asked: latest,
+                    }
+                }
+            },
+            Phase::Fetching => {
+                // Fetch only from what is fsynced here: the fetch offset is what the leader
+                // counts as this replica's log end.
+                if durable < end {
+                    return;
+                }
+                Msg::Fetch {
+                    req,
+                    epoch,
+                    offset: end,
+                }
+            }
+        };
+        *awaiting = Some((req, now));
+        self.send(Node::Broker(b), Node::Broker(leader), msg);
+    }
+
+    /// Whether `b` follows and waits for the answer `req`; clears the wait.
+    fn take_awaited(&mut self, b: i32, req: u64) -> bool {
+        let r = self.replicas.get_mut(&b).expect("broker");
+        match &mut r.role {
+            Role::Follower { awaiting, .. } if awaiting.is_some_and(|(q, _)| q == req) => {
+                *awaiting = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn set_phase(&mut self, b: i32, to: Phase) {
+        if let Role::Follower { phase, .. } = &mut self.replicas.get_mut(&b).expect("broker").role {
+            *phase = to;
+        }
+    }
+
+    fn on_epoch_reply(
+        &mut self,
+        b: i32,
+        req: u64,
+        asked: i32,
+        result: Result<Option<(i32, u64)>, FetchError>,
+    ) {
+        if !self.take_awaited(b, req) {
+            return;
+        }
+        let Ok(answer) = result else {
+            return; // refused: ask again
+        };
+        let r = self.replicas.get_mut(&b).expect("broker");
+        let before = r.end();
+        let again = r.on_epoch_answer(asked, answer);
+        let after = r.end();
+        if after < before {
+            self.stats.truncations += 1;
+        }
+        trace!(
+            self,
+            "b{b} asked epoch {asked}, leader answered {answer:?}: log {before} -> {after}{}",
+            if again { ", asking again" } else { "" }
+        );
+        if !again {
+            self.set_phase(b, Phase::Fetching);
+        }
+    }
+
+    fn on_fetch_reply(
+        &mut self,
+        b: i32,
+        req: u64,
+        offset: u64,
+        result: Result<(Vec<Rec>, u64), FetchError>,
+    ) {
+        if !self.take_awaited(b, req) {
+            return;
+        }
+        match result {
+            Ok((recs, hw)) => {
+                let r = self.replicas.get_mut(&b).expect("broker");
+                if r.append_replicated(offset, &recs).is_err() {
+                    self.set_phase(b, Phase::Truncating);
+                    return;
+                }
+                r.set_follower_hw(hw);
+                if !recs.is_empty() {
+                    trace!(
+                        self,
+                        "b{b} replicated {} records at {offset}, hw {hw}",
+                        recs.len()
+                    );
+                }
+            }
+            Err(FetchError::OutOfRange { leader_end }) if offset > leader_end => {
+                // Past the leader's end: cut there, then truncate by epochs again.
+                trace!(
+                    self,
+                    "b{b} fetch at {offset} is past the leader's end {leader_end}"
+                );
+                self.replicas
+                    .get_mut(&b)
+                    .expect("broker")
+                    .truncate_to(leader_end);
+                self.set_phase(b, Phase::Truncating);
+            }
+            Err(e) => {
+                trace!(self, "b{b} fetch at {offset} refused: {e:?}");
+                self.set_phase(b, Phase::Truncating);
+            }
+        }
+    }
+
+    fn isr_tick(&mut self, b: i32) {
+        let now = self.now;
+        let r = self.replicas.get_mut(&b).expect("broker");
+        if !r.alive {
+            return;
+        }
+        // A call unanswered past its deadline fails (the client's retries ran out).
+        if let Role::Leader {
+            epoch,
+            call: Some(c),
+            ..
+        } = &r.role
+        {
+            if now - c.sent_at > REQUEST_TIMEOUT_MS {
+                let epoch = *epoch;
+                r.isr_answer(epoch, Err(Refusal::Unknown), now);
+                trace!(self, "b{b} AlterIsr call timed out");
+            }
+            return;
+        }
+        let Some((epoch, partition_epoch, isr)) = r.isr_tick(now) else {
+            return;
+        };
+        let req = self.req();
+        if let Role::Leader { call, .. } = &mut self.replicas.get_mut(&b).expect("broker").role {
+            *call = Some(replica::IsrCall { req, sent_at: now });
+        }
+        trace!(
+            self,
+            "b{b} proposes ISR {isr:?} at partition epoch {partition_epoch}"
+        );
+        self.send(
+            Node::Broker(b),
+            Node::Controller,
+            Msg::AlterIsr {
+                req,
+                leader_epoch: epoch,
+                partition_epoch,
+                isr,
+                retry: false,
+            },
+        );
+    }
+
+    /// The broker's metadata watch catches up with the controllers (`broker/reconcile.rs`).
+    fn deliver_metadata(&mut self, b: i32) {
+        if !self.replicas[&b].alive || self.isolated.contains(&b) {
+            return;
+        }
+        let p = self.partition().clone();
+        let now = self.now;
+        let r = self.replicas.get_mut(&b).expect("broker");
+        match p.leader {
+            Some(l) if l == b => {
+                let was = r.leader_epoch();
+                r.become_leader(
+                    p.leader_epoch,
+                    Assignment {
+                        me: b,
+                        replicas: p.replicas.clone(),
+                        isr: p.isr.clone(),
+                        partition_epoch: p.partition_epoch,
+                    },
+                    now,
+                );
+                if was != Some(p.leader_epoch) {
+                    self.stats.elections += 1;
+                    let r = &self.replicas[&b];
+                    trace!(
+                        self,
+                        "b{b} LEADS epoch {} (ISR {:?}, log end {}, hw {}, epochs {:?})",
+                        p.leader_epoch,
+                        p.isr,
+                        r.end(),
+                        r.hw,
+                        r.epochs.entries()
+                    );
+                }
+            }
+            Some(l) => {
+                if r.become_follower(l, p.leader_epoch) {
+                    trace!(
+                        self,
+                        "b{b} follows b{l} at epoch {} (log end {}, epochs {:?})",
+                        p.leader_epoch,
+                        r.end(),
+                        r.epochs.entries()
+                    );
+                }
+            }
+            None => r.become_idle(),
+        }
+    }
+
+    /// The controllers fence brokers whose lease expired (crashed or cut off).
+    fn check_leases(&mut self) {
+        let expired: Vec<i32> = self
+            .silent_since
+            .iter()
+            .filter(|(b, since)| self.now - **since > LEASE_MS && !self.meta.brokers[b].fenced)
+            .map(|(b, _)| *b)
+            .collect();
+        for b in expired {
+            let epoch = self.meta.brokers[&b].epoch;
+            let _ = self.apply(Command::FenceBroker { id: b, epoch });
+            trace!(self, "controller FENCES b{b}: {:?}", self.partition());
+        }
+    }
+
+    /// The leader the controllers elected, once it acts on it.
+    fn acting_leader(&self) -> Option<&Replica> {
+        let p = self.partition();
+        let r = &self.replicas[&p.leader?];
+        (r.alive && r.leader_epoch() == Some(p.leader_epoch)).then_some(r)
+    }
+
+    fn check_invariants(&mut self) -> Result<(), String> {
+        // 5. A follower done truncating agrees with its leader below both HWs, with or
+        //    without unclean elections.
+        for f in self.replicas.values().filter(|r| r.alive) {
+            let Role::Follower {
+                leader,
+                epoch,
+                phase: Phase::Fetching,
+                ..
+            } = f.role
+            else {
+                continue;
+            };
+            let l = &self.replicas[&leader];
+            if !l.alive || l.leader_epoch() != Some(epoch) {
+                continue;
+            }
+            let k = f.hw.min(l.hw) as usize;
+            if let Some(o) = (0..k).find(|o| f.log[*o] != l.log[*o]) {
+                return Err(format!(
+                    "b{} follows b{} at epoch {epoch} but disagrees with it at offset {o}, below both HWs ({} and {}): {:?} vs {:?}",
+                    f.id, l.id, f.hw, l.hw, f.log[o], l.log[o]
+                ));
+            }
+        }
+        for r in self.replicas.values_mut() {
+            // 2. The HW never moves back on a leader.
+            if let Role::Leader { max_hw, .. } = &mut r.role {
+                if r.hw < *max_hw {
+                    return Err(format!(
+                        "leader b{} moved its HW back from {} to {}",
+                        r.id, max_hw, r.hw
+                    ));
+                }
+                *max_hw = r.hw;
+            }
+        }
+        if self.unclean {
+            // An unclean election may lose acknowledged records and producer state.
+            self.duplicate_ack = None;
+            return Ok(());
+        }
+        if let Some((seq, first, again)) = self.duplicate_ack.take() {
+            return Err(format!(
+                "idempotent retry written twice: seq {seq} acknowledged at {first} and again at {again}"
+            ));
+        }
+        // 1. No acknowledged record is missing from the elected leader.
+        if let Some(l) = self.acting_leader() {
+            for (seq, offset) in &self.producer.acked {
+                let found = l.log.get(*offset as usize);
+                if found.is_none_or(|r| r.pid != PID || r.seq != *seq) {
+                    return Err(format!(
+                        "acknowledged seq {seq} at offset {offset} is missing from leader b{} (found {found:?}, log end {})",
+                        l.id,
+                        l.end()
+                    ));
+                }
+            }
+        }
+        for r in self.replicas.values() {
+            // 3. No record is written twice below the HW.
+            let mut seen = [None; RECORDS as usize];
+            for (o, rec) in r.log.iter().take(r.hw as usize).enumerate() {
+                if let Some(first) = seen[rec.seq as usize].replace(o) {
+                    return Err(format!(
+                        "b{} holds seq {} twice below its HW {}: at {first} and {o}",
+                        r.id, rec.seq, r.hw
+                    ));
+                }
+            }
+        }
+        // 4. Replicas agree below their high watermarks.
+        let alive: Vec<&Replica> = self.replicas.values().filter(|r| r.alive).collect();
+        for (i, a) in alive.iter().enumerate() {
+            for b in &alive[i + 1..] {
+                let k = a.hw.min(b.hw) as usize;
+                if a.log[..k] == b.log[..k] {
+                    continue;
+                }
+                if let Some(o) = (0..k).find(|o| a.log[*o] != b.log[*o]) {
+                    return Err(format!(
+                        "b{} and b{} disagree at offset {o}, below both HWs ({} and {}): {:?} vs {:?}",
+                        a.id, b.id, a.hw, b.hw, a.log[o], b.log[o]
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs one seed: what it exercised or the broken invariant, and the trace (when tracing).
+fn run(seed: u64, tracing: bool) -> (Result<Stats, String>, Vec<String>) {
+    let mut w = World::new(seed, tracing);
+    for _ in 0..STEPS {
+        if let Err(e) = w.step() {
+            return (Err(e), w.trace.take().unwrap_or_default());
+        }
+    }
+    (Ok(w.stats), w.trace.take().unwrap_or_default())
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    Some(
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name} must be a number, got {v:?}")),
+    )
+}
+
+#[test]
+fn replication_survives_seeded_faults() {
+    if let Some(seed) = env_u64("SIM_SEED") {
+        let (result, trace) = run(seed, true);
+        for line in &trace {
+            println!("{line}");
+        }
+        match result {
+            Ok(stats) => println!("seed {seed} passed: {stats:?}"),
+            Err(e) => panic!("seed {seed} failed: {e}"),
+        }
+        return;
+    }
+    let seeds = env_u64("SIM_SEEDS").unwrap_or(2_000);
+    let first = env_u64("SIM_FIRST_SEED").unwrap_or(0);
+    let mut total = Stats::default();
+    for seed in first..first + seeds {
+        match run(seed, false).0 {
+            Ok(s) => {
+                total.acked += s.acked;
+                total.elections += s.elections;
+                total.truncations += s.truncations;
+                total.isr_changes += s.isr_changes;
+                total.lost_isr_answers += s.lost_isr_answers;
+                total.crashes += s.crashes;
+            }
+            Err(e) => {
+                let (again, trace) = run(seed, true);
+                assert_eq!(again.err().as_ref(), Some(&e), "a seed replays its failure");
+                let tail = trace.len().saturating_sub(80);
+                for line in &trace[tail..] {
+                    println!("{line}");
+                }
+                panic!(
+                    "seed {seed} failed: {e}\n(last {} of {} trace lines above; replay it with SIM_SEED={seed} cargo test -p strata-hot --test simulation -- --nocapture)",
+                    trace.len() - tail,
+                    trace.len()
+                );
+            }
+        }
+    }
+    println!("{seeds} seeds from {first}: {total:?}");
+    // The run must have exercised what it claims to.
+    assert!(
+        total.acked > seeds * (RECORDS as u64) / 10,
+        "too few acks: {total:?}"
+    );
+    assert!(total.elections > seeds, "too few elections: {total:?}");
+    assert!(
+        total.truncations > 0 && total.lost_isr_answers > 0 && total.crashes > 0,
+        "{total:?}"
+    );
+}
