@@ -458,3 +458,65 @@ def test_unclean_election_is_opt_in_and_the_old_leader_truncates_to_the_new_hist
     out, _ = consume_partitions(bootstrap(cluster), "loose", 1, time.monotonic() + 60)
     assert [v for _, _, v in out[0]] == list(range(100)) + list(range(150, 170))
     assert_replicas_identical(cluster, "loose", partitions=1)
+
+
+def test_a_follower_that_led_an_epoch_the_leader_never_saw_truncates_in_several_rounds(cluster):
+    """Issue 14, defect 4 (KIP-279), staged with unclean elections and real processes.
+    F leads epoch 0 and writes 5 records, L has 3 of them; L leads epoch 1 and writes one
+    more (offset 3); F leads epoch 2 on its own history; L leads epoch 3. F, back, asks L
+    about epoch 2 and hears "epoch 1 ends at 4": one round keeps F's offset 3 (epoch 0),
+    where L has epoch 1's record. F must ask again (about epoch 0) and cut at 3, or the
+    replicas diverge below the high watermark."""
+    from confluent_kafka import Producer
+
+    topic = "fork"
+
+    def produce(values, to):
+        acked = []
+        p = Producer(rdkafka_conf({"bootstrap.servers": bootstrap(cluster, [to]), "acks": "all",
+                                   "message.timeout.ms": 20000}))
+        for v in values:  # one batch each: truncation cuts at batch boundaries
+            p.produce(topic, record_value(v).encode(), partition=0,
+                      on_delivery=lambda err, msg: acked.append(err))
+            p.flush(30)
+        assert acked == [None] * len(values), acked
+
+    def leads(broker):
+        return cluster.wait_for(lambda m: m["topics"][topic]["partitions"][0]["leader"] == broker,
+                                f"broker {broker} leads {topic}", timeout=LEASE_S * 6)
+
+    create_topic(cluster, topic, partitions=1,
+                 configs={"min.insync.replicas": "1", "unclean.leader.election.enable": "true"})
+    wait_full_isr(cluster, topic)
+    f = partition_leaders(cluster, topic)[0]
+    l, x = [i for i in (1, 2, 3) if i != f]
+    produce(range(3), f)                      # offsets 0..2 everywhere (epoch 0)
+    wait_full_isr(cluster, topic)
+    time.sleep(1)
+    cluster.kill(f"broker-{l}")
+    cluster.kill(f"broker-{x}")
+    cluster.wait_for(lambda m: m["topics"][topic]["partitions"][0]["isr"] == [f], "ISR of F alone",
+                     timeout=LEASE_S * 6)
+    produce(range(3, 5), f)                   # F: offsets 3, 4 in epoch 0
+    cluster.kill(f"broker-{f}")
+    cluster.start(f"broker-{l}")
+    leads(l)
+    produce([100], l)                         # L: offset 3 in its epoch
+    cluster.kill(f"broker-{l}")
+    cluster.wait_for(lambda m: m["topics"][topic]["partitions"][0]["leader"] != l, "L fenced",
+                     timeout=LEASE_S * 6)
+    cluster.start(f"broker-{f}")
+    leads(f)
+    produce([200, 201], f)                    # F: offsets 5, 6 in a later epoch L never sees
+    cluster.kill(f"broker-{f}")
+    cluster.wait_for(lambda m: m["topics"][topic]["partitions"][0]["leader"] != f, "F fenced",
+                     timeout=LEASE_S * 6)
+    cluster.start(f"broker-{l}")
+    leads(l)
+    produce([300], l)                         # L: offset 4 in a newer epoch
+    cluster.start(f"broker-{f}")
+    cluster.start(f"broker-{x}")
+    wait_full_isr(cluster, topic, timeout=60)
+    out, _ = consume_partitions(bootstrap(cluster), topic, 1, time.monotonic() + 60)
+    assert [v for _, _, v in out[0]] == [0, 1, 2, 100, 300]
+    assert_replicas_identical(cluster, topic, partitions=1)
