@@ -1141,4 +1141,41 @@ mod tests {
             q.log_end
         );
     }
+
+    /// Issue 14, defect 6: a new fetcher's first fetch offset was the log end even when the
+    /// tail was not fsynced yet (an earlier role or fetcher appended it), so the leader
+    /// counted unsynced records as this replica's. `wait_synced` makes the log durable to its
+    /// end before returning; the fetcher calls it before every fetch.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_fetch_offset_waits_until_the_tail_is_fsynced() {
+        let dir = tempfile::tempdir().unwrap();
+        // flushing left to the OS: appends alone never sync
+        let config = crate::log::LogConfig::from_map(&std::collections::BTreeMap::from([(
+            "flush.messages".to_string(),
+            i64::MAX.to_string(),
+        )]))
+        .unwrap();
+        let (log, _) = PartitionLog::open(dir.path(), config, 0).unwrap();
+        let p = Partition::start(Arc::from("t"), 0, log, 0);
+        p.become_follower(2, 1).expect("following");
+        p.append_replicated(
+            Following {
+                leader: 2,
+                epoch: 1,
+            },
+            &[replicated(0, 3, 1)],
+            0,
+        )
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let q = p.progress();
+        assert_eq!(
+            (q.durable_end, q.log_end),
+            (0, 3),
+            "the tail is not synced: {q:?}"
+        );
+        p.wait_synced().await.unwrap();
+        let q = p.progress();
+        assert_eq!(q.durable_end, q.log_end, "{q:?}");
+    }
 }
