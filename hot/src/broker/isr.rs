@@ -63,7 +63,12 @@ pub(super) async fn run(broker: Weak<Broker>, link: Arc<ClusterLink>) {
                                 b.metrics().isr_shrinks.fetch_add(1, Relaxed);
                             }
                             tracing::info!(topic = %name, partition = p.index, isr = ?r.isr, partition_epoch = r.partition_epoch, "ISR change committed");
-                            p.isr_answer(epoch, Ok((r.isr, r.partition_epoch)), b.now_ms());
+                            p.isr_answer(
+                                epoch,
+                                proposal.partition_epoch,
+                                Ok((r.isr, r.partition_epoch)),
+                                b.now_ms(),
+                            );
                         }
                         Err(e) => {
                             // Only an invalid ISR is known not to be committed; any other
@@ -76,7 +81,7 @@ pub(super) async fn run(broker: Weak<Broker>, link: Arc<ClusterLink>) {
                                 IsrRefusal::Unknown
                             };
                             tracing::info!(topic = %name, partition = p.index, isr = ?proposal.isr, error = %e.message(), outcome = ?why, "ISR change not confirmed; waiting for the metadata to show it");
-                            p.isr_answer(epoch, Err(why), b.now_ms());
+                            p.isr_answer(epoch, proposal.partition_epoch, Err(why), b.now_ms());
                         }
                     }
                 });

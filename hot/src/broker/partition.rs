@@ -638,11 +638,12 @@ impl Partition {
         }
     }
 
-    /// The controller answered an ISR proposal made at leader `epoch`: committed
-    /// (`Ok((isr, partition_epoch))`) or not (how far that is known).
+    /// The controller answered the ISR proposal made at leader `epoch` on partition epoch
+    /// `proposed_at`: committed (`Ok((isr, partition_epoch))`) or not (how far that is known).
     pub fn isr_answer(
         &self,
         epoch: i32,
+        proposed_at: i32,
         committed: Result<(Vec<i32>, i32), IsrRefusal>,
         now_ms: i64,
     ) {
@@ -656,7 +657,7 @@ impl Partition {
         let hw = match committed {
             Ok((isr, pe)) => state.on_isr_committed(isr, pe),
             Err(why) => {
-                state.on_isr_refused(why, now_ms);
+                state.on_isr_refused(why, proposed_at, now_ms);
                 None
             }
         };
@@ -679,7 +680,8 @@ impl Partition {
     }
 
     /// Cuts the log at `offset` (a follower of `at` truncating to where it agrees with its
-    /// leader).
+    /// leader). An I/O error leaves the log's files and its in-memory state possibly apart:
+    /// the partition then stops acknowledging (reopening rebuilds everything from the files).
     pub fn truncate_to(
         &self,
         at: Following,
@@ -688,9 +690,9 @@ impl Partition {
     ) -> Result<(), ReplicaWriteError> {
         let _role = self.following(at)?;
         let mut log = self.lock();
-        log.truncate_to(offset, now_ms)?;
-        self.after_cut(&log);
-        Ok(())
+        let cut = log.truncate_to(offset, now_ms);
+        self.after_cut(&log, cut.is_err());
+        Ok(cut?)
     }
 
     /// Empties the log and restarts it at `offset` (a follower of `at` far behind a leader
@@ -703,19 +705,27 @@ impl Partition {
     ) -> Result<(), ReplicaWriteError> {
         let _role = self.following(at)?;
         let mut log = self.lock();
-        log.reset_to(offset, now_ms)?;
-        self.after_cut(&log);
-        Ok(())
+        let reset = log.reset_to(offset, now_ms);
+        self.after_cut(&log, reset.is_err());
+        if reset.is_ok() {
+            // An empty log whose directory was synced: durable to its (new) end.
+            self.progress.send_modify(|p| p.durable_end = offset);
+        }
+        Ok(reset?)
     }
 
-    fn after_cut(&self, log: &PartitionLog) {
+    fn after_cut(&self, log: &PartitionLog, failed: bool) {
         self.cuts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let (start, end) = (log.start_offset(), log.end_offset());
+        if failed {
+            tracing::error!(topic = %self.topic, partition = self.index, "truncating the log failed; partition stops accepting writes until the broker restarts");
+        }
         self.progress.send_modify(|p| {
             p.log_start = start;
             p.log_end = end;
             p.durable_end = p.durable_end.min(end);
             p.high_watermark = p.high_watermark.min(end);
+            p.failed |= failed;
         });
     }
 
@@ -1128,7 +1138,7 @@ mod tests {
         {
             let mut log = p.lock();
             log.truncate_to(0, 0).unwrap();
-            p.after_cut(&log);
+            p.after_cut(&log, false);
         }
         drop(role);
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -276,6 +276,12 @@ impl PartitionLog {
         if segments.is_empty() {
             segments.insert(0, Segment::create(dir, 0, now_ms, interval)?);
         }
+        // A recovery point past the last segment's base was left by a truncation that a crash
+        // interrupted: lower it, or that segment, once rewritten and rolled, would be trusted.
+        let last_base = *segments.keys().next_back().expect("a segment");
+        if recovery_point > last_base {
+            write_atomically(dir, RECOVERY_POINT_FILE, last_base.to_string().as_bytes())?;
+        }
         let mut log = PartitionLog {
             dir: dir.to_path_buf(),
             config,
@@ -499,9 +505,25 @@ impl PartitionLog {
     /// `offset`.
     pub fn truncate_to(&mut self, offset: u64, now_ms: i64) -> io::Result<()> {
         if offset >= self.end_offset() {
+            // Nothing to cut; but an epoch that starts here holds no record (a leadership
+            // that wrote nothing), and a follower drops it: its truncation rounds would
+            // otherwise ask the leader about it forever.
+            let before = self.epochs.entries().len();
+            self.epochs.truncate_from_end(offset);
+            if self.epochs.entries().len() != before {
+                self.persist_epochs()?;
+            }
             return Ok(());
         }
         tracing::info!(dir = %self.dir.display(), from = self.end_offset(), to = offset, "truncating log");
+        // Before any file changes: a crash in the middle must not leave a recovery point that
+        // vouches for the segment being rewritten.
+        let holder = self
+            .segments
+            .range(..=offset)
+            .next_back()
+            .map_or(offset, |(base, _)| *base);
+        self.lower_recovery_point(holder)?;
         // Segments starting after `offset` go whole; the one holding it is cut.
         for (_, seg) in self.segments.split_off(&(offset + 1)) {
             seg.delete_files()?;
@@ -513,7 +535,9 @@ impl PartitionLog {
             let seg = Segment::create(&self.dir, offset, now_ms, self.config.index_interval_bytes)?;
             self.segments.insert(offset, seg);
         }
-        self.lower_recovery_point(self.active().base)?;
+        // The next sync covers the cut files and the directory, whatever sync was in flight
+        // across the cut (the flusher discards that one).
+        self.dir_dirty = true;
         self.epochs.truncate_from_end(offset);
         self.persist_epochs()?;
         // Producer state as of the cut: from the newest snapshot not past it plus the log

@@ -120,52 +120,56 @@ impl LeaderEpochCache {
     }
 }
 
-/// Where a follower must truncate before fetching from a new leader. It asked the leader
-/// for the end of its own latest epoch and got `leader_answer`: the leader's largest epoch not
-/// above it and where that epoch ended (`None`: the leader knows no such epoch, and the
-/// follower falls back to its high watermark, as Kafka does). The follower keeps only what
-/// both logs agree on: up to the smaller of the two logs' ends for that epoch (KIP-101, and
-/// KIP-279 for a follower holding an epoch the leader never saw).
-pub fn follower_truncation_offset(
-    local: &LeaderEpochCache,
-    local_end: u64,
-    high_watermark: u64,
-    leader_answer: Option<(i32, u64)>,
-) -> u64 {
-    let Some((leader_epoch, leader_end)) = leader_answer else {
-        return high_watermark.min(local_end);
-    };
-    let local_epoch_end = local
-        .end_offset_for(leader_epoch, local_end)
-        .map_or(0, |(_, end)| end);
-    leader_end.min(local_epoch_end).min(local_end)
-}
-
-/// One round of a follower's truncation (KIP-279): where to cut after asking the leader
-/// about epoch `asked`, and whether to ask again.
+/// One round of a follower's truncation (KIP-101, KIP-279): where to cut after asking the
+/// leader about the latest local epoch, and whether to ask again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TruncationRound {
     pub truncate_to: u64,
-    /// The leader answered an older epoch than asked: this replica's history holds an epoch
-    /// the leader never had, and after the cut it must ask about its (new) latest epoch,
-    /// until the leader answers the very epoch asked.
+    /// The leader answered an epoch this replica does not have: after the cut (to where this
+    /// replica's older epochs end) it must ask again about its new latest epoch.
     pub again: bool,
 }
 
-/// Decides one truncation round: cut where [`follower_truncation_offset`] says, and go on
-/// while the leader's answer names another epoch than the one asked. Each further round asks
-/// an older epoch, so the rounds end.
+/// Decides one truncation round from the leader's answer: its largest epoch not above the one
+/// asked and where that epoch ends there (`None`: the leader's history is empty, and the
+/// follower falls back to its high watermark).
+///
+/// - This replica has the answered epoch: both logs agree up to the smaller of the two ends
+///   of that epoch; cut there, done.
+/// - It does not (it led, or copied, an epoch the leader never saw, and lacks the one the
+///   leader answered): cut to where its own largest older epoch ends and ask again. Each such
+///   round removes this replica's latest epoch, so the rounds end.
+/// - Every local epoch is newer than the answer: nothing here is in the leader's history;
+///   cut to where the local history starts.
 pub fn truncation_round(
     local: &LeaderEpochCache,
     local_end: u64,
     high_watermark: u64,
-    asked: i32,
     leader_answer: Option<(i32, u64)>,
 ) -> TruncationRound {
-    let truncate_to = follower_truncation_offset(local, local_end, high_watermark, leader_answer);
-    TruncationRound {
-        truncate_to,
-        again: leader_answer.is_some_and(|(epoch, _)| epoch != asked),
+    let done = |to: u64| TruncationRound {
+        truncate_to: to.min(local_end),
+        again: false,
+    };
+    let Some((leader_epoch, leader_end)) = leader_answer else {
+        return done(high_watermark);
+    };
+    let i = local.entries.partition_point(|e| e.epoch <= leader_epoch);
+    let Some(floor) = i.checked_sub(1).map(|i| local.entries[i]) else {
+        let start = local.entries.first().map_or(local_end, |e| e.start_offset);
+        return done(start.min(leader_end));
+    };
+    let floor_end = local
+        .entries
+        .get(i)
+        .map_or(local_end, |next| next.start_offset);
+    if floor.epoch == leader_epoch {
+        done(floor_end.min(leader_end))
+    } else {
+        TruncationRound {
+            truncate_to: floor_end.min(local_end),
+            again: true,
+        }
     }
 }
 
@@ -280,7 +284,7 @@ mod tests {
                     break;
                 };
                 let answer = leader.epochs().end_offset_for(asked, leader.end());
-                let round = truncation_round(&mine, self.end(), 0, asked, answer);
+                let round = truncation_round(&mine, self.end(), 0, answer);
                 self.0.truncate(round.truncate_to as usize);
                 if !round.again {
                     break;
@@ -323,9 +327,10 @@ mod tests {
     }
 
     /// Issue 14, defect 4: the follower led epoch 2 (which the leader never saw) after
-    /// epoch 0; the leader had epoch 1 from offset 3. One round cuts to 4 (where the leader's
-    /// epoch 1 ends) and keeps offset 3 of epoch 0, which the leader holds in epoch 1. A
-    /// second round, asking about epoch 0, cuts to 3.
+    /// epoch 0; the leader had epoch 1 from offset 3. Cutting once, to where the leader's
+    /// epoch 1 ends (4), kept offset 3 of epoch 0, which the leader holds in epoch 1. This
+    /// replica lacks epoch 1: it cuts where its epoch 0 ends (5) and asks about epoch 0,
+    /// which cuts to 3.
     #[test]
     fn kip279_truncation_repeats_until_the_epochs_agree() {
         let mut a = Log(vec![0, 0, 0, 0, 0, 2, 2]);
@@ -334,11 +339,22 @@ mod tests {
         assert_eq!(a, b);
         let before = Log(vec![0, 0, 0, 0, 0, 2, 2]).epochs();
         assert_eq!(b.epochs().end_offset_for(2, b.end()), Some((1, 4)));
-        let first = truncation_round(&before, 7, 0, 2, Some((1, 4)));
-        assert_eq!(first.truncate_to, 4, "the epochs module's first cut");
-        assert!(
-            first.again,
-            "the leader answered epoch 1 for epoch 2: ask again"
+        let first = truncation_round(&before, 7, 0, Some((1, 4)));
+        assert_eq!(
+            first,
+            TruncationRound {
+                truncate_to: 5,
+                again: true
+            },
+            "no epoch 1 here: cut where epoch 0 ends here, ask again"
+        );
+        let second = truncation_round(&Log(vec![0; 5]).epochs(), 5, 0, Some((0, 3)));
+        assert_eq!(
+            second,
+            TruncationRound {
+                truncate_to: 3,
+                again: false
+            }
         );
     }
 
@@ -353,12 +369,37 @@ mod tests {
         history.assign(1, 0); // elected at epoch 1 with an empty log, nothing written yet
         let answer = history.end_offset_for(0, leader.end());
         assert_eq!(answer, Some((0, 0)));
-        let round = truncation_round(&old_leader.epochs(), old_leader.end(), 5, 0, answer);
+        let round = truncation_round(&old_leader.epochs(), old_leader.end(), 5, answer);
         assert_eq!((round.truncate_to, round.again), (0, false));
         old_leader.0.truncate(round.truncate_to as usize);
         leader.0.extend([1, 1]);
         old_leader.follow(&leader);
         assert_eq!(old_leader, leader);
+    }
+
+    /// Review finding: a replica that became leader of an idle partition (an epoch entry at
+    /// its log end, no record in it) and lost the leadership asks about that epoch; the new
+    /// leader never had it. The rounds must end (the empty epoch is dropped), not repeat the
+    /// same question forever.
+    #[test]
+    fn truncation_rounds_end_when_the_latest_epoch_is_empty() {
+        let mut local = cache(&[(1, 0), (4, 100)]);
+        let leader = cache(&[(1, 0), (2, 60), (5, 70)]);
+        let mut end = 100;
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            assert!(rounds < 10, "truncation does not end");
+            let asked = local.latest().expect("history").epoch;
+            let answer = leader.end_offset_for(asked, 80);
+            let round = truncation_round(&local, end, 0, answer);
+            end = end.min(round.truncate_to);
+            local.truncate_from_end(round.truncate_to);
+            if !round.again {
+                break;
+            }
+        }
+        assert_eq!(end, 60, "epoch 1 ends at 60 on the leader");
     }
 
     #[test]

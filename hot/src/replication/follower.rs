@@ -32,6 +32,8 @@ const FETCH_MAX_BYTES: u32 = 8 << 20;
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// OffsetForLeaderEpoch rounds in one truncation before starting over after a backoff.
+const MAX_TRUNCATION_ROUNDS: usize = 64;
 
 /// What a fetcher needs to know about the partition it follows.
 #[derive(Debug, Clone)]
@@ -175,7 +177,9 @@ async fn truncate(
     mut client: ReplicaClient<Channel>,
     directory: &dyn Directory,
 ) -> Result<(), Restart> {
-    loop {
+    // Each round drops this replica's latest epoch, so the rounds are bounded by its history;
+    // the cap only guards against a leader whose answers make no sense.
+    for _ in 0..MAX_TRUNCATION_ROUNDS {
         let latest = partition.lock().epochs().latest();
         let Some(latest) = latest else {
             // An empty history: nothing this replica holds can disagree.
@@ -210,12 +214,9 @@ async fn truncate(
             let log = partition.lock();
             let hw = partition.progress().high_watermark;
             let end = log.end_offset();
-            (
-                truncation_round(log.epochs(), end, hw, latest.epoch, leader_answer),
-                end,
-            )
+            (truncation_round(log.epochs(), end, hw, leader_answer), end)
         };
-        if round.truncate_to < end {
+        if round.truncate_to < end || round.again {
             tracing::info!(topic = %target.topic, partition = partition.index, leader = target.leader, epoch = target.leader_epoch, asked = latest.epoch, answer = ?leader_answer, from = end, to = round.truncate_to, "truncating to where the leader's log agrees");
             partition
                 .truncate_to(target.following(), round.truncate_to, directory.now_ms())
@@ -225,6 +226,9 @@ async fn truncate(
             return Ok(());
         }
     }
+    Err(Restart::Truncate(format!(
+        "no agreement with the leader after {MAX_TRUNCATION_ROUNDS} OffsetForLeaderEpoch rounds"
+    )))
 }
 
 async fn fetch_loop(

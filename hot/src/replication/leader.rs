@@ -374,7 +374,16 @@ impl LeaderState {
     /// is dropped; one whose fate is unknown stays pending (the HW still counts a member it
     /// adds, since the controllers may already list it in the ISR) and is proposed again
     /// after a pause, until the metadata shows a newer partition epoch.
-    pub fn on_isr_refused(&mut self, why: IsrRefusal, now_ms: i64) {
+    /// `proposed_at` is the partition epoch of the proposal answered: a late answer to an
+    /// earlier proposal leaves the one pending now alone.
+    pub fn on_isr_refused(&mut self, why: IsrRefusal, proposed_at: i32, now_ms: i64) {
+        if self
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.proposal.partition_epoch != proposed_at)
+        {
+            return;
+        }
         match why {
             IsrRefusal::Rejected => self.pending = None,
             IsrRefusal::Unknown => {
@@ -547,7 +556,7 @@ mod tests {
         let mut s = three();
         s.on_leader_durable(10);
         assert!(s.tick(20_000).is_some());
-        s.on_isr_refused(IsrRefusal::Rejected, 20_001);
+        s.on_isr_refused(IsrRefusal::Rejected, 0, 20_001);
         assert!(s.tick(20_002).is_none(), "not at once");
         assert!(s.tick(21_001).is_some());
     }
@@ -564,7 +573,7 @@ mod tests {
         let p = s.tick(2).expect("3 caught up");
         assert_eq!(p.isr, vec![1, 2, 3]);
         // committed at partition epoch 5 by a controller that died; the retry is refused
-        s.on_isr_refused(IsrRefusal::Unknown, 3);
+        s.on_isr_refused(IsrRefusal::Unknown, 4, 3);
         s.on_leader_durable(60);
         s.on_follower_fetch(2, 60, 60, 4);
         assert_eq!(
@@ -586,6 +595,27 @@ mod tests {
         assert_eq!(s.on_isr_committed(vec![1, 2, 3], 5), None);
         assert_eq!(s.on_follower_fetch(3, 60, 60, 2_001), Some(60));
         assert_eq!(s.tick(2_002), None);
+    }
+
+    /// Review finding: a late refusal of an earlier proposal must not settle the pending one.
+    #[test]
+    fn a_late_answer_to_an_older_proposal_leaves_the_pending_one_alone() {
+        let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, 50, POLICY, 0);
+        s.on_follower_fetch(2, 50, 50, 1);
+        s.on_follower_fetch(3, 50, 50, 1);
+        s.tick(2).expect("3 caught up");
+        // the metadata moved to partition epoch 5 (another change); 3 is proposed again there
+        s.on_isr_committed(vec![1, 2], 5);
+        assert_eq!(s.tick(3).map(|p| p.partition_epoch), Some(5));
+        // the first proposal's refusal arrives late
+        s.on_isr_refused(IsrRefusal::Rejected, 4, 4);
+        s.on_leader_durable(60);
+        s.on_follower_fetch(2, 60, 60, 5);
+        assert_eq!(
+            s.high_watermark(),
+            50,
+            "the pending expansion still counts 3"
+        );
     }
 
     /// Issue 14, defect 3 (KAFKA-7128): a new leader's HW can be behind what the old leader

@@ -169,6 +169,8 @@ struct World {
     duplicate_ack: Option<(i32, u64, u64)>,
     /// The topic allows unclean leader election.
     unclean: bool,
+    /// A liveness failure seen during the step.
+    stuck: Option<String>,
 }
 
 macro_rules! trace {
@@ -209,6 +211,7 @@ impl World {
             stats: Stats::default(),
             duplicate_ack: None,
             unclean: false,
+            stuck: None,
         };
         for b in BROKERS {
             let incarnation = Uuid::from_u128(u128::from(rng.next_u64()));
@@ -378,16 +381,7 @@ impl World {
                 // where replica histories fork.
                 let odds = if self.unclean { 600 } else { 200 };
                 if self.replicas[&b].alive && self.rng.chance(odds) {
-                    self.stats.crashes += 1;
-                    let r = self.replicas.get_mut(&b).expect("broker");
-                    let before = r.end();
-                    r.crash(&mut self.rng);
-                    let (kept, durable) = (r.end(), r.durable);
-                    self.silent_since.entry(b).or_insert(self.now);
-                    trace!(
-                        self,
-                        "b{b} CRASHES: log {before} -> {kept} (fsynced {durable})"
-                    );
+                    self.crash(b);
                 }
             }
             Event::Restart => {
@@ -766,6 +760,7 @@ impl World {
             phase,
             awaiting,
             asked,
+            ..
         } = &mut r.role
         else {
             return;
@@ -840,7 +835,7 @@ impl World {
         };
         let r = self.replicas.get_mut(&b).expect("broker");
         let before = r.end();
-        let again = r.on_epoch_answer(asked, answer);
+        let again = r.on_epoch_answer(answer);
         let after = r.end();
         if after < before {
             self.stats.truncations += 1;
@@ -852,6 +847,15 @@ impl World {
         );
         if !again {
             self.set_phase(b, Phase::Fetching);
+        }
+        if let Role::Follower { rounds, .. } = &mut self.replicas.get_mut(&b).expect("broker").role
+        {
+            *rounds = if again { *rounds + 1 } else { 0 };
+            if *rounds > 32 {
+                self.stuck = Some(format!(
+                    "b{b} asked the leader again {rounds} times in a row: truncation does not end"
+                ));
+            }
         }
     }
 
@@ -925,7 +929,11 @@ impl World {
         };
         let req = self.req();
         if let Role::Leader { call, .. } = &mut self.replicas.get_mut(&b).expect("broker").role {
-            *call = Some(replica::IsrCall { req, sent_at: now });
+            *call = Some(replica::IsrCall {
+                req,
+                proposed_at: partition_epoch,
+                sent_at: now,
+            });
         }
         trace!(
             self,
@@ -1021,6 +1029,9 @@ impl World {
     }
 
     fn check_invariants(&mut self) -> Result<(), String> {
+        if let Some(e) = self.stuck.take() {
+            return Err(e);
+        }
         // 5. A follower done truncating agrees with its leader below both HWs, with or
         //    without unclean elections.
         for f in self.replicas.values().filter(|r| r.alive) {

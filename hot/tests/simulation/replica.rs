@@ -75,6 +75,8 @@ pub struct Waiter {
 #[derive(Debug, Clone)]
 pub struct IsrCall {
     pub req: u64,
+    /// The partition epoch the proposal was made on.
+    pub proposed_at: i32,
     pub sent_at: i64,
 }
 
@@ -102,6 +104,8 @@ pub enum Role {
         awaiting: Option<(u64, i64)>,
         /// The epoch asked in the truncation round in flight.
         asked: i32,
+        /// Truncation rounds answered "ask again" in a row (a liveness check).
+        rounds: u32,
     },
 }
 
@@ -218,6 +222,7 @@ impl Replica {
             phase: Phase::Truncating,
             awaiting: None,
             asked: -1,
+            rounds: 0,
         };
         true
     }
@@ -334,9 +339,9 @@ impl Replica {
     }
 
     /// A follower's truncation round was answered; returns true when another round is needed.
-    pub fn on_epoch_answer(&mut self, asked: i32, answer: Option<(i32, u64)>) -> bool {
-        let round = truncation_round(&self.epochs, self.end(), self.hw, asked, answer);
-        if round.truncate_to < self.end() {
+    pub fn on_epoch_answer(&mut self, answer: Option<(i32, u64)>) -> bool {
+        let round = truncation_round(&self.epochs, self.end(), self.hw, answer);
+        if round.truncate_to < self.end() || round.again {
             self.truncate_to(round.truncate_to);
         }
         round.again
@@ -345,6 +350,8 @@ impl Replica {
     /// `PartitionLog::truncate_to` (and `Partition::after_cut`).
     pub fn truncate_to(&mut self, to: u64) {
         if to >= self.end() {
+            // an epoch starting at the end holds no record: dropped
+            self.epochs.truncate_from_end(to);
             return;
         }
         self.log.truncate(to as usize);
@@ -420,7 +427,9 @@ impl Replica {
         if *e != epoch {
             return;
         }
-        *call = None;
+        let Some(c) = call.take() else {
+            return;
+        };
         let hw = match answer {
             Ok((isr, pe)) => state.on_isr_committed(isr, pe),
             Err(why) => {
@@ -428,7 +437,7 @@ impl Replica {
                     Refusal::Invalid => IsrRefusal::Rejected,
                     Refusal::Unknown => IsrRefusal::Unknown,
                 };
-                state.on_isr_refused(why, now);
+                state.on_isr_refused(why, c.proposed_at, now);
                 None
             }
         };
