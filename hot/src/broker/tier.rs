@@ -545,7 +545,22 @@ async fn claim_manifest(
     let claimed = tier.uploader.manifest().claim(epoch).await?;
     let lineage = lineage_of(p);
     let shared_end = tier.consistent_end(&claimed, &lineage).await?;
-    let manifest = if shared_end < claimed.end_offset() {
+    let manifest = if shared_end < claimed.end_offset() && shared_end < lineage.log_start {
+        // The divergence reaches below what this leader still holds: cutting would drop
+        // records from the cold tier that it cannot upload again. Keep the manifest (the old
+        // history stays readable there) and stop counting it as this log's.
+        tracing::error!(
+            topic = %p.topic,
+            partition = p.index,
+            epoch,
+            remote_end = claimed.end_offset(),
+            shared_end,
+            log_start = lineage.log_start,
+            "the cold tier diverges from this leader's history below its local log start; not cutting it (after an unclean election, check the cold tier by hand)"
+        );
+        p.set_tiered_end(shared_end);
+        return Ok(claimed);
+    } else if shared_end < claimed.end_offset() {
         tracing::warn!(
             topic = %p.topic,
             partition = p.index,
@@ -606,10 +621,12 @@ mod tests {
     /// to 100, at epoch 1 after. The new leader, elected uncleanly, wrote epoch 2 from 100:
     /// it must not count [100, 200) as tiered, and it cuts the manifest back to 100 so that
     /// its own records go up in their place.
-    #[tokio::test]
-    async fn a_new_leader_claims_only_the_part_of_the_cold_tier_its_history_shares() {
-        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        let prefix = PartitionPrefix::new("c", "t", 0);
+    /// What an old leader left in the cold tier: segments [0, 100) of epoch 0 and [100, 200)
+    /// of epochs 0 then 1, uploaded at epoch 1.
+    async fn old_leaders_manifest(
+        store: &Arc<dyn ObjectStore>,
+        prefix: &PartitionPrefix,
+    ) -> ManifestStore {
         let old = ManifestStore::new(store.clone(), prefix.clone());
         for (base, end, epochs) in [
             (0u64, 100u64, vec![(0, 0)]),
@@ -639,6 +656,24 @@ mod tests {
             .await
             .expect("old leader's upload");
         }
+        old
+    }
+
+    fn tier_of(store: &Arc<dyn ObjectStore>, prefix: &PartitionPrefix) -> PartitionTier {
+        PartitionTier {
+            uploader: Uploader::new(store.clone(), prefix.clone(), UploadConfig::default()),
+            claimed: None,
+            checked: None,
+            swept: None,
+            epochs: HashMap::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_new_leader_claims_only_the_part_of_the_cold_tier_its_history_shares() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let prefix = PartitionPrefix::new("c", "t", 0);
+        let old = old_leaders_manifest(&store, &prefix).await;
 
         let dir = tempfile::tempdir().expect("temp dir");
         let (mut log, _) =
@@ -655,13 +690,7 @@ mod tests {
         assert_eq!(lineage, [(0, 0), (2, 100)]);
         let p = Partition::start(Arc::from("t"), 0, log, 150);
 
-        let mut tier = PartitionTier {
-            uploader: Uploader::new(store.clone(), prefix.clone(), UploadConfig::default()),
-            claimed: None,
-            checked: None,
-            swept: None,
-            epochs: HashMap::new(),
-        };
+        let mut tier = tier_of(&store, &prefix);
         let claimed = claim_manifest(&mut tier, &p, 2).await.expect("claim");
         assert_eq!(
             p.progress().tiered_end,
@@ -674,5 +703,30 @@ mod tests {
             (m.leader_epoch, m.end_offset(), m.segments.len()),
             (2, 100, 1)
         );
+    }
+
+    /// Review finding: when the divergence starts below this leader's local log start,
+    /// cutting the manifest would drop records from the cold tier that nobody can upload
+    /// again. The manifest is kept, and none of it counts as this log's (local retention
+    /// keeps everything).
+    #[tokio::test]
+    async fn a_divergence_below_the_local_log_start_is_not_cut() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let prefix = PartitionPrefix::new("c", "t", 0);
+        let old = old_leaders_manifest(&store, &prefix).await;
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (mut log, _) =
+            PartitionLog::open(dir.path(), crate::log::LogConfig::default(), 0).expect("open log");
+        log.reset_to(120, 0).expect("reset");
+        log.set_leader_epoch(2);
+        append(&mut log, 5);
+        let p = Partition::start(Arc::from("t"), 0, log, 170);
+
+        let mut tier = tier_of(&store, &prefix);
+        let claimed = claim_manifest(&mut tier, &p, 2).await.expect("claim");
+        assert_eq!(claimed.end_offset(), 200, "nothing cut");
+        assert_eq!(old.load().await.expect("load").end_offset(), 200);
+        assert_eq!(p.progress().tiered_end, Some(100));
     }
 }
