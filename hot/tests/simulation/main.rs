@@ -12,6 +12,7 @@
 
 mod replica;
 mod rng;
+mod tier;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -131,6 +132,7 @@ enum Event {
     Isolate,
     Heal,
     Slow,
+    Tier,
 }
 
 /// Counts across a run, to show the simulation exercised what it claims.
@@ -171,6 +173,8 @@ struct World {
     unclean: bool,
     /// A liveness failure seen during the step.
     stuck: Option<String>,
+    /// The cold tier: the partition's manifest and what its segments hold.
+    tier: tier::ColdTier,
 }
 
 macro_rules! trace {
@@ -212,6 +216,7 @@ impl World {
             duplicate_ack: None,
             unclean: false,
             stuck: None,
+            tier: tier::ColdTier::default(),
         };
         for b in BROKERS {
             let incarnation = Uuid::from_u128(u128::from(rng.next_u64()));
@@ -338,6 +343,7 @@ impl World {
             (1, Event::Isolate),
             (2, Event::Heal),
             (1, Event::Slow),
+            (3, Event::Tier),
         ]);
         let due: Vec<i32> = self
             .doomed
@@ -410,6 +416,12 @@ impl World {
                     self.isolated.insert(b);
                     self.silent_since.entry(b).or_insert(self.now);
                     trace!(self, "b{b} ISOLATED");
+                }
+            }
+            Event::Tier => {
+                let r = &self.replicas[&b];
+                if let Some(line) = self.tier.act(r, &mut self.rng) {
+                    trace!(self, "b{b} {line}");
                 }
             }
             Event::Slow => {
@@ -1055,6 +1067,11 @@ impl World {
                     f.id, l.id, f.hw, l.hw, f.log[o], l.log[o]
                 ));
             }
+        }
+        // 6. The cold tier is a prefix of the elected leader's log once it claimed the
+        //    manifest (with or without unclean elections).
+        if let Some(l) = self.acting_leader() {
+            self.tier.check_prefix_of(l)?;
         }
         for r in self.replicas.values_mut() {
             // 2. The HW never moves back on a leader.
