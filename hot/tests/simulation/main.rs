@@ -133,6 +133,7 @@ enum Event {
     Heal,
     Slow,
     Tier,
+    StallMetadata,
 }
 
 /// Counts across a run, to show the simulation exercised what it claims.
@@ -156,6 +157,9 @@ struct World {
     isolated: BTreeSet<i32>,
     /// Leaders that will crash soon after their election (a flapping leader), and when.
     doomed: BTreeMap<i32, i64>,
+    /// Brokers whose metadata watch is stuck until the given time (the controllers' view
+    /// reaches them late).
+    metadata_stalled: BTreeMap<i32, i64>,
     /// Brokers whose every message is slow until the given time (a gray failure: alive,
     /// heartbeating, but far behind).
     slow: BTreeMap<i32, i64>,
@@ -201,6 +205,7 @@ impl World {
             isolated: BTreeSet::new(),
             doomed: BTreeMap::new(),
             slow: BTreeMap::new(),
+            metadata_stalled: BTreeMap::new(),
             silent_since: BTreeMap::new(),
             producer: Producer {
                 next_seq: 0,
@@ -344,6 +349,7 @@ impl World {
             (2, Event::Heal),
             (1, Event::Slow),
             (3, Event::Tier),
+            (1, Event::StallMetadata),
         ]);
         let due: Vec<i32> = self
             .doomed
@@ -422,6 +428,13 @@ impl World {
                 let r = &self.replicas[&b];
                 if let Some(line) = self.tier.act(r, &mut self.rng) {
                     trace!(self, "b{b} {line}");
+                }
+            }
+            Event::StallMetadata => {
+                if self.rng.chance(300) {
+                    let until = self.now + 500 + self.rng.below(3_500) as i64;
+                    self.metadata_stalled.insert(b, until);
+                    trace!(self, "b{b} metadata STALLED until {until}ms");
                 }
             }
             Event::Slow => {
@@ -966,7 +979,13 @@ impl World {
 
     /// The broker's metadata watch catches up with the controllers (`broker/reconcile.rs`).
     fn deliver_metadata(&mut self, b: i32) {
-        if !self.replicas[&b].alive || self.isolated.contains(&b) {
+        if !self.replicas[&b].alive
+            || self.isolated.contains(&b)
+            || self
+                .metadata_stalled
+                .get(&b)
+                .is_some_and(|until| *until > self.now)
+        {
             return;
         }
         let p = self.partition().clone();
