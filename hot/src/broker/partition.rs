@@ -903,17 +903,15 @@ mod tests {
         ValidBatch::new(bytes::Bytes::from(batch(0, ProducerIds::NONE, &recs))).unwrap()
     }
 
-    /// Broker 1 leads at epoch 1 with followers 2 and 3 in the ISR, min.insync.replicas 2.
-    fn leader(dir: &std::path::Path) -> Arc<Partition> {
-        let (log, _) = PartitionLog::open(dir, crate::log::LogConfig::default(), 0).unwrap();
-        let p = Partition::start(Arc::from("t"), 0, log, 0);
+    /// Broker 1 (of replicas 1, 2, 3) leads at `epoch` with `isr`, min.insync.replicas 2.
+    fn lead(p: &Partition, epoch: i32, isr: Vec<i32>, partition_epoch: i32) {
         p.become_leader(
-            1,
+            epoch,
             Assignment {
                 me: 1,
                 replicas: vec![1, 2, 3],
-                isr: vec![1, 2, 3],
-                partition_epoch: 0,
+                isr,
+                partition_epoch,
             },
             Policy {
                 min_insync_replicas: 2,
@@ -921,6 +919,13 @@ mod tests {
             },
             0,
         );
+    }
+
+    /// Broker 1 leads at epoch 1 with followers 2 and 3 in the ISR, min.insync.replicas 2.
+    fn leader(dir: &std::path::Path) -> Arc<Partition> {
+        let (log, _) = PartitionLog::open(dir, crate::log::LogConfig::default(), 0).unwrap();
+        let p = Partition::start(Arc::from("t"), 0, log, 0);
+        lead(&p, 1, vec![1, 2, 3], 0);
         p
     }
 
@@ -998,20 +1003,7 @@ mod tests {
         let (a, epoch) = p.append(&records(2), -1, 0).unwrap();
         let waiter = spawn_wait(&p, a.last_offset + 1, epoch);
         // the controllers fenced both followers: the ISR is the leader alone
-        p.become_leader(
-            1,
-            Assignment {
-                me: 1,
-                replicas: vec![1, 2, 3],
-                isr: vec![1],
-                partition_epoch: 2,
-            },
-            Policy {
-                min_insync_replicas: 2,
-                replica_lag_max_ms: 10_000,
-            },
-            0,
-        );
+        lead(&p, 1, vec![1], 2);
         assert_eq!(
             waiter.await.unwrap(),
             Err(WaitError::NotEnoughReplicasAfterAppend)
@@ -1065,6 +1057,18 @@ mod tests {
         ValidBatch::new(bytes::Bytes::from(bytes)).unwrap()
     }
 
+    /// A follower of broker 2 at epoch 1 that appended records 0..3 from it.
+    fn following_with_three_records(log: PartitionLog) -> Arc<Partition> {
+        let p = Partition::start(Arc::from("t"), 0, log, 0);
+        p.become_follower(2, 1).expect("following");
+        let at = Following {
+            leader: 2,
+            epoch: 1,
+        };
+        p.append_replicated(at, &[replicated(0, 3, 1)], 0).unwrap();
+        p
+    }
+
     /// Issue 14, defect 9: a fetcher that outlived its role (the replica became leader, or
     /// follows another leader now) could still append, truncate and set the HW.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1080,20 +1084,7 @@ mod tests {
         p.append_replicated(old, &[replicated(0, 2, 3)], 0).unwrap();
         assert!(p.set_follower_hw(old, 2));
         // the replica is elected leader at epoch 4 while the old fetcher is mid-round
-        p.become_leader(
-            4,
-            Assignment {
-                me: 1,
-                replicas: vec![1, 2, 3],
-                isr: vec![1, 2, 3],
-                partition_epoch: 5,
-            },
-            Policy {
-                min_insync_replicas: 2,
-                replica_lag_max_ms: 10_000,
-            },
-            0,
-        );
+        lead(&p, 4, vec![1, 2, 3], 5);
         assert!(matches!(
             p.append_replicated(old, &[replicated(2, 1, 3)], 0),
             Err(ReplicaWriteError::NotFollowing { .. })
@@ -1120,17 +1111,7 @@ mod tests {
     async fn a_truncation_during_a_sync_is_not_published_as_durable() {
         let dir = tempfile::tempdir().unwrap();
         let (log, _) = PartitionLog::open(dir.path(), crate::log::LogConfig::default(), 0).unwrap();
-        let p = Partition::start(Arc::from("t"), 0, log, 0);
-        p.become_follower(2, 1).expect("following");
-        p.append_replicated(
-            Following {
-                leader: 2,
-                epoch: 1,
-            },
-            &[replicated(0, 3, 1)],
-            0,
-        )
-        .unwrap();
+        let p = following_with_three_records(log);
         let role = p.role();
         // the flusher syncs offsets 0..3 (on the other worker), then waits for the role lock
         // held here
@@ -1166,17 +1147,7 @@ mod tests {
         )]))
         .unwrap();
         let (log, _) = PartitionLog::open(dir.path(), config, 0).unwrap();
-        let p = Partition::start(Arc::from("t"), 0, log, 0);
-        p.become_follower(2, 1).expect("following");
-        p.append_replicated(
-            Following {
-                leader: 2,
-                epoch: 1,
-            },
-            &[replicated(0, 3, 1)],
-            0,
-        )
-        .unwrap();
+        let p = following_with_three_records(log);
         tokio::time::sleep(Duration::from_millis(100)).await;
         let q = p.progress();
         assert_eq!(

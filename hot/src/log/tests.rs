@@ -49,6 +49,15 @@ fn read_all(log: &PartitionLog, from: u64) -> Vec<(u64, i32)> {
     out
 }
 
+/// Idempotent producer 5 at epoch 0, batch starting at sequence `seq`.
+fn producer_5(seq: i32) -> ProducerIds {
+    ProducerIds {
+        producer_id: 5,
+        producer_epoch: 0,
+        base_sequence: seq,
+    }
+}
+
 fn append_many(log: &mut PartitionLog, batches: usize) -> Vec<(u64, i32)> {
     (0..batches)
         .map(|i| {
@@ -315,11 +324,7 @@ fn damaged_index_is_rebuilt() {
 #[test]
 fn idempotent_retries_get_original_offsets_across_restarts() {
     let dir = tempfile::tempdir().unwrap();
-    let ids = |seq| ProducerIds {
-        producer_id: 5,
-        producer_epoch: 0,
-        base_sequence: seq,
-    };
+    let ids = producer_5;
     let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
     let mut seq = 0;
     let mut offsets = Vec::new();
@@ -683,11 +688,7 @@ fn reset_empties_the_log_and_restarts_it_at_the_leaders_start() {
 #[test]
 fn truncation_rebuilds_producer_state_so_a_retry_below_the_cut_is_a_duplicate() {
     let dir = tempfile::tempdir().unwrap();
-    let ids = |seq| ProducerIds {
-        producer_id: 5,
-        producer_epoch: 0,
-        base_sequence: seq,
-    };
+    let ids = producer_5;
     let (mut log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
     for seq in 0..10 {
         let a = log.append(&make(seq as u64, 1, 0, ids(seq)), 0).unwrap();
@@ -711,11 +712,7 @@ fn truncation_rebuilds_producer_state_so_a_retry_below_the_cut_is_a_duplicate() 
 #[test]
 fn snapshots_past_a_truncation_are_not_loaded_after_the_log_grows_back() {
     let dir = tempfile::tempdir().unwrap();
-    let ids = |seq| ProducerIds {
-        producer_id: 5,
-        producer_epoch: 0,
-        base_sequence: seq,
-    };
+    let ids = producer_5;
     let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
     let mut bases = Vec::new();
     for i in 0..40 {
