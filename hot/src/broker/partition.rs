@@ -1159,4 +1159,26 @@ mod tests {
         let q = p.progress();
         assert_eq!(q.durable_end, q.log_end, "{q:?}");
     }
+
+    /// Review finding: a reset left `durable_end` at the old log's durable end, below the
+    /// new (empty) log's end, and nothing would sync again: the fetcher's `wait_synced`
+    /// waited forever before its next fetch.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reset_log_is_durable_at_its_new_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = PartitionLog::open(dir.path(), crate::log::LogConfig::default(), 0).unwrap();
+        let p = following_with_three_records(log);
+        let at = Following {
+            leader: 2,
+            epoch: 1,
+        };
+        p.reset_to(at, 1_000, 0).unwrap();
+        let synced = tokio::time::timeout(Duration::from_secs(5), p.wait_synced()).await;
+        assert!(
+            matches!(synced, Ok(Ok(()))),
+            "the fetcher would wait forever: {:?}",
+            p.progress()
+        );
+        assert_eq!(p.progress().durable_end, 1_000);
+    }
 }
