@@ -679,7 +679,7 @@ mod tests {
         let (mut log, _) =
             PartitionLog::open(dir.path(), crate::log::LogConfig::default(), 0).expect("open log");
         append(&mut log, 10);
-        log.set_leader_epoch(2);
+        log.begin_leader_epoch(2).expect("epoch recorded");
         append(&mut log, 5);
         let lineage: Vec<(i32, u64)> = log
             .epochs()
@@ -719,7 +719,7 @@ mod tests {
         let (mut log, _) =
             PartitionLog::open(dir.path(), crate::log::LogConfig::default(), 0).expect("open log");
         log.reset_to(120, 0).expect("reset");
-        log.set_leader_epoch(2);
+        log.begin_leader_epoch(2).expect("epoch recorded");
         append(&mut log, 5);
         let p = Partition::start(Arc::from("t"), 0, log, 170);
 

@@ -332,10 +332,6 @@ impl PartitionLog {
         self.config = config;
     }
 
-    pub fn set_leader_epoch(&mut self, epoch: i32) {
-        self.leader_epoch = epoch;
-    }
-
     /// This replica starts leading at `epoch`: appends are stamped with it, and the epoch
     /// history records that it starts at the log end now, before any record of it is
     /// written (as Kafka does). Without the entry, a follower whose latest epoch is older

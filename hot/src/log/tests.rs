@@ -450,7 +450,7 @@ fn leader_epoch_history_is_kept_rebuilt_and_trimmed() {
     let (mut log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
     append_many(&mut log, 5);
     let first_end = log.end_offset();
-    log.set_leader_epoch(3);
+    log.begin_leader_epoch(3).unwrap();
     append_many(&mut log, 5);
     let end = log.end_offset();
     assert_eq!(log.epoch_end_offset(0), Some((0, first_end)));
@@ -532,7 +532,7 @@ fn a_follower_copy_is_byte_identical_and_keeps_epochs() {
     let follower_dir = tempfile::tempdir().unwrap();
     let (mut leader, _) = PartitionLog::open(leader_dir.path(), small_config(2048), 0).unwrap();
     append_many(&mut leader, 20);
-    leader.set_leader_epoch(4);
+    leader.begin_leader_epoch(4).unwrap();
     append_many(&mut leader, 20);
     let (mut follower, _) = PartitionLog::open(follower_dir.path(), small_config(2048), 0).unwrap();
     replicate(&leader, &mut follower);
@@ -564,7 +564,7 @@ fn truncation_cuts_the_log_at_an_offset_and_appends_continue_there() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
     let written = append_many(&mut log, 60);
-    log.set_leader_epoch(2);
+    log.begin_leader_epoch(2).unwrap();
     let later = append_many(&mut log, 10);
     let cut = written[30].0;
     let segments_before = log.segment_count();
@@ -628,7 +628,7 @@ fn a_follower_promoted_to_leader_deduplicates_the_old_leaders_producers() {
     // state comes from the replicated batches it recovered.
     drop(follower);
     let (mut promoted, _) = PartitionLog::open(follower_dir.path(), small_config(2048), 0).unwrap();
-    promoted.set_leader_epoch(1);
+    promoted.begin_leader_epoch(1).unwrap();
     // The producer's retry of its last batch (its ack was lost in the failover)...
     let retry = promoted.append(&make(29, 2, 0, ids(58)), 0).unwrap();
     assert!(
@@ -662,7 +662,7 @@ fn reset_empties_the_log_and_restarts_it_at_the_leaders_start() {
     let leader_dir = tempfile::tempdir().unwrap();
     let (mut leader, _) = PartitionLog::open(leader_dir.path(), small_config(2048), 0).unwrap();
     leader.reset_to(end + 500, 0).unwrap();
-    leader.set_leader_epoch(3);
+    leader.begin_leader_epoch(3).unwrap();
     leader.append(&make(1, 2, 0, ProducerIds::NONE), 0).unwrap();
     let bytes = leader
         .plan_read(end + 500, u64::MAX)
