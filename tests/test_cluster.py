@@ -31,6 +31,18 @@ class Cluster:
         self.grpc_ports = {i: free_port() for i in (1, 2, 3)}
         self.metrics_ports = {i: free_port() for i in (1, 2, 3)}
         self.procs = {}
+        # Failpoints (controller/src/failpoint.rs): a test arms one by creating its file here.
+        self.failpoints = workdir / "failpoints"
+        self.failpoints.mkdir(exist_ok=True)
+
+    def arm(self, failpoint):
+        (self.failpoints / failpoint).touch()
+
+    def disarm(self, failpoint):
+        (self.failpoints / failpoint).unlink(missing_ok=True)
+
+    def fired(self, failpoint):
+        return (self.failpoints / f"{failpoint}.fired").exists()
 
     def controller_addr(self, i):
         return f"127.0.0.1:{self.controller_ports[i]}"
@@ -60,7 +72,7 @@ class Cluster:
 
     def start(self, name):
         log = open(self.workdir / f"{name}.log", "ab")
-        env = dict(os.environ, NO_COLOR="1")
+        env = dict(os.environ, NO_COLOR="1", STRATA_TEST_FAILPOINTS_DIR=str(self.failpoints))
         self.procs[name] = subprocess.Popen(
             [self.binary, "server", "--config", str(self._config(name))],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,

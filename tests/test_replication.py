@@ -20,6 +20,7 @@ TOPIC = "settlements"
 PARTITIONS = 3
 LAG_S = 4
 OPEN_TIMEOUT_S = 2
+NOT_LEADER_OR_FOLLOWER = 6
 
 
 @pytest.fixture
@@ -520,3 +521,147 @@ def test_a_follower_that_led_an_epoch_the_leader_never_saw_truncates_in_several_
     out, _ = consume_partitions(bootstrap(cluster), topic, 1, time.monotonic() + 60)
     assert [v for _, _, v in out[0]] == [0, 1, 2, 100, 300]
     assert_replicas_identical(cluster, topic, partitions=1)
+
+
+def test_an_isr_expansion_whose_answer_died_with_the_controller_still_counts(cluster):
+    """Issue 14, defect 1, staged with real processes. A laggard rejoins the ISR; the
+    controller that commits the expansion dies before answering (failpoint), the laggard is
+    SIGSTOPped at once, and the leader's view of the metadata lags (failpoint), so its retry
+    meets a stale-epoch refusal from the next controller long before the metadata shows the
+    new ISR. The leader must keep counting the laggard: acknowledging over the old ISR while
+    the controllers hold the laggard in sync would let it be elected without those records
+    (here: the leader and the other follower die, the laggard resumes and leads)."""
+    topic = "expansion"
+    create_topic(cluster, topic, partitions=1)
+    wait_full_isr(cluster, topic)
+    leader = partition_leaders(cluster, topic)[0]
+    other, laggard = [i for i in (1, 2, 3) if i != leader]
+    load = Load(cluster, rate=500, topic=topic).start()
+    load.wait_acked(200)
+    cluster.procs[f"broker-{laggard}"].send_signal(signal.SIGSTOP)
+    cluster.wait_for(lambda m: sorted(m["topics"][topic]["partitions"][0]["isr"]) == sorted([leader, other]),
+                     "the stopped laggard leaves the ISR", timeout=LAG_S * 4)
+    load.wait_acked(load.acked_count() + 200)
+
+    cluster.arm(f"broker-{leader}-hold-metadata")
+    cluster.arm("controller-exit-after-alter-isr")
+    cluster.procs[f"broker-{laggard}"].send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while not cluster.fired("controller-exit-after-alter-isr"):
+        assert time.monotonic() < deadline, "the laggard was never proposed back into the ISR"
+        time.sleep(0.005)
+    cluster.procs[f"broker-{laggard}"].send_signal(signal.SIGSTOP)
+    dead = next(n for n, p in cluster.procs.items() if n.startswith("controller") and p.wait(5) is not None)
+    cluster.procs.pop(dead)
+    # the expansion was committed: the surviving controllers hold the laggard in sync
+    cluster.wait_for(lambda m: sorted(m["topics"][topic]["partitions"][0]["isr"]) == [1, 2, 3],
+                     "the committed expansion", timeout=15)
+    acked_then = load.acked_count()
+    time.sleep(4)  # the leader's retry is refused as stale; its metadata still lags
+    acked_while_stopped = load.acked_count() - acked_then
+
+    acked = dict(load.acked)
+    cluster.kill(f"broker-{leader}")
+    cluster.kill(f"broker-{other}")
+    cluster.disarm(f"broker-{leader}-hold-metadata")
+    cluster.procs[f"broker-{laggard}"].send_signal(signal.SIGCONT)
+    cluster.wait_for(lambda m: m["topics"][topic]["partitions"][0]["leader"] == laggard,
+                     "the laggard, in sync by the metadata, leads", timeout=LEASE_S * 6)
+    # every record acknowledged so far is in the new leader's log (a value is followed by
+    # the record's header count, 0)
+    log = replica_logs(cluster, laggard, topic, 0)
+    missing = sorted(v for v in acked if record_value(v).encode() + b"\x00" not in log)
+    assert not missing, (f"{len(missing)} acknowledged records are missing from the elected laggard "
+                         f"(first {missing[:3]}); {acked_while_stopped} were acknowledged while it was stopped")
+    cluster.start(dead)
+    cluster.start(f"broker-{leader}")
+    cluster.start(f"broker-{other}")
+    wait_full_isr(cluster, topic, timeout=60)
+    load.wait_acked(load.acked_count() + 500)
+    load.finish()
+    assert not load.failed
+    verify(cluster, load, partitions=1, topic=topic)
+    # with the laggard stopped and counted, nothing more could be acknowledged (a batch or
+    # two already on their way to the laggard may be)
+    assert acked_while_stopped <= 20, f"{acked_while_stopped} records acknowledged without the laggard"
+    assert_replicas_identical(cluster, topic, partitions=1)
+
+
+def test_a_failover_in_the_middle_of_idempotent_retries_writes_nothing_twice(cluster):
+    """Issue 14, defect 2, staged with real processes and a producer whose answers are lost.
+    P's batch seq 0 reaches every replica (offset 0); seq 1 reaches only F (offset 1). F stops
+    cleanly (a producer snapshot at 2), L leads uncleanly and takes another record at offset 1;
+    F comes back, truncates to 1 and copies it, is SIGKILLed and restarted: the snapshot at 2,
+    had it survived the truncation, would now be loaded. F leads, and P resends both batches.
+    Seq 0 must be answered as a duplicate at offset 0 and seq 1 appended once; with the stale
+    snapshot, seq 1 is taken for a duplicate of offset 1 (L's record) and is lost."""
+    from confluent_kafka import Producer
+
+    from kafka_wire import KafkaWire
+
+    topic = "retries"
+    create_topic(cluster, topic, partitions=1,
+                 configs={"min.insync.replicas": "1", "unclean.leader.election.enable": "true"})
+    wait_full_isr(cluster, topic)
+    f = partition_leaders(cluster, topic)[0]
+    l, x = [i for i in (1, 2, 3) if i != f]
+    a, b, c = (record_value(i).encode() for i in range(3))
+
+    def leads(broker):
+        cluster.wait_for(lambda m: m["topics"][topic]["partitions"][0]["leader"] == broker,
+                         f"broker {broker} leads", timeout=LEASE_S * 6)
+
+    wire = KafkaWire(cluster.broker_ports[f])
+    pid, epoch = wire.init_producer_id()
+    assert wire.produce(topic, 0, [a], pid, epoch, 0) == (0, 0)
+    wait_full_isr(cluster, topic)
+    time.sleep(1)  # the followers' fetch after offset 0 (ISR membership needs the HW, not more)
+    cluster.kill(f"broker-{l}")
+    cluster.kill(f"broker-{x}")
+    cluster.wait_for(lambda m: m["topics"][topic]["partitions"][0]["isr"] == [f], "ISR of F alone",
+                     timeout=LEASE_S * 6)
+    assert wire.produce(topic, 0, [b], pid, epoch, 1) == (0, 1)
+    wire.close()
+    p = cluster.procs.pop(f"broker-{f}")
+    p.terminate()
+    assert p.wait(10) == 0
+    part_dir = cluster.workdir / f"broker-{f}" / "logs" / f"{topic}-0"
+    assert 2 in [int(s.stem) for s in part_dir.glob("*.snapshot")], "no producer snapshot at 2"
+
+    cluster.start(f"broker-{l}")
+    leads(l)
+    other = Producer(rdkafka_conf({"bootstrap.servers": bootstrap(cluster, [l]), "acks": "all"}))
+    other.produce(topic, c, partition=0)
+    assert other.flush(20) == 0
+    cluster.start(f"broker-{f}")
+    cluster.wait_for(lambda m: sorted(m["topics"][topic]["partitions"][0]["isr"]) == sorted([f, l]),
+                     "F back in the ISR", timeout=30)
+    deadline = time.monotonic() + 10
+    while c not in replica_logs(cluster, f, topic, 0):
+        assert time.monotonic() < deadline, "F never copied L's record"
+        time.sleep(0.1)
+    time.sleep(0.5)  # past F's fsync of the copy
+    cluster.kill(f"broker-{f}")
+    cluster.start(f"broker-{f}")
+    cluster.wait_for(lambda m: sorted(m["topics"][topic]["partitions"][0]["isr"]) == sorted([f, l]),
+                     "F back in the ISR after its restart", timeout=30)
+    cluster.kill(f"broker-{l}")
+    leads(f)
+
+    def resend(wire, value, seq):
+        # as a producer does, retrying while F has not yet learnt that it leads
+        deadline = time.monotonic() + 15
+        while True:
+            answer = wire.produce(topic, 0, [value], pid, epoch, seq)
+            if answer[0] != NOT_LEADER_OR_FOLLOWER or time.monotonic() > deadline:
+                return answer
+            time.sleep(0.1)
+
+    wire = KafkaWire(cluster.broker_ports[f])
+    first = resend(wire, a, 0)
+    second = resend(wire, b, 1)
+    wire.close()
+    out, _ = consume_partitions(bootstrap(cluster, [f]), topic, 1, time.monotonic() + 30)
+    values = [v for _, _, v in out[0]]
+    assert values == [0, 2, 1], f"log holds {values}; resent seq 0 got {first}, seq 1 got {second}"
+    assert first[1] == 0 and second == (0, 2), (first, second)

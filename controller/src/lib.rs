@@ -3,6 +3,7 @@
 //! leases, as pure logic; `raft` stores the metadata log and state on disk; `network` carries
 //! Raft between controllers over gRPC; `service` runs a controller node and its gRPC API.
 
+pub mod failpoint;
 pub mod metadata;
 pub mod network;
 pub mod raft;

@@ -650,6 +650,14 @@ impl ControllerApi for ControllerService {
                 partition_epoch,
             } => {
                 tracing::info!(topic = %r.topic, partition = r.partition, isr = ?r.isr, partition_epoch, "ISR changed");
+                if crate::failpoint::take("controller-exit-after-alter-isr") {
+                    // A test stages a controller that committed a change and died before
+                    // answering it (the broker must learn the outcome from the metadata).
+                    tracing::error!(
+                        "failpoint controller-exit-after-alter-isr: exiting before the answer"
+                    );
+                    std::process::exit(86);
+                }
                 Ok(Response::new(AlterIsrResponse {
                     leader_epoch,
                     partition_epoch,

@@ -431,6 +431,15 @@ impl ClusterLink {
         }
     }
 
+    /// Failpoint `broker-<id>-hold-metadata`: a test makes this broker's view of the metadata
+    /// lag (as behind a slow or cut-off controller) for as long as it is armed.
+    async fn hold_metadata_while_a_test_asks(&self) {
+        let name = format!("broker-{}-hold-metadata", self.config.broker_id);
+        while strata_controller::failpoint::armed(&name) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn watch_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut which = 0usize;
         loop {
@@ -453,6 +462,7 @@ impl ClusterLink {
                 };
                 match next {
                     Ok(Some(update)) => {
+                        self.hold_metadata_while_a_test_asks().await;
                         if let Err(e) = self.apply_update(update) {
                             tracing::warn!(error = %e, "metadata stream out of step; resubscribing");
                             break;

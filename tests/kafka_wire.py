@@ -1,0 +1,71 @@
+"""A minimal Kafka wire client for tests that must say exactly what a producer sends:
+InitProducerId v0 and Produce v3 with a hand-set producer id, epoch and sequence, so a test can
+resend an idempotent batch the way a producer whose answer was lost does. Batches are built by
+kafka-python's RecordBatch v2 builder (CRC included); the framing is the protocol's own."""
+
+import socket
+import struct
+
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+
+class KafkaWire:
+    def __init__(self, port, timeout=10):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.correlation = 0
+
+    def close(self):
+        self.sock.close()
+
+    def _recv_exact(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("broker closed the connection")
+            buf += chunk
+        return buf
+
+    def call(self, api_key, version, body):
+        """Sends one request (header v1) and returns the response body after its correlation id."""
+        self.correlation += 1
+        client = b"strata-test"
+        header = struct.pack(">hhih", api_key, version, self.correlation, len(client)) + client
+        frame = header + body
+        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
+        (size,) = struct.unpack(">i", self._recv_exact(4))
+        resp = self._recv_exact(size)
+        (correlation,) = struct.unpack(">i", resp[:4])
+        assert correlation == self.correlation, (correlation, self.correlation)
+        return resp[4:]
+
+    def init_producer_id(self):
+        """(producer id, epoch) from InitProducerId v0, without a transactional id."""
+        body = struct.pack(">hi", -1, 60000)
+        throttle, error, pid, epoch = struct.unpack(">ihqh", self.call(22, 0, body))
+        assert error == 0, f"InitProducerId error {error}"
+        return pid, epoch
+
+    def produce(self, topic, partition, values, producer_id, producer_epoch, base_sequence, acks=-1):
+        """One idempotent batch of `values` (bytes) with Produce v3; (error code, base offset)."""
+        builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                            producer_id=producer_id, producer_epoch=producer_epoch,
+                                            base_sequence=base_sequence, batch_size=1 << 20)
+        for i, v in enumerate(values):
+            builder.append(i, timestamp=None, key=None, value=v, headers=[])
+        records = bytes(builder.build())
+        name = topic.encode()
+        body = (struct.pack(">hhi", -1, acks, 30000) + struct.pack(">i", 1)
+                + struct.pack(">h", len(name)) + name + struct.pack(">i", 1)
+                + struct.pack(">ii", partition, len(records)) + records)
+        resp = self.call(0, 3, body)
+        # responses: [topic: name, [partition: index, error, base offset, log append time]]
+        (n_topics,) = struct.unpack_from(">i", resp, 0)
+        assert n_topics == 1
+        (name_len,) = struct.unpack_from(">h", resp, 4)
+        at = 6 + name_len
+        (n_parts,) = struct.unpack_from(">i", resp, at)
+        assert n_parts == 1
+        index, error, base_offset, _append_time = struct.unpack_from(">ihqq", resp, at + 4)
+        assert index == partition
+        return error, base_offset
