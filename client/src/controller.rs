@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use strata_proto::v1::controller_client::ControllerClient;
 use strata_proto::v1::{
-    CreateTopicRequest, DeleteTopicRequest, DescribeQuorumRequest, DescribeQuorumResponse,
-    WatchRequest,
+    AlterScramCredentialsRequest, CreateTopicRequest, DeleteTopicRequest, DescribeQuorumRequest,
+    DescribeQuorumResponse, DescribeScramCredentialsRequest, ScramCredentialInfo, ScramDeletion,
+    ScramUpsertion, WatchRequest,
 };
 use tonic::transport::Channel;
 
@@ -54,6 +55,36 @@ impl ControllerAdmin {
             .map_err(ClientError::from)?
             .into_inner();
         Ok((resp.topic_id, resp.created))
+    }
+
+    /// Sets and deletes SCRAM credentials (keys derived by the caller); returns a metadata
+    /// version that includes the changes.
+    pub async fn alter_scram_credentials(
+        &mut self,
+        upsertions: Vec<ScramUpsertion>,
+        deletions: Vec<ScramDeletion>,
+    ) -> Result<u64> {
+        Ok(self
+            .client
+            .alter_scram_credentials(AlterScramCredentialsRequest {
+                upsertions,
+                deletions,
+            })
+            .await
+            .map_err(ClientError::from)?
+            .into_inner()
+            .version)
+    }
+
+    /// Users with SCRAM credentials: user, mechanism and iterations (never keys).
+    pub async fn describe_scram_credentials(&mut self) -> Result<Vec<ScramCredentialInfo>> {
+        Ok(self
+            .client
+            .describe_scram_credentials(DescribeScramCredentialsRequest {})
+            .await
+            .map_err(ClientError::from)?
+            .into_inner()
+            .credentials)
     }
 
     pub async fn delete_topic(&mut self, name: &str) -> Result<()> {

@@ -29,7 +29,8 @@ use uuid::Uuid;
 
 use crate::metadata::leases::{HeartbeatError, Leases};
 use crate::metadata::{
-    Applied, ClusterMetadata, Command, Endpoint as EndpointRecord, MetadataError,
+    Applied, ClusterMetadata, Command, Endpoint as EndpointRecord, MetadataError, ScramCredential,
+    ScramMechanism,
 };
 use crate::network::{GrpcNetwork, Raft, RaftServer};
 use crate::raft::{LogStore, NodeId, StateMachine};
@@ -82,10 +83,12 @@ fn status(e: &MetadataError) -> Status {
         MetadataError::TopicExists { .. } => Status::already_exists(msg),
         MetadataError::UnknownTopic(_)
         | MetadataError::UnknownPartition { .. }
-        | MetadataError::UnknownBroker(_) => Status::not_found(msg),
+        | MetadataError::UnknownBroker(_)
+        | MetadataError::UnknownScramCredential { .. } => Status::not_found(msg),
         MetadataError::InvalidPartitions(_)
         | MetadataError::InvalidReplicationFactor(_)
-        | MetadataError::InvalidIsr { .. } => Status::invalid_argument(msg),
+        | MetadataError::InvalidIsr { .. }
+        | MetadataError::InvalidScramCredential(_) => Status::invalid_argument(msg),
         MetadataError::StaleBrokerEpoch { .. }
         | MetadataError::StalePartitionEpoch { .. }
         | MetadataError::NotLeader { .. } => Status::failed_precondition(msg),
@@ -709,6 +712,84 @@ impl ControllerApi for ControllerService {
             term: m.current_term,
             last_applied: m.last_applied.map_or(0, |l| l.index),
             voters: voters.into_iter().collect(),
+        }))
+    }
+
+    async fn alter_scram_credentials(
+        &self,
+        req: Request<AlterScramCredentialsRequest>,
+    ) -> Result<Response<AlterScramCredentialsResponse>, Status> {
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.alter_scram_credentials(req.into_inner()).await;
+        }
+        let r = req.into_inner();
+        let mechanism = |name: &str| {
+            ScramMechanism::from_name(name).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "unknown SCRAM mechanism '{name}' (SCRAM-SHA-256 or SCRAM-SHA-512)"
+                ))
+            })
+        };
+        let mut changes = Vec::new();
+        for u in r.upsertions {
+            let m = mechanism(&u.mechanism)?;
+            let credential = ScramCredential {
+                salt: u.salt,
+                iterations: u.iterations,
+                stored_key: u.stored_key,
+                server_key: u.server_key,
+            };
+            let (user, mechanism) = (u.user.clone(), m);
+            changes.push((
+                "set",
+                user,
+                mechanism,
+                Command::UpsertScramCredential {
+                    user: u.user,
+                    mechanism: m,
+                    credential,
+                },
+            ));
+        }
+        for d in r.deletions {
+            let m = mechanism(&d.mechanism)?;
+            changes.push((
+                "deleted",
+                d.user.clone(),
+                m,
+                Command::DeleteScramCredential {
+                    user: d.user,
+                    mechanism: m,
+                },
+            ));
+        }
+        for (what, user, m, command) in changes {
+            self.0.propose(command).await?;
+            tracing::info!(%user, mechanism = m.name(), "SCRAM credential {what}");
+        }
+        Ok(Response::new(AlterScramCredentialsResponse {
+            version: self.0.state.current().version,
+        }))
+    }
+
+    async fn describe_scram_credentials(
+        &self,
+        _req: Request<DescribeScramCredentialsRequest>,
+    ) -> Result<Response<DescribeScramCredentialsResponse>, Status> {
+        let current = self.0.state.current();
+        let credentials = current
+            .scram_credentials
+            .iter()
+            .flat_map(|(user, of_user)| {
+                of_user.iter().map(|(m, c)| ScramCredentialInfo {
+                    user: user.clone(),
+                    mechanism: m.name().to_string(),
+                    iterations: c.iterations,
+                })
+            })
+            .collect();
+        Ok(Response::new(DescribeScramCredentialsResponse {
+            credentials,
         }))
     }
 }

@@ -114,6 +114,144 @@ pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()>
 }
 
 #[derive(Subcommand)]
+pub enum UserCommand {
+    /// Create a user, or set its password: SCRAM keys are derived here, and only they are
+    /// sent (the password never leaves this process).
+    Create {
+        name: String,
+        /// A file whose first line is the password.
+        #[arg(long, conflicts_with = "password_env")]
+        password_file: Option<std::path::PathBuf>,
+        /// An environment variable holding the password.
+        #[arg(long)]
+        password_env: Option<String>,
+        /// SCRAM-SHA-256 or SCRAM-SHA-512 (repeatable; default both).
+        #[arg(long = "mechanism")]
+        mechanisms: Vec<String>,
+        /// PBKDF2 iterations (4096 to 16384).
+        #[arg(long, default_value_t = 8192)]
+        iterations: u32,
+    },
+    /// Delete a user's credentials (all mechanisms unless given).
+    Delete {
+        name: String,
+        #[arg(long = "mechanism")]
+        mechanisms: Vec<String>,
+    },
+    /// List users, their mechanisms and iterations.
+    List,
+}
+
+fn scram_mechanisms(
+    names: &[String],
+) -> anyhow::Result<Vec<strata_controller::metadata::ScramMechanism>> {
+    use strata_controller::metadata::ScramMechanism;
+    if names.is_empty() {
+        return Ok(ScramMechanism::ALL.to_vec());
+    }
+    names
+        .iter()
+        .map(|n| {
+            ScramMechanism::from_name(n).with_context(|| {
+                format!("unknown mechanism '{n}': use SCRAM-SHA-256 or SCRAM-SHA-512")
+            })
+        })
+        .collect()
+}
+
+fn read_password(file: Option<&std::path::Path>, env: Option<&str>) -> anyhow::Result<String> {
+    let password = match (file, env) {
+        (Some(f), _) => {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("reading the password file {}", f.display()))?;
+            text.lines().next().unwrap_or_default().to_string()
+        }
+        (None, Some(var)) => std::env::var(var)
+            .with_context(|| format!("reading the password from ${var} (is it set?)"))?,
+        (None, None) => bail!("give the password with --password-file FILE or --password-env VAR"),
+    };
+    if password.is_empty() {
+        bail!("the password is empty");
+    }
+    Ok(password)
+}
+
+pub async fn user(controller: &str, command: UserCommand) -> anyhow::Result<()> {
+    use crate::kafka::sasl::scram;
+    use strata_proto::v1::{ScramDeletion, ScramUpsertion};
+    let mut admin = controller_admin(controller).await?;
+    match command {
+        UserCommand::Create {
+            name,
+            password_file,
+            password_env,
+            mechanisms,
+            iterations,
+        } => {
+            let password = read_password(password_file.as_deref(), password_env.as_deref())?;
+            let upsertions = scram_mechanisms(&mechanisms)?
+                .into_iter()
+                .map(|m| {
+                    let c =
+                        scram::derive(m, password.as_bytes(), &scram::random_bytes(32), iterations);
+                    ScramUpsertion {
+                        user: name.clone(),
+                        mechanism: m.name().to_string(),
+                        salt: c.salt,
+                        iterations: c.iterations,
+                        stored_key: c.stored_key,
+                        server_key: c.server_key,
+                    }
+                })
+                .collect();
+            admin
+                .alter_scram_credentials(upsertions, Vec::new())
+                .await
+                .with_context(|| format!("setting the credentials of user '{name}'"))?;
+            println!("user {name}: credentials set");
+        }
+        UserCommand::Delete { name, mechanisms } => {
+            let known: Vec<String> = admin
+                .describe_scram_credentials()
+                .await
+                .context("listing users")?
+                .into_iter()
+                .filter(|c| c.user == name)
+                .map(|c| c.mechanism)
+                .collect();
+            // without --mechanism, every mechanism the user has
+            let deletions: Vec<ScramDeletion> = scram_mechanisms(&mechanisms)?
+                .into_iter()
+                .map(|m| m.name().to_string())
+                .filter(|m| !mechanisms.is_empty() || known.contains(m))
+                .map(|mechanism| ScramDeletion {
+                    user: name.clone(),
+                    mechanism,
+                })
+                .collect();
+            if deletions.is_empty() {
+                bail!("user '{name}' has no credentials");
+            }
+            admin
+                .alter_scram_credentials(Vec::new(), deletions)
+                .await
+                .with_context(|| format!("deleting the credentials of user '{name}'"))?;
+            println!("user {name}: credentials deleted");
+        }
+        UserCommand::List => {
+            for c in admin
+                .describe_scram_credentials()
+                .await
+                .context("listing users")?
+            {
+                println!("{}\t{}\titerations={}", c.user, c.mechanism, c.iterations);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Subcommand)]
 pub enum QuorumCommand {
     /// Print the quorum as this controller sees it (one JSON line).
     Describe,
@@ -151,7 +289,22 @@ pub async fn quorum(controller: &str, command: QuorumCommand) -> anyhow::Result<
                 .metadata_json()
                 .await
                 .context("reading the cluster metadata")?;
-            println!("{}", String::from_utf8_lossy(&json));
+            let mut metadata: serde_json::Value =
+                serde_json::from_slice(&json).context("decoding the cluster metadata")?;
+            // SCRAM keys are secrets: users and mechanisms only.
+            if let Some(users) = metadata
+                .get_mut("scram_credentials")
+                .and_then(|c| c.as_object_mut())
+            {
+                for mechanisms in users.values_mut() {
+                    if let Some(m) = mechanisms.as_object_mut() {
+                        for v in m.values_mut() {
+                            *v = serde_json::json!("<redacted>");
+                        }
+                    }
+                }
+            }
+            println!("{metadata}");
         }
     }
     Ok(())

@@ -27,8 +27,10 @@ use uuid::Uuid;
 pub struct LinkConfig {
     pub broker_id: i32,
     pub controllers: Vec<String>,
-    pub kafka_host: String,
-    pub kafka_port: u16,
+    /// Every Kafka listener: (name, advertised host, advertised port).
+    pub kafka: Vec<(String, String, u16)>,
+    /// The host the gRPC data plane is reached at.
+    pub grpc_host: String,
     /// The broker's gRPC data-plane port, when it serves one.
     pub grpc_port: Option<u16>,
     pub rack: Option<String>,
@@ -261,11 +263,19 @@ impl ClusterLink {
             .register_broker(RegisterBrokerRequest {
                 broker_id: self.config.broker_id,
                 incarnation: self.incarnation.to_string(),
-                endpoints: std::iter::once(("kafka", self.config.kafka_port))
-                    .chain(self.config.grpc_port.map(|p| ("grpc", p)))
-                    .map(|(name, port)| Endpoint {
-                        name: name.into(),
-                        host: self.config.kafka_host.clone(),
+                endpoints: self
+                    .config
+                    .kafka
+                    .iter()
+                    .cloned()
+                    .chain(
+                        self.config
+                            .grpc_port
+                            .map(|p| ("grpc".to_string(), self.config.grpc_host.clone(), p)),
+                    )
+                    .map(|(name, host, port)| Endpoint {
+                        name,
+                        host,
                         port: u32::from(port),
                     })
                     .collect(),

@@ -130,6 +130,46 @@ pub struct KafkaSection {
     pub idle_timeout: Duration,
     #[serde(deserialize_with = "duration")]
     pub frame_timeout: Duration,
+    /// Named listeners, each with its security protocol (Kafka's `listeners` and
+    /// `listener.security.protocol.map`). When given, they replace `listen`.
+    pub listeners: Vec<NamedListener>,
+    /// Certificate and key for SSL and SASL_SSL listeners.
+    pub tls: Option<crate::kafka::tls::TlsSection>,
+    pub sasl: SaslSection,
+}
+
+/// One `[[kafka.listeners]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedListener {
+    pub name: String,
+    pub listen: SocketAddr,
+    pub protocol: crate::kafka::SecurityProtocol,
+    pub advertised_host: Option<String>,
+    pub advertised_port: Option<u16>,
+    /// Overrides `[kafka.tls] client_auth` on this listener (Kafka's
+    /// `listener.name.<name>.ssl.client.auth`).
+    pub client_auth: Option<crate::kafka::tls::ClientAuth>,
+}
+
+/// `[kafka.sasl]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SaslSection {
+    /// Offered on SASL_PLAINTEXT and SASL_SSL listeners, in this order.
+    pub mechanisms: Vec<String>,
+}
+
+impl Default for SaslSection {
+    fn default() -> Self {
+        SaslSection {
+            mechanisms: vec![
+                "SCRAM-SHA-512".into(),
+                "SCRAM-SHA-256".into(),
+                "PLAIN".into(),
+            ],
+        }
+    }
 }
 
 /// The cold tier (tiered storage).
@@ -377,6 +417,9 @@ impl Default for KafkaSection {
             max_request_bytes: 100 << 20,
             idle_timeout: Duration::from_secs(600),
             frame_timeout: Duration::from_secs(30),
+            listeners: Vec::new(),
+            tls: None,
+            sasl: SaslSection::default(),
         }
     }
 }
@@ -475,7 +518,7 @@ impl ServerConfig {
                 .join("cold");
             config.cold = Some(ColdSection::at(format!("file://{}", dir.display())));
         }
-        if path.is_none() && config.controller.is_none() && config.cluster.is_none() {
+        if config.controller.is_none() && config.cluster.is_none() {
             let listen: SocketAddr = flags
                 .controller_listen
                 .as_deref()
@@ -538,6 +581,22 @@ impl ServerConfig {
         }
         if self.kafka.max_request_bytes < 1024 {
             bail!("kafka.max_request_bytes must be at least 1024");
+        }
+        let listeners = self.kafka_listeners();
+        let mut names = std::collections::HashSet::new();
+        for l in &listeners {
+            if l.name.is_empty() || l.name == "grpc" || !names.insert(l.name.as_str()) {
+                bail!(
+                    "kafka.listeners: names must be unique, not empty and not 'grpc' ('{}')",
+                    l.name
+                );
+            }
+        }
+        if listeners.iter().any(|l| l.protocol.tls()) && self.kafka.tls.is_none() {
+            bail!("an SSL or SASL_SSL listener needs [kafka.tls] (cert and key)");
+        }
+        if listeners.iter().any(|l| l.protocol.sasl()) && self.sasl_mechanisms()?.is_empty() {
+            bail!("a SASL listener needs at least one of kafka.sasl.mechanisms");
         }
         if self.topics.default_partitions == 0 {
             bail!("topics.default_partitions must be at least 1");
@@ -650,18 +709,65 @@ impl ServerConfig {
     }
 
     /// The listener settings; `bound` is the address actually bound (port 0 resolved).
-    pub fn listener(&self, bound: SocketAddr) -> ListenerConfig {
-        ListenerConfig {
-            advertised_host: self
-                .kafka
+    /// The Kafka listeners: `[[kafka.listeners]]`, or else one PLAINTEXT listener named
+    /// "kafka" on `[kafka] listen`.
+    pub fn kafka_listeners(&self) -> Vec<NamedListener> {
+        if !self.kafka.listeners.is_empty() {
+            return self.kafka.listeners.clone();
+        }
+        vec![NamedListener {
+            name: "kafka".into(),
+            listen: self.kafka.listen,
+            protocol: crate::kafka::SecurityProtocol::Plaintext,
+            advertised_host: self.kafka.advertised_host.clone(),
+            advertised_port: self.kafka.advertised_port,
+            client_auth: None,
+        }]
+    }
+
+    /// A listener's runtime settings, once bound (an advertised port defaults to the bound
+    /// one). Builds its TLS acceptor, so bad certificate files fail here.
+    pub fn listener(&self, l: &NamedListener, bound: SocketAddr) -> anyhow::Result<ListenerConfig> {
+        let tls = match (l.protocol.tls(), &self.kafka.tls) {
+            (false, _) => None,
+            (true, None) => bail!("listener '{}' uses TLS but [kafka.tls] is missing", l.name),
+            (true, Some(t)) => Some(
+                crate::kafka::tls::acceptor(t, l.client_auth.unwrap_or(t.client_auth))
+                    .with_context(|| format!("setting up TLS for listener '{}'", l.name))?,
+            ),
+        };
+        let sasl_mechanisms = if l.protocol.sasl() {
+            self.sasl_mechanisms()?
+        } else {
+            Vec::new()
+        };
+        Ok(ListenerConfig {
+            name: l.name.clone(),
+            protocol: l.protocol,
+            tls,
+            sasl_mechanisms,
+            advertised_host: l
                 .advertised_host
                 .clone()
                 .unwrap_or_else(|| bound.ip().to_string()),
-            advertised_port: self.kafka.advertised_port.unwrap_or(bound.port()),
+            advertised_port: l.advertised_port.unwrap_or(bound.port()),
             max_request_bytes: self.kafka.max_request_bytes,
             idle_timeout: self.kafka.idle_timeout,
             frame_timeout: self.kafka.frame_timeout,
-        }
+        })
+    }
+
+    fn sasl_mechanisms(&self) -> anyhow::Result<Vec<crate::kafka::sasl::Mechanism>> {
+        self.kafka
+            .sasl
+            .mechanisms
+            .iter()
+            .map(|m| {
+                crate::kafka::sasl::Mechanism::from_name(m).with_context(|| {
+                    format!("unknown SASL mechanism '{m}' in kafka.sasl.mechanisms (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+                })
+            })
+            .collect()
     }
 }
 

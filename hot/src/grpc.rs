@@ -229,12 +229,14 @@ impl BrokerApi for GrpcService {
                                 .find(|e| e.name == name)
                                 .map(|e| (e.host.clone(), e.port))
                         };
-                        let kafka = port("kafka");
+                        let grpc = port("grpc");
+                        // the first Kafka listener
+                        let kafka = b.endpoints.iter().find(|e| e.name != "grpc");
                         BrokerEndpoint {
                             id: b.id,
-                            host: kafka.as_ref().map(|(h, _)| h.clone()).unwrap_or_default(),
-                            kafka_port: kafka.map_or(0, |(_, p)| u32::from(p)),
-                            grpc_port: port("grpc").map_or(0, |(_, p)| u32::from(p)),
+                            host: grpc.as_ref().map(|(h, _)| h.clone()).unwrap_or_default(),
+                            kafka_port: kafka.map_or(0, |e| u32::from(e.port)),
+                            grpc_port: grpc.map_or(0, |(_, p)| u32::from(p)),
                         }
                     })
                     .collect()

@@ -2,6 +2,7 @@
 //! Kafka listener and the `strata` binary's commands.
 
 pub mod broker;
+pub mod certs;
 pub mod cli;
 pub mod cluster;
 pub mod config;

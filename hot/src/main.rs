@@ -72,6 +72,16 @@ enum Command {
     Produce(cli::ProduceArgs),
     /// Print a topic's records through the gRPC data plane (the native Rust consumer).
     Consume(cli::ConsumeArgs),
+    /// Make a development CA and node / client certificates (for TLS listeners).
+    Certs(strata_hot::certs::CertsArgs),
+    /// Create, list and delete SCRAM users (credentials live in the metadata log).
+    User {
+        /// Any controller's gRPC listener.
+        #[arg(long, default_value = "127.0.0.1:9093", global = true)]
+        controller: String,
+        #[command(subcommand)]
+        command: cli::UserCommand,
+    },
     /// Inspect the controller quorum.
     Quorum {
         /// Any controller's gRPC listener.
@@ -137,6 +147,11 @@ fn main() -> anyhow::Result<()> {
             controller,
             command,
         } => runtime.block_on(cli::quorum(&controller, command)),
+        Command::Certs(args) => strata_hot::certs::run(args),
+        Command::User {
+            controller,
+            command,
+        } => runtime.block_on(cli::user(&controller, command)),
         Command::Group { bootstrap, command } => runtime.block_on(cli::group(&bootstrap, command)),
         Command::Produce(args) => runtime.block_on(cli::produce(args)),
         Command::Consume(args) => runtime.block_on(cli::consume(args)),

@@ -42,21 +42,26 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 
 /// Runs the broker role until a shutdown signal arrives, then closes it cleanly.
 async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(config.kafka.listen)
-        .await
-        .with_context(|| {
+    let mut listeners = Vec::new();
+    for l in config.kafka_listeners() {
+        let bound_listener = TcpListener::bind(l.listen).await.with_context(|| {
             format!(
-                "binding the Kafka listener on {} (is another broker running?)",
-                config.kafka.listen
+                "binding Kafka listener '{}' on {} (is another broker running?)",
+                l.name, l.listen
             )
         })?;
-    let bound = listener.local_addr()?;
-    let listener_config = config.listener(bound);
+        let bound = bound_listener.local_addr()?;
+        listeners.push((bound_listener, bound, config.listener(&l, bound)?));
+    }
+    let (bound, listener_config) = listeners
+        .first()
+        .map(|(_, b, c)| (*b, c.clone()))
+        .context("no Kafka listener configured")?;
     // In a cluster, followers replicate over gRPC: without a [grpc] section it listens on
     // a free port of the Kafka listener's address (registered with the controllers).
     let grpc_listen = match (&config.grpc, &config.cluster) {
         (Some(g), _) => Some(g.listen),
-        (None, Some(_)) => Some(std::net::SocketAddr::new(config.kafka.listen.ip(), 0)),
+        (None, Some(_)) => Some(std::net::SocketAddr::new(bound.ip(), 0)),
         (None, None) => None,
     };
     let grpc_listener = match grpc_listen {
@@ -77,8 +82,11 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
             LinkConfig {
                 broker_id: config.node_id,
                 controllers: c.controllers.clone(),
-                kafka_host: listener_config.advertised_host.clone(),
-                kafka_port: listener_config.advertised_port,
+                kafka: listeners
+                    .iter()
+                    .map(|(_, _, c)| (c.name.clone(), c.advertised_host.clone(), c.advertised_port))
+                    .collect(),
+                grpc_host: listener_config.advertised_host.clone(),
                 grpc_port,
                 rack: c.rack.clone(),
                 cluster_id: c.cluster_id.clone(),
@@ -97,6 +105,9 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         .wait_until_registered(std::time::Duration::from_secs(60))
         .await
         .context("joining the cluster")?;
+    for (_, bound, c) in &listeners {
+        tracing::info!(listener = %c.name, protocol = ?c.protocol, address = %bound, advertised = %format!("{}:{}", c.advertised_host, c.advertised_port), "Kafka listener");
+    }
     tracing::info!(
         kafka = %bound,
         advertised = %format!("{}:{}", listener_config.advertised_host, listener_config.advertised_port),
@@ -141,15 +152,22 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
     if let Some(m) = &config.metrics {
         serve_metrics(broker.clone(), m.listen, listener_stop_rx.clone()).await?;
     }
-    let server = KafkaServer::new(broker.clone(), listener_config);
-    let serving = tokio::spawn(server.serve(listener, listener_stop_rx));
+    let mut serving = Vec::new();
+    for (listener, _, c) in listeners {
+        let server = KafkaServer::new(broker.clone(), c);
+        serving.push(tokio::spawn(
+            server.serve(listener, listener_stop_rx.clone()),
+        ));
+    }
     let mut stop_rx = stop_rx;
     tokio::select! {
         r = wait_for_signal() => r?,
         _ = stop_rx.wait_for(|s| *s) => {}
     }
     listener_stop_tx.send_replace(true);
-    let _ = serving.await;
+    for s in serving {
+        let _ = s.await;
+    }
     if let Some((_, membership)) = link {
         // Stopping the link asks the controllers to move this broker's leaderships first.
         link_stop.send_replace(true);

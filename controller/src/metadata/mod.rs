@@ -83,7 +83,67 @@ pub struct ClusterMetadata {
     pub next_producer_id: i64,
     /// Rotates where new topics put their first leader, so leaders spread across topics.
     pub placement_cursor: u64,
+    /// SCRAM credentials by user and mechanism (RFC 5802 stored and server keys: never a
+    /// password). Absent from metadata written before credentials existed.
+    #[serde(default)]
+    pub scram_credentials: BTreeMap<String, BTreeMap<ScramMechanism, ScramCredential>>,
 }
+
+/// A SCRAM mechanism, by its SASL name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ScramMechanism {
+    #[serde(rename = "SCRAM-SHA-256")]
+    Sha256,
+    #[serde(rename = "SCRAM-SHA-512")]
+    Sha512,
+}
+
+impl ScramMechanism {
+    pub const ALL: [ScramMechanism; 2] = [ScramMechanism::Sha256, ScramMechanism::Sha512];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ScramMechanism::Sha256 => "SCRAM-SHA-256",
+            ScramMechanism::Sha512 => "SCRAM-SHA-512",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<ScramMechanism> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// Kafka's mechanism number (DescribeUserScramCredentials, AlterUserScramCredentials).
+    pub fn kafka_type(self) -> i8 {
+        match self {
+            ScramMechanism::Sha256 => 1,
+            ScramMechanism::Sha512 => 2,
+        }
+    }
+}
+
+/// What a server keeps of a SCRAM password (RFC 5802 section 3): enough to verify a client
+/// and prove itself, not enough to log in as the user.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScramCredential {
+    pub salt: Vec<u8>,
+    pub iterations: u32,
+    pub stored_key: Vec<u8>,
+    pub server_key: Vec<u8>,
+}
+
+impl std::fmt::Debug for ScramCredential {
+    // Keys stay out of logs and error messages.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScramCredential")
+            .field("iterations", &self.iterations)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Fewest PBKDF2 iterations a SCRAM credential may use (Kafka's minimum).
+pub const MIN_SCRAM_ITERATIONS: u32 = 4096;
+/// Most iterations (Kafka's maximum): each login costs this many HMACs.
+pub const MAX_SCRAM_ITERATIONS: u32 = 16384;
 
 /// A change to the metadata: one metadata log entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +195,16 @@ pub enum Command {
         broker: BrokerId,
         epoch: u64,
         count: u32,
+    },
+    /// Creates or replaces a user's credential for one mechanism.
+    UpsertScramCredential {
+        user: String,
+        mechanism: ScramMechanism,
+        credential: ScramCredential,
+    },
+    DeleteScramCredential {
+        user: String,
+        mechanism: ScramMechanism,
     },
 }
 
@@ -191,12 +261,46 @@ pub enum MetadataError {
     NotLeader { broker: BrokerId, leader_epoch: i32 },
     #[error("invalid ISR {isr:?}: {reason}")]
     InvalidIsr { isr: Vec<BrokerId>, reason: String },
+    #[error("user '{user}' has no {mechanism} credential")]
+    UnknownScramCredential { user: String, mechanism: String },
+    #[error("invalid SCRAM credential: {0}")]
+    InvalidScramCredential(String),
 }
 
 impl From<PlacementError> for MetadataError {
     fn from(e: PlacementError) -> Self {
         MetadataError::InvalidReplicationFactor(e.to_string())
     }
+}
+
+/// A credential every replica accepts the same way: a usable user name, iterations in
+/// Kafka's range, and keys of the mechanism's hash length.
+fn check_scram_credential(
+    user: &str,
+    mechanism: ScramMechanism,
+    c: &ScramCredential,
+) -> Result<(), MetadataError> {
+    let bad = |why: String| Err(MetadataError::InvalidScramCredential(why));
+    if user.is_empty() || user.len() > 256 || user.chars().any(char::is_control) {
+        return bad("a user name has 1 to 256 characters and no control characters".into());
+    }
+    if !(MIN_SCRAM_ITERATIONS..=MAX_SCRAM_ITERATIONS).contains(&c.iterations) {
+        return bad(format!(
+            "iterations must be between {MIN_SCRAM_ITERATIONS} and {MAX_SCRAM_ITERATIONS}, not {}",
+            c.iterations
+        ));
+    }
+    let len = match mechanism {
+        ScramMechanism::Sha256 => 32,
+        ScramMechanism::Sha512 => 64,
+    };
+    if c.stored_key.len() != len || c.server_key.len() != len {
+        return bad(format!("{} keys are {len} bytes", mechanism.name()));
+    }
+    if c.salt.len() < 16 || c.salt.len() > 1024 {
+        return bad("the salt must be 16 to 1024 bytes".into());
+    }
+    Ok(())
 }
 
 /// Picks a leader: the first replica (in preference order) that is in the ISR and alive;
@@ -465,6 +569,30 @@ impl ClusterMetadata {
                     first,
                     count: *count,
                 })
+            }
+            Command::UpsertScramCredential {
+                user,
+                mechanism,
+                credential,
+            } => {
+                check_scram_credential(user, *mechanism, credential)?;
+                self.scram_credentials
+                    .entry(user.clone())
+                    .or_default()
+                    .insert(*mechanism, credential.clone());
+                Ok(Applied::Done)
+            }
+            Command::DeleteScramCredential { user, mechanism } => {
+                let unknown = || MetadataError::UnknownScramCredential {
+                    user: user.clone(),
+                    mechanism: mechanism.name().to_string(),
+                };
+                let of_user = self.scram_credentials.get_mut(user).ok_or_else(unknown)?;
+                of_user.remove(mechanism).ok_or_else(unknown)?;
+                if of_user.is_empty() {
+                    self.scram_credentials.remove(user);
+                }
+                Ok(Applied::Done)
             }
         }
     }

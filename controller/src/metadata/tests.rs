@@ -487,3 +487,66 @@ fn leases_expire_into_fencing_and_a_new_controller_grants_grace() {
     assert!(next.expired(&m, 5_999).is_empty());
     assert_eq!(next.expired(&m, 6_000).len(), 2);
 }
+
+fn credential(key_len: usize, iterations: u32) -> ScramCredential {
+    ScramCredential {
+        salt: vec![7; 16],
+        iterations,
+        stored_key: vec![1; key_len],
+        server_key: vec![2; key_len],
+    }
+}
+
+#[test]
+fn scram_credentials_are_set_checked_and_deleted() {
+    let mut m = ClusterMetadata::default();
+    let upsert = |user: &str, mechanism, c| Command::UpsertScramCredential {
+        user: user.into(),
+        mechanism,
+        credential: c,
+    };
+    assert_eq!(
+        m.apply(
+            1,
+            &upsert("alice", ScramMechanism::Sha512, credential(64, 8192))
+        ),
+        Ok(Applied::Done)
+    );
+    // keys of the wrong length, iterations out of range, odd names: refused, nothing changes
+    for (i, bad) in [
+        upsert("alice", ScramMechanism::Sha256, credential(64, 8192)),
+        upsert("alice", ScramMechanism::Sha256, credential(32, 100)),
+        upsert("", ScramMechanism::Sha256, credential(32, 8192)),
+        upsert("a\u{1b}b", ScramMechanism::Sha256, credential(32, 8192)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert!(matches!(
+            m.apply(2 + i as u64, &bad),
+            Err(MetadataError::InvalidScramCredential(_))
+        ));
+    }
+    assert_eq!(m.scram_credentials["alice"].len(), 1);
+    let delete = |mechanism| Command::DeleteScramCredential {
+        user: "alice".into(),
+        mechanism,
+    };
+    assert!(matches!(
+        m.apply(10, &delete(ScramMechanism::Sha256)),
+        Err(MetadataError::UnknownScramCredential { .. })
+    ));
+    assert_eq!(
+        m.apply(11, &delete(ScramMechanism::Sha512)),
+        Ok(Applied::Done)
+    );
+    assert!(m.scram_credentials.is_empty());
+}
+
+#[test]
+fn metadata_written_before_credentials_existed_still_loads() {
+    let mut json = serde_json::to_value(ClusterMetadata::default()).unwrap();
+    json.as_object_mut().unwrap().remove("scram_credentials");
+    let m: ClusterMetadata = serde_json::from_value(json).unwrap();
+    assert!(m.scram_credentials.is_empty());
+}

@@ -325,10 +325,21 @@ impl Broker {
 
     /// Live brokers' Kafka endpoints (id, host, port); `None` on a single node (the
     /// listener answers with its own address).
-    pub fn kafka_endpoints(&self) -> Option<Vec<(i32, String, u16)>> {
+    /// Live brokers' endpoints of Kafka listener `listener` (a client is told about the
+    /// listener it connected to, as Kafka does); None on a single node without controllers.
+    pub fn kafka_endpoints(&self, listener: &str) -> Option<Vec<(i32, String, u16)>> {
         self.cluster
             .as_ref()
-            .map(|link| reconcile::kafka_endpoints(&link.metadata().borrow()))
+            .map(|link| reconcile::kafka_endpoints(&link.metadata().borrow(), listener))
+    }
+
+    /// The SCRAM credentials SASL logins are checked against: the metadata's.
+    pub fn credentials(&self) -> MetadataCredentials {
+        MetadataCredentials(
+            self.cluster
+                .as_ref()
+                .map(|link| link.metadata().borrow().clone()),
+        )
     }
 
     pub fn config(&self) -> &BrokerConfig {
@@ -1056,4 +1067,22 @@ fn remove_deleted_dirs(logs: &Path) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The credentials of one metadata view (none without controllers).
+pub struct MetadataCredentials(Option<Arc<strata_controller::metadata::ClusterMetadata>>);
+
+impl crate::kafka::sasl::Credentials for MetadataCredentials {
+    fn scram(
+        &self,
+        user: &str,
+        mechanism: strata_controller::metadata::ScramMechanism,
+    ) -> Option<strata_controller::metadata::ScramCredential> {
+        self.0
+            .as_ref()?
+            .scram_credentials
+            .get(user)?
+            .get(&mechanism)
+            .cloned()
+    }
 }

@@ -321,14 +321,14 @@ impl follower::Directory for LinkDirectory {
 }
 
 /// Live brokers' Kafka endpoints from the metadata: (id, host, port).
-pub fn kafka_endpoints(m: &ClusterMetadata) -> Vec<(i32, String, u16)> {
+pub fn kafka_endpoints(m: &ClusterMetadata, listener: &str) -> Vec<(i32, String, u16)> {
     m.brokers
         .values()
         .filter(|b| !b.fenced)
         .filter_map(|b| {
             b.endpoints
                 .iter()
-                .find(|e| e.name == "kafka")
+                .find(|e| e.name == listener)
                 .map(|e| (b.id, e.host.clone(), e.port))
         })
         .collect()

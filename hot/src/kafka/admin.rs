@@ -285,6 +285,7 @@ pub(super) async fn create_topics(ctx: Request, req: CreateTopicsRequest) -> Cre
 
 pub(super) async fn delete_topics(ctx: Request, req: DeleteTopicsRequest) -> DeleteTopicsResponse {
     let broker = ctx.broker().clone();
+    tracing::info!(principal = %ctx.principal, peer = %ctx.peer, topics = req.topic_names.len() + req.topics.len(), "DeleteTopics");
     // v6 names topics in `topics` (by name or id); earlier versions in `topic_names`.
     let mut wanted: Vec<(Option<String>, Uuid)> = req
         .topic_names
@@ -453,6 +454,7 @@ pub(super) async fn alter_configs(
     req: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
     let broker = ctx.broker().clone();
+    tracing::info!(principal = %ctx.principal, peer = %ctx.peer, resources = req.resources.len(), "IncrementalAlterConfigs");
     let mut responses = Vec::with_capacity(req.resources.len());
     for r in req.resources {
         let resp = AlterConfigsResourceResponse::default()

@@ -22,6 +22,9 @@ pub const KAFKA_STORAGE_ERROR: i16 = E::KafkaStorageError.code();
 pub const FENCED_LEADER_EPOCH: i16 = E::FencedLeaderEpoch.code();
 pub const UNKNOWN_LEADER_EPOCH: i16 = E::UnknownLeaderEpoch.code();
 pub const INVALID_REPLICA_ASSIGNMENT: i16 = E::InvalidReplicaAssignment.code();
+pub const UNSUPPORTED_SASL_MECHANISM: i16 = E::UnsupportedSaslMechanism.code();
+pub const ILLEGAL_SASL_STATE: i16 = E::IllegalSaslState.code();
+pub const SASL_AUTHENTICATION_FAILED: i16 = E::SaslAuthenticationFailed.code();
 pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = E::TransactionalIdAuthorizationFailed.code();
 
 /// A Kafka error code with the message to send where the API has a field for one.

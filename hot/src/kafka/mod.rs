@@ -12,6 +12,8 @@ pub(crate) mod codes;
 mod fetch;
 mod group;
 mod produce;
+pub mod sasl;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,10 +26,11 @@ use kafka_protocol::messages::{
     HeartbeatRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest,
     LeaveGroupRequest, ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
     OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
+    SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
     SyncGroupRequest,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -58,14 +61,52 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
 ];
+
+/// Largest bare SASL token accepted after a v0 SaslHandshake.
+const MAX_RAW_SASL_TOKEN: i32 = 64 << 10;
 
 /// Requests read ahead of the response being written, per connection.
 const MAX_IN_FLIGHT: usize = 64;
 
+/// How a listener secures its connections (Kafka's `listener.security.protocol.map`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum SecurityProtocol {
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    pub fn tls(self) -> bool {
+        matches!(self, SecurityProtocol::Ssl | SecurityProtocol::SaslSsl)
+    }
+
+    pub fn sasl(self) -> bool {
+        matches!(
+            self,
+            SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl
+        )
+    }
+}
+
+/// The principal of a connection that did not authenticate.
+pub const ANONYMOUS: &str = "User:ANONYMOUS";
+
 /// Listener settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ListenerConfig {
+    /// The listener's name: its endpoint in the metadata, and what Metadata answers with.
+    pub name: String,
+    pub protocol: SecurityProtocol,
+    /// Present for SSL and SASL_SSL.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Mechanisms offered on SASL_PLAINTEXT and SASL_SSL.
+    pub sasl_mechanisms: Vec<sasl::Mechanism>,
     pub advertised_host: String,
     pub advertised_port: u16,
     /// Largest request frame accepted (Kafka's `socket.request.max.bytes`).
@@ -139,7 +180,58 @@ impl KafkaServer {
     async fn connection(self: Arc<Self>, stream: TcpStream) -> anyhow::Result<()> {
         stream.set_nodelay(true)?;
         let peer = stream.peer_addr()?;
-        let (mut rd, mut wr) = stream.into_split();
+        match &self.config.tls {
+            None => {
+                let (rd, wr) = stream.into_split();
+                self.serve_connection(rd, wr, peer, None).await
+            }
+            Some(acceptor) => {
+                let tls =
+                    tokio::time::timeout(self.config.frame_timeout, acceptor.accept(stream)).await;
+                let stream = match tls {
+                    Err(_) => {
+                        tracing::warn!(%peer, listener = %self.config.name, "TLS handshake did not finish in time; closing connection");
+                        return Ok(());
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(%peer, listener = %self.config.name, error = %e, "TLS handshake failed; closing connection");
+                        return Ok(());
+                    }
+                    Ok(Ok(s)) => s,
+                };
+                let certificate = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(tls::principal);
+                let (rd, wr) = tokio::io::split(stream);
+                self.serve_connection(rd, wr, peer, certificate).await
+            }
+        }
+    }
+
+    async fn serve_connection<R, W>(
+        self: Arc<Self>,
+        mut rd: R,
+        mut wr: W,
+        peer: std::net::SocketAddr,
+        certificate: Option<String>,
+    ) -> anyhow::Result<()>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut sasl = self
+            .config
+            .protocol
+            .sasl()
+            .then(|| sasl::SaslSession::new(self.config.sasl_mechanisms.clone()));
+        // Without SASL: the client certificate's subject, or anonymous; with SASL, its user.
+        let mut principal: Option<Arc<str>> = (!self.config.protocol.sasl())
+            .then(|| Arc::from(certificate.as_deref().unwrap_or(ANONYMOUS)));
+        // SaslHandshake v0 (KIP-43): the SASL tokens that follow are bare frames.
+        let mut raw_tokens = false;
         let (tx, mut rx) = mpsc::channel::<Reply>(MAX_IN_FLIGHT);
         let writer = tokio::spawn(async move {
             while let Some(reply) = rx.recv().await {
@@ -164,7 +256,9 @@ impl KafkaServer {
                 Ok(Ok(_)) => {}
             }
             let size = i32::from_be_bytes(len);
-            if size < 8 || size as usize > self.config.max_request_bytes {
+            if raw_tokens && (1..=MAX_RAW_SASL_TOKEN).contains(&size) {
+                // after a v0 SaslHandshake: bare SASL tokens, not requests
+            } else if size < 8 || size as usize > self.config.max_request_bytes {
                 tracing::warn!(%peer, size, max = self.config.max_request_bytes, "refusing request frame of invalid size; closing connection");
                 break;
             }
@@ -181,7 +275,70 @@ impl KafkaServer {
                 Ok(Err(e)) => return Err(e.into()),
                 Ok(Ok(_)) => {}
             }
-            match self.dispatch(frame.freeze(), peer) {
+            if raw_tokens {
+                let step = sasl
+                    .as_mut()
+                    .map(|session| session.authenticate(&frame, &self.broker.credentials()));
+                match step {
+                    Some(Ok(step)) => {
+                        let mut reply = BytesMut::with_capacity(4 + step.response.len());
+                        reply.put_i32(step.response.len() as i32);
+                        reply.put_slice(&step.response);
+                        if tx.send(Reply::Now(reply)).await.is_err() {
+                            break;
+                        }
+                        if let Some(user) = step.authenticated {
+                            principal = Some(Arc::from(format!("User:{user}")));
+                            raw_tokens = false;
+                        }
+                        continue;
+                    }
+                    _ => {
+                        tracing::warn!(%peer, listener = %self.config.name, "SASL authentication failed; closing connection");
+                        break;
+                    }
+                }
+            }
+            let decoded = match decode_request(frame.freeze()) {
+                Ok(d) => d,
+                Err(refusal) => {
+                    tracing::warn!(%peer, reason = %refusal, "refusing request; closing connection");
+                    break;
+                }
+            };
+            let step = match (&decoded.body, &principal) {
+                (Body::SaslHandshake(_) | Body::SaslAuthenticate(_), _) => {
+                    let (reply, outcome) = self.sasl_step(decoded, sasl.as_mut(), peer);
+                    if let Some(reply) = reply {
+                        if tx.send(Reply::Now(reply)).await.is_err() {
+                            break;
+                        }
+                    }
+                    match outcome {
+                        SaslOutcome::Continue => continue,
+                        SaslOutcome::RawTokens => {
+                            raw_tokens = true;
+                            continue;
+                        }
+                        SaslOutcome::Authenticated(user) => {
+                            principal = Some(Arc::from(format!("User:{user}")));
+                            continue;
+                        }
+                        SaslOutcome::Close => break,
+                    }
+                }
+                (Body::ApiVersions(_) | Body::UnsupportedApiVersions, _) | (_, Some(_)) => self
+                    .dispatch(
+                        decoded,
+                        peer,
+                        principal.clone().unwrap_or_else(|| Arc::from(ANONYMOUS)),
+                    ),
+                (_, None) => {
+                    tracing::warn!(%peer, listener = %self.config.name, api = ?decoded.key, "request before SASL authentication; closing connection");
+                    break;
+                }
+            };
+            match step {
                 Ok(reply) => {
                     if tx.send(reply).await.is_err() {
                         break; // the writer failed; its error is reported below
@@ -198,11 +355,110 @@ impl KafkaServer {
         Ok(())
     }
 
-    /// Decodes and routes one request. Appends happen here, in request order.
+    /// Answers SaslHandshake and SaslAuthenticate (KIP-152) from the connection's session;
+    /// a failure is answered, then the connection closes.
+    fn sasl_step(
+        &self,
+        decoded: Decoded,
+        session: Option<&mut sasl::SaslSession>,
+        peer: std::net::SocketAddr,
+    ) -> (Option<BytesMut>, SaslOutcome) {
+        let Decoded {
+            key,
+            version,
+            correlation_id,
+            body,
+            ..
+        } = decoded;
+        let frame = |resp: &dyn Fn() -> Result<BytesMut, Refusal>| resp().ok();
+        match body {
+            Body::SaslHandshake(req) => {
+                let (code, mechanisms) = match session {
+                    None => (codes::UNSUPPORTED_SASL_MECHANISM, Vec::new()),
+                    Some(s) => {
+                        let offered = s.offered();
+                        match s.handshake(req.mechanism.as_str()) {
+                            Ok(()) => (codes::NONE, offered),
+                            Err(sasl::SaslFailure::UnsupportedMechanism) => {
+                                (codes::UNSUPPORTED_SASL_MECHANISM, offered)
+                            }
+                            Err(_) => (codes::ILLEGAL_SASL_STATE, offered),
+                        }
+                    }
+                };
+                let resp = SaslHandshakeResponse::default()
+                    .with_error_code(code)
+                    .with_mechanisms(
+                        mechanisms
+                            .into_iter()
+                            .map(StrBytes::from_static_str)
+                            .collect(),
+                    );
+                let reply = frame(&|| encode(key, version, correlation_id, &resp));
+                let outcome = if code == codes::NONE && version == 0 {
+                    SaslOutcome::RawTokens
+                } else if code == codes::NONE {
+                    SaslOutcome::Continue
+                } else {
+                    tracing::warn!(%peer, listener = %self.config.name, mechanism = %req.mechanism.as_str(), "SASL handshake refused; closing connection");
+                    SaslOutcome::Close
+                };
+                (reply, outcome)
+            }
+            Body::SaslAuthenticate(req) => {
+                let result = match session {
+                    None => Err(sasl::SaslFailure::IllegalState(
+                        "this listener does not use SASL",
+                    )),
+                    Some(s) => s.authenticate(&req.auth_bytes, &self.broker.credentials()),
+                };
+                let (resp, outcome) = match result {
+                    Ok(step) => {
+                        let resp = SaslAuthenticateResponse::default()
+                            .with_auth_bytes(Bytes::from(step.response));
+                        match step.authenticated {
+                            Some(user) => {
+                                tracing::debug!(%peer, listener = %self.config.name, %user, "SASL authentication succeeded");
+                                (resp, SaslOutcome::Authenticated(user))
+                            }
+                            None => (resp, SaslOutcome::Continue),
+                        }
+                    }
+                    Err(failure) => {
+                        let (code, message) = match failure {
+                            sasl::SaslFailure::AuthenticationFailed(m) => {
+                                (codes::SASL_AUTHENTICATION_FAILED, m)
+                            }
+                            sasl::SaslFailure::IllegalState(m) => {
+                                (codes::ILLEGAL_SASL_STATE, m.to_string())
+                            }
+                            sasl::SaslFailure::UnsupportedMechanism => (
+                                codes::UNSUPPORTED_SASL_MECHANISM,
+                                "unsupported mechanism".into(),
+                            ),
+                        };
+                        tracing::warn!(%peer, listener = %self.config.name, reason = %message, "SASL authentication failed; closing connection");
+                        let resp = SaslAuthenticateResponse::default()
+                            .with_error_code(code)
+                            .with_error_message(Some(StrBytes::from_string(message)));
+                        (resp, SaslOutcome::Close)
+                    }
+                };
+                (
+                    frame(&|| encode(key, version, correlation_id, &resp)),
+                    outcome,
+                )
+            }
+            _ => (None, SaslOutcome::Close),
+        }
+    }
+
+    /// Routes one decoded request. Appends happen here, in request order.
     fn dispatch(
         self: &Arc<Self>,
-        frame: Bytes,
+        decoded: Decoded,
         peer: std::net::SocketAddr,
+        principal: Arc<str>,
     ) -> Result<Reply, Refusal> {
         let Decoded {
             key,
@@ -210,7 +466,7 @@ impl KafkaServer {
             correlation_id,
             client_id,
             body,
-        } = decode_request(frame)?;
+        } = decoded;
         let ctx = Request {
             server: self.clone(),
             key,
@@ -218,6 +474,7 @@ impl KafkaServer {
             correlation_id,
             client_id,
             peer,
+            principal,
         };
         match body {
             Body::UnsupportedApiVersions => {
@@ -250,6 +507,11 @@ impl KafkaServer {
             Body::ListGroups(req) => ctx.respond_now(&group::list_groups(&ctx, req)),
             Body::DescribeGroups(req) => ctx.respond_now(&group::describe_groups(&ctx, req)),
             Body::DeleteGroups(req) => ctx.later(group::delete_groups(ctx.clone(), req)),
+            // answered by the connection's SASL session before dispatch
+            Body::SaslHandshake(_) | Body::SaslAuthenticate(_) => Err(Refusal::Malformed {
+                what: "SASL request",
+                error: anyhow::anyhow!("SASL request outside the connection's exchange"),
+            }),
         }
     }
 }
@@ -290,6 +552,17 @@ pub enum Body {
     ListGroups(ListGroupsRequest),
     DescribeGroups(DescribeGroupsRequest),
     DeleteGroups(DeleteGroupsRequest),
+    SaslHandshake(SaslHandshakeRequest),
+    SaslAuthenticate(SaslAuthenticateRequest),
+}
+
+/// Where a SASL request leaves the connection.
+enum SaslOutcome {
+    Continue,
+    /// A v0 handshake: bare SASL tokens follow.
+    RawTokens,
+    Authenticated(String),
+    Close,
 }
 
 /// Decodes a request frame (without its length prefix). Never panics on any input; the
@@ -357,6 +630,8 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::ListGroups => Body::ListGroups(decode_body(&mut frame, version)?),
         ApiKey::DescribeGroups => Body::DescribeGroups(decode_body(&mut frame, version)?),
         ApiKey::DeleteGroups => Body::DeleteGroups(decode_body(&mut frame, version)?),
+        ApiKey::SaslHandshake => Body::SaslHandshake(decode_body(&mut frame, version)?),
+        ApiKey::SaslAuthenticate => Body::SaslAuthenticate(decode_body(&mut frame, version)?),
         other => {
             return Err(Refusal::UnsupportedVersion {
                 key: other,
@@ -382,6 +657,8 @@ pub(crate) struct Request {
     correlation_id: i32,
     client_id: String,
     peer: std::net::SocketAddr,
+    /// Who sent it: `User:<name>` after SASL, else `User:ANONYMOUS`.
+    principal: Arc<str>,
 }
 
 impl Request {
@@ -392,13 +669,15 @@ impl Request {
     /// Live brokers' Kafka endpoints (id, host, port); on a single node, this listener.
     pub fn endpoints(&self) -> Vec<(i32, String, u16)> {
         let broker = self.broker();
-        broker.kafka_endpoints().unwrap_or_else(|| {
-            vec![(
-                broker.config().node_id,
-                self.listener().advertised_host.clone(),
-                self.listener().advertised_port,
-            )]
-        })
+        broker
+            .kafka_endpoints(&self.listener().name)
+            .unwrap_or_else(|| {
+                vec![(
+                    broker.config().node_id,
+                    self.listener().advertised_host.clone(),
+                    self.listener().advertised_port,
+                )]
+            })
     }
 
     pub fn listener(&self) -> &ListenerConfig {

@@ -1,0 +1,236 @@
+//! SASL on a Kafka connection (KIP-152): SaslHandshake picks a mechanism, SaslAuthenticate
+//! carries its messages, and until it succeeds the connection may send nothing but
+//! ApiVersions and these two. Mechanisms: PLAIN (checked against the SCRAM credentials, so
+//! one credential store serves both) and SCRAM-SHA-256 / SCRAM-SHA-512. Pure logic: the
+//! listener feeds it requests and a credential lookup.
+
+pub mod scram;
+
+use strata_controller::metadata::{ScramCredential, ScramMechanism};
+
+use scram::{ScramError, ScramServer};
+
+/// A SASL mechanism a listener can offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    Plain,
+    Scram(ScramMechanism),
+}
+
+impl Mechanism {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Plain => "PLAIN",
+            Mechanism::Scram(m) => m.name(),
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Mechanism> {
+        match name {
+            "PLAIN" => Some(Mechanism::Plain),
+            other => ScramMechanism::from_name(other).map(Mechanism::Scram),
+        }
+    }
+}
+
+/// Where credentials come from: the metadata's SCRAM credentials.
+pub trait Credentials {
+    fn scram(&self, user: &str, mechanism: ScramMechanism) -> Option<ScramCredential>;
+}
+
+/// Why a SASL request is answered with an error (the connection is closed after it).
+#[derive(Debug, PartialEq, Eq)]
+pub enum SaslFailure {
+    /// SaslHandshake named a mechanism this listener does not offer.
+    UnsupportedMechanism,
+    /// A request out of order (SaslAuthenticate before SaslHandshake, ...).
+    IllegalState(&'static str),
+    /// The credentials were refused, or a message was malformed.
+    AuthenticationFailed(String),
+}
+
+enum State {
+    AwaitHandshake,
+    Plain,
+    Scram(Box<ScramServer>),
+    Finished,
+}
+
+/// One connection's SASL exchange.
+pub struct SaslSession {
+    offered: Vec<Mechanism>,
+    state: State,
+}
+
+/// A step of SaslAuthenticate: bytes for the client, and the user once authenticated.
+pub struct Step {
+    pub response: Vec<u8>,
+    pub authenticated: Option<String>,
+}
+
+impl SaslSession {
+    pub fn new(offered: Vec<Mechanism>) -> SaslSession {
+        SaslSession {
+            offered,
+            state: State::AwaitHandshake,
+        }
+    }
+
+    /// The mechanisms offered, by name (SaslHandshake's answer).
+    pub fn offered(&self) -> Vec<&'static str> {
+        self.offered.iter().map(|m| m.name()).collect()
+    }
+
+    pub fn handshake(&mut self, mechanism: &str) -> Result<(), SaslFailure> {
+        if !matches!(self.state, State::AwaitHandshake) {
+            return Err(SaslFailure::IllegalState(
+                "SaslHandshake after a mechanism was chosen",
+            ));
+        }
+        let m = Mechanism::from_name(mechanism)
+            .filter(|m| self.offered.contains(m))
+            .ok_or(SaslFailure::UnsupportedMechanism)?;
+        self.state = match m {
+            Mechanism::Plain => State::Plain,
+            Mechanism::Scram(s) => State::Scram(Box::new(ScramServer::new(s))),
+        };
+        Ok(())
+    }
+
+    pub fn authenticate(
+        &mut self,
+        bytes: &[u8],
+        credentials: &dyn Credentials,
+    ) -> Result<Step, SaslFailure> {
+        let failed = |e: ScramError| SaslFailure::AuthenticationFailed(e.to_string());
+        match &mut self.state {
+            State::AwaitHandshake => Err(SaslFailure::IllegalState(
+                "SaslAuthenticate before SaslHandshake",
+            )),
+            State::Finished => Err(SaslFailure::IllegalState(
+                "the exchange is over (re-authentication is not supported)",
+            )),
+            State::Plain => {
+                self.state = State::Finished;
+                let user = plain(bytes, credentials).map_err(failed)?;
+                Ok(Step {
+                    response: Vec::new(),
+                    authenticated: Some(user),
+                })
+            }
+            State::Scram(server) if server.awaits_client_first() => {
+                let mechanism = server.mechanism();
+                match server.client_first(bytes, |u| credentials.scram(u, mechanism)) {
+                    Ok(response) => Ok(Step {
+                        response,
+                        authenticated: None,
+                    }),
+                    Err(e) => {
+                        self.state = State::Finished;
+                        Err(failed(e))
+                    }
+                }
+            }
+            State::Scram(server) => {
+                let outcome = server.client_final(bytes);
+                self.state = State::Finished;
+                let (response, user) = outcome.map_err(failed)?;
+                Ok(Step {
+                    response,
+                    authenticated: Some(user),
+                })
+            }
+        }
+    }
+}
+
+/// SASL/PLAIN (RFC 4616): `[authzid] NUL authcid NUL passwd`, checked against the user's
+/// strongest SCRAM credential.
+fn plain(bytes: &[u8], credentials: &dyn Credentials) -> Result<String, ScramError> {
+    let mut parts = bytes.split(|b| *b == 0);
+    let (Some(authzid), Some(user), Some(password), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(ScramError::Malformed(
+            "PLAIN wants authzid NUL user NUL password",
+        ));
+    };
+    let user = std::str::from_utf8(user).map_err(|_| ScramError::Malformed("not UTF-8"))?;
+    if user.is_empty() || (!authzid.is_empty() && authzid != user.as_bytes()) {
+        return Err(ScramError::BadCredentials);
+    }
+    let ok = [ScramMechanism::Sha512, ScramMechanism::Sha256]
+        .into_iter()
+        .find_map(|m| credentials.scram(user, m).map(|c| (m, c)))
+        .is_some_and(|(m, c)| scram::password_matches(m, &c, password));
+    if ok {
+        Ok(user.to_string())
+    } else {
+        Err(ScramError::BadCredentials)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct One(ScramCredential);
+    impl Credentials for One {
+        fn scram(&self, user: &str, m: ScramMechanism) -> Option<ScramCredential> {
+            (user == "alice" && m == ScramMechanism::Sha512).then(|| self.0.clone())
+        }
+    }
+
+    fn store() -> One {
+        One(scram::derive(
+            ScramMechanism::Sha512,
+            b"pw",
+            &scram::random_bytes(16),
+            4096,
+        ))
+    }
+
+    #[test]
+    fn plain_logs_in_with_the_scram_password_only() {
+        let creds = store();
+        let mut s = SaslSession::new(vec![Mechanism::Plain]);
+        s.handshake("PLAIN").unwrap();
+        assert_eq!(
+            s.authenticate(b"\0alice\0pw", &creds)
+                .unwrap()
+                .authenticated
+                .as_deref(),
+            Some("alice")
+        );
+        for bad in [
+            &b"\0alice\0px"[..],
+            b"\0bob\0pw",
+            b"bob\0alice\0pw",
+            b"alice\0pw",
+            b"\0\0",
+        ] {
+            let mut s = SaslSession::new(vec![Mechanism::Plain]);
+            s.handshake("PLAIN").unwrap();
+            assert!(matches!(
+                s.authenticate(bad, &creds),
+                Err(SaslFailure::AuthenticationFailed(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn only_offered_mechanisms_in_order() {
+        let creds = store();
+        let mut s = SaslSession::new(vec![Mechanism::Scram(ScramMechanism::Sha512)]);
+        assert_eq!(s.handshake("PLAIN"), Err(SaslFailure::UnsupportedMechanism));
+        assert!(matches!(
+            s.authenticate(b"x", &creds),
+            Err(SaslFailure::IllegalState(_))
+        ));
+        s.handshake("SCRAM-SHA-512").unwrap();
+        assert!(matches!(
+            s.handshake("SCRAM-SHA-512"),
+            Err(SaslFailure::IllegalState(_))
+        ));
+    }
+}

@@ -1,0 +1,284 @@
+"""Kafka listeners with TLS and SASL (issue 15, first part) against a real `strata dev`
+process and real clients: SCRAM-SHA-512 / SCRAM-SHA-256 / PLAIN over SASL_SSL, client
+certificates over SSL, with librdkafka (confluent-kafka and kcat) and kafka-python. Wrong
+passwords, unknown users, plaintext to a TLS port, a TLS port without a client certificate,
+and requests before authentication are refused, and the broker keeps serving."""
+
+import json
+import os
+import socket
+import ssl
+import struct
+import subprocess
+import time
+
+import pytest
+
+from conftest import free_port, kcat_bin, port_accepts, rdkafka_conf, strata_bin
+
+PASSWORD = "s3cret-Pw,=x"  # a comma and an equals sign: SCRAM escapes them
+
+
+class SecureNode:
+    """`strata dev` with four listeners: PLAINTEXT (admin), SASL_SSL, SSL with required
+    client certificates, SASL_PLAINTEXT; certificates from `strata certs`."""
+
+    def __init__(self, workdir):
+        self.bin = strata_bin()
+        self.dir = workdir
+        self.certs = workdir / "certs"
+        subprocess.run([self.bin, "certs", "--out", str(self.certs), "--node", "broker",
+                        "--client", "alice"], check=True, capture_output=True)
+        self.ports = {name: free_port() for name in ("PLAIN", "SECURE", "MTLS", "SASL")}
+        self.controller = free_port()
+        listeners = "".join(
+            f'[[kafka.listeners]]\nname = "{name}"\nlisten = "127.0.0.1:{port}"\nprotocol = "{proto}"\n'
+            + ('client_auth = "required"\n' if name == "MTLS" else "")
+            for (name, port), proto in zip(self.ports.items(),
+                                           ("PLAINTEXT", "SASL_SSL", "SSL", "SASL_PLAINTEXT")))
+        self.config = workdir / "secure.toml"
+        self.config.write_text(
+            listeners
+            + f'[kafka.tls]\ncert = "{self.certs}/node-broker.pem"\nkey = "{self.certs}/node-broker.key"\n'
+            + f'client_ca = "{self.certs}/ca.pem"\n')
+        self.log = open(workdir / "strata.log", "ab")
+        self.proc = subprocess.Popen(
+            [self.bin, "dev", "--config", str(self.config), "--data-dir", str(workdir / "data"),
+             "--listen", f"127.0.0.1:{self.ports['PLAIN']}",
+             "--controller-listen", f"127.0.0.1:{self.controller}"],
+            stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=dict(os.environ, NO_COLOR="1"))
+        deadline = time.monotonic() + 30
+        while not all(port_accepts(p) for p in self.ports.values()):
+            assert self.proc.poll() is None, self.tail()
+            assert time.monotonic() < deadline, self.tail()
+            time.sleep(0.1)
+
+    def tail(self):
+        return (self.dir / "strata.log").read_text(errors="replace")[-4000:]
+
+    def cli(self, *args, check=True):
+        r = subprocess.run([self.bin, *args], capture_output=True, text=True, timeout=30,
+                           env=dict(os.environ, RUST_BACKTRACE="0"))
+        if check:
+            assert r.returncode == 0, f"strata {' '.join(args)}: {r.stdout}{r.stderr}"
+        return r
+
+    def user(self, *args, check=True):
+        return self.cli("user", *args, "--controller", f"127.0.0.1:{self.controller}", check=check)
+
+    def bootstrap(self, listener):
+        return f"127.0.0.1:{self.ports[listener]}"
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = SecureNode(tmp_path)
+    try:
+        pw = tmp_path / "alice.pw"
+        pw.write_text(PASSWORD + "\n")
+        n.user("create", "alice", "--password-file", str(pw))
+        n.cli("topic", "create", "ledger", "--bootstrap", n.bootstrap("PLAIN"))
+        yield n
+    finally:
+        n.stop()
+
+
+def sasl_conf(node, mechanism, password=PASSWORD, user="alice"):
+    return {"bootstrap.servers": node.bootstrap("SECURE"), "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": mechanism, "sasl.username": user, "sasl.password": password,
+            "ssl.ca.location": str(node.certs / "ca.pem")}
+
+
+def rdkafka_roundtrip(conf, values, topic="ledger"):
+    from confluent_kafka import Consumer, Producer
+
+    p = Producer(rdkafka_conf(dict(conf, acks="all")))
+    errors = []
+    for v in values:
+        p.produce(topic, v.encode(), on_delivery=lambda err, msg: errors.append(err) if err else None)
+    assert p.flush(30) == 0 and not errors, errors
+    c = Consumer(rdkafka_conf(dict(conf, **{"group.id": f"g-{time.monotonic_ns()}",
+                                            "auto.offset.reset": "earliest"})))
+    c.subscribe([topic])
+    seen = []
+    deadline = time.monotonic() + 30
+    while not set(values) <= set(seen) and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            seen.append(m.value().decode())
+    c.close()
+    assert set(values) <= set(seen), f"read back {seen}"
+
+
+def auth_errors(conf, seconds=10):
+    """The errors librdkafka reports while trying to connect with `conf`."""
+    from confluent_kafka import Producer
+
+    errors = []
+    p = Producer(rdkafka_conf(dict(conf, error_cb=lambda e: errors.append(e))))
+    deadline = time.monotonic() + seconds
+    while not errors and time.monotonic() < deadline:
+        p.poll(0.2)
+    return errors
+
+
+def test_scram_and_plain_over_sasl_ssl_with_three_clients(node):
+    from kafka import KafkaConsumer, KafkaProducer
+
+    rdkafka_roundtrip(sasl_conf(node, "SCRAM-SHA-512"), ["c-1", "c-2"])
+    rdkafka_roundtrip(sasl_conf(node, "PLAIN"), ["c-3"])
+    common = dict(bootstrap_servers=node.bootstrap("SECURE"), security_protocol="SASL_SSL",
+                  sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="alice",
+                  sasl_plain_password=PASSWORD, ssl_cafile=str(node.certs / "ca.pem"))
+    kp = KafkaProducer(acks="all", **common)
+    kp.send("ledger", b"k-1").get(timeout=30)
+    kp.close()
+    kc = KafkaConsumer("ledger", auto_offset_reset="earliest", consumer_timeout_ms=5000, **common)
+    assert b"k-1" in [m.value for m in kc]
+    kc.close()
+    kcat = subprocess.run(
+        [kcat_bin(), "-C", "-e", "-b", node.bootstrap("SECURE"), "-t", "ledger", "-f", "%s\n",
+         "-X", "security.protocol=SASL_SSL", "-X", "sasl.mechanisms=SCRAM-SHA-512",
+         "-X", "sasl.username=alice", "-X", f"sasl.password={PASSWORD}",
+         "-X", f"ssl.ca.location={node.certs / 'ca.pem'}"],
+        capture_output=True, text=True, timeout=30)
+    assert kcat.returncode == 0, kcat.stderr
+    assert {"c-1", "c-2", "c-3", "k-1"} <= set(kcat.stdout.split())
+    # Metadata on a listener names that listener's endpoints
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient(rdkafka_conf(sasl_conf(node, "SCRAM-SHA-512"))).list_topics(timeout=10)
+    assert [f"{b.host}:{b.port}" for b in md.brokers.values()] == [node.bootstrap("SECURE")]
+
+
+def test_client_certificates_on_the_ssl_listener(node):
+    from kafka import KafkaConsumer
+
+    mtls = {"bootstrap.servers": node.bootstrap("MTLS"), "security.protocol": "SSL",
+            "ssl.ca.location": str(node.certs / "ca.pem"),
+            "ssl.certificate.location": str(node.certs / "client-alice.pem"),
+            "ssl.key.location": str(node.certs / "client-alice.key")}
+    rdkafka_roundtrip(mtls, ["m-1"])
+    kc = KafkaConsumer("ledger", bootstrap_servers=node.bootstrap("MTLS"), security_protocol="SSL",
+                       ssl_cafile=str(node.certs / "ca.pem"), ssl_certfile=str(node.certs / "client-alice.pem"),
+                       ssl_keyfile=str(node.certs / "client-alice.key"),
+                       auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    assert b"m-1" in [m.value for m in kc]
+    kc.close()
+    # without a client certificate the handshake fails
+    no_cert = {k: v for k, v in mtls.items() if not k.startswith("ssl.certificate") and k != "ssl.key.location"}
+    errors = auth_errors(no_cert)
+    assert errors and any("certificate required" in str(e) or "SSL" in str(e) for e in errors), errors
+    assert node.alive()
+
+
+def test_wrong_credentials_and_wrong_protocols_fail_and_the_broker_keeps_serving(node):
+    from confluent_kafka import KafkaError
+
+    for conf in (sasl_conf(node, "SCRAM-SHA-512", password="wrong"),
+                 sasl_conf(node, "SCRAM-SHA-256", user="mallory"),
+                 sasl_conf(node, "PLAIN", password="wrong")):
+        errors = auth_errors(conf)
+        assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
+        assert "invalid user name or password" in str(errors[0]), errors
+    # a plaintext client on the TLS port: the handshake fails, the client reports it
+    errors = auth_errors({"bootstrap.servers": node.bootstrap("SECURE")}, seconds=5)
+    assert errors, "a plaintext client on a SASL_SSL port connected"
+    # a TLS client on the plaintext port
+    errors = auth_errors({"bootstrap.servers": node.bootstrap("PLAIN"), "security.protocol": "SSL",
+                          "ssl.ca.location": str(node.certs / "ca.pem")}, seconds=5)
+    assert errors
+    assert node.alive()
+    assert "TLS handshake failed" in node.tail()
+    rdkafka_roundtrip(sasl_conf(node, "SCRAM-SHA-512"), ["after-the-attacks"])
+
+
+def raw_request(sock, api_key, version, body=b""):
+    header = struct.pack(">hhih", api_key, version, 7, 4) + b"test"
+    sock.sendall(struct.pack(">i", len(header) + len(body)) + header + body)
+    head = sock.recv(4)
+    if len(head) < 4:
+        return None
+    (size,) = struct.unpack(">i", head)
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def test_only_apiversions_and_sasl_before_authentication(node):
+    # SASL_PLAINTEXT: ApiVersions is answered, then a Metadata request closes the connection
+    with socket.create_connection(("127.0.0.1", node.ports["SASL"]), timeout=5) as s:
+        assert raw_request(s, 18, 0) is not None
+        assert raw_request(s, 3, 1, struct.pack(">i", -1)) is None, "Metadata answered before SASL"
+    # the same over TLS on the SASL_SSL port
+    ctx = ssl.create_default_context(cafile=str(node.certs / "ca.pem"))
+    with socket.create_connection(("127.0.0.1", node.ports["SECURE"]), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            assert raw_request(s, 18, 0) is not None
+            assert raw_request(s, 0, 3, b"\xff\xff\x00\x01\x00\x00\x75\x30\x00\x00\x00\x00") is None
+    # an unsupported mechanism is refused with the offered ones
+    with socket.create_connection(("127.0.0.1", node.ports["SASL"]), timeout=5) as s:
+        resp = raw_request(s, 17, 1, struct.pack(">h", 6) + b"GSSAPI")
+        assert resp is not None
+        (error,) = struct.unpack(">h", resp[4:6])  # after the correlation id
+        assert error == 33, resp  # UNSUPPORTED_SASL_MECHANISM
+        assert b"SCRAM-SHA-512" in resp
+    assert node.alive()
+
+
+def test_users_are_created_listed_and_deleted_without_exposing_keys(node, tmp_path):
+    listed = node.user("list").stdout
+    assert "alice\tSCRAM-SHA-256\titerations=8192" in listed
+    assert "alice\tSCRAM-SHA-512\titerations=8192" in listed
+    meta = node.cli("quorum", "metadata", "--controller", f"127.0.0.1:{node.controller}").stdout
+    assert json.loads(meta)["scram_credentials"]["alice"]["SCRAM-SHA-512"] == "<redacted>"
+    assert PASSWORD not in (tmp_path / "strata.log").read_text(errors="replace")
+    # refused inputs, each with a one-line error
+    r = node.user("create", "bob", "--password-env", "NO_SUCH_VARIABLE_SET", check=False)
+    assert r.returncode != 0 and "NO_SUCH_VARIABLE_SET" in r.stderr
+    r = node.user("create", "bob", "--password-file", str(tmp_path / "alice.pw"), "--iterations", "10", check=False)
+    assert r.returncode != 0 and "iterations must be between 4096 and 16384" in r.stderr
+    node.user("delete", "alice")
+    assert "alice" not in node.user("list").stdout
+    errors = auth_errors(sasl_conf(node, "SCRAM-SHA-512"))
+    assert errors and "invalid user name or password" in str(errors[0])
+    r = node.user("delete", "alice", check=False)
+    assert r.returncode != 0 and "has no credentials" in r.stderr
+
+
+def test_the_principal_is_the_sasl_user_or_the_certificate_subject(node):
+    """Admin requests are logged with who sent them (authorization by these principals is
+    the next part of issue 15)."""
+    from confluent_kafka.admin import AdminClient
+
+    for name in ("scratch-1", "scratch-2"):
+        node.cli("topic", "create", name, "--bootstrap", node.bootstrap("PLAIN"))
+    mtls = {"bootstrap.servers": node.bootstrap("MTLS"), "security.protocol": "SSL",
+            "ssl.ca.location": str(node.certs / "ca.pem"),
+            "ssl.certificate.location": str(node.certs / "client-alice.pem"),
+            "ssl.key.location": str(node.certs / "client-alice.key")}
+    for conf, topic, principal in ((mtls, "scratch-1", "User:CN=alice"),
+                                   (sasl_conf(node, "SCRAM-SHA-512"), "scratch-2", "User:alice"),
+                                   ):
+        admin = AdminClient(rdkafka_conf(conf))
+        admin.delete_topics([topic], operation_timeout=10)[topic].result(timeout=30)
+        deadline = time.monotonic() + 5
+        while f"principal={principal} " not in node.tail() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert f"principal={principal} " in node.tail(), node.tail()[-1500:]
