@@ -31,6 +31,7 @@ class SecureNode:
                         "--client", "alice"], check=True, capture_output=True)
         self.ports = {name: free_port() for name in ("PLAIN", "SECURE", "MTLS", "SASL")}
         self.controller = free_port()
+        self.grpc = free_port()
         listeners = "".join(
             f'[[kafka.listeners]]\nname = "{name}"\nlisten = "127.0.0.1:{port}"\nprotocol = "{proto}"\n'
             + ('client_auth = "required"\n' if name == "MTLS" else "")
@@ -45,7 +46,7 @@ class SecureNode:
         self.proc = subprocess.Popen(
             [self.bin, "dev", "--config", str(self.config), "--data-dir", str(workdir / "data"),
              "--listen", f"127.0.0.1:{self.ports['PLAIN']}",
-             "--controller-listen", f"127.0.0.1:{self.controller}"],
+             "--controller-listen", f"127.0.0.1:{self.controller}", "--grpc", f"127.0.0.1:{self.grpc}"],
             stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=dict(os.environ, NO_COLOR="1"))
         deadline = time.monotonic() + 30
         while not all(port_accepts(p) for p in self.ports.values()):
@@ -282,3 +283,33 @@ def test_the_principal_is_the_sasl_user_or_the_certificate_subject(node):
         while f"principal={principal} " not in node.tail() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert f"principal={principal} " in node.tail(), node.tail()[-1500:]
+
+
+def test_grpc_produce_into_the_offsets_topic_is_refused(node):
+    """The attack of issue 15: a forged commit written through the gRPC data plane into
+    `__consumer_offsets` moved every group's offset. Every produce path now refuses internal
+    topics in the broker's append; the group's committed offset is unchanged."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    rdkafka_roundtrip({"bootstrap.servers": node.bootstrap("PLAIN")}, ["v-1", "v-2"])
+    conf = {"bootstrap.servers": node.bootstrap("PLAIN"), "group.id": "victims",
+            "auto.offset.reset": "earliest", "enable.auto.commit": False}
+    c = Consumer(rdkafka_conf(conf))
+    c.subscribe(["ledger"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            c.commit(message=m, asynchronous=False)
+            break
+    committed = c.committed([TopicPartition("ledger", 0)], timeout=10)[0].offset
+    c.close()
+    assert committed == 1
+    attack = subprocess.run([node.bin, "produce", "--grpc", f"127.0.0.1:{node.grpc}", "-t", "__consumer_offsets"],
+                            input="forged\n", capture_output=True, text=True, timeout=30)
+    assert attack.returncode != 0, attack.stdout
+    assert "cannot append to internal topic __consumer_offsets" in attack.stderr, attack.stderr
+    c = Consumer(rdkafka_conf(conf))
+    assert c.committed([TopicPartition("ledger", 0)], timeout=10)[0].offset == committed
+    c.close()
+    assert node.alive()

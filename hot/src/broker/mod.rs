@@ -123,6 +123,10 @@ pub enum ProduceError {
         acks: i16,
         required: String,
     },
+    /// Only the broker writes its internal topics (the group coordinator appends to its
+    /// partitions directly); every client path refuses them here.
+    #[error("cannot append to internal topic {0}")]
+    InternalTopic(String),
     #[error(transparent)]
     Batch(#[from] strata_core::batch::BatchError),
     #[error(transparent)]
@@ -425,6 +429,9 @@ impl Broker {
         acks: i16,
         now_ms: i64,
     ) -> Result<PendingAppend, ProduceError> {
+        if crate::group::manager::is_internal(topic) {
+            return Err(ProduceError::InternalTopic(topic.to_string()));
+        }
         let partition = match self.route(topic, index) {
             Route::Leader(p) => p,
             Route::NotLeader => {

@@ -59,6 +59,7 @@ pub fn produce(e: &ProduceError) -> Coded {
         ProduceError::NotLeader { .. } => (NOT_LEADER_OR_FOLLOWER, e.to_string()),
         ProduceError::NotEnoughReplicas(_) => (NOT_ENOUGH_REPLICAS, e.to_string()),
         ProduceError::AcksTooWeak { .. } => (INVALID_REQUIRED_ACKS, e.to_string()),
+        ProduceError::InternalTopic(_) => (INVALID_TOPIC, e.to_string()),
         ProduceError::Batch(b) => batch(b),
         ProduceError::Append(a) => append(a),
     }

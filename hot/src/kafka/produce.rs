@@ -67,17 +67,6 @@ pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal
                 outcomes.push(PartitionOutcome::failed(pd.index, e.clone()));
                 continue;
             }
-            if crate::group::manager::is_internal(&name) {
-                // As Kafka: only the broker writes its internal topics.
-                outcomes.push(PartitionOutcome::failed(
-                    pd.index,
-                    (
-                        codes::INVALID_TOPIC,
-                        format!("cannot append to internal topic {name}"),
-                    ),
-                ));
-                continue;
-            }
             let Some(records) = pd.records else {
                 outcomes.push(PartitionOutcome::failed(
                     pd.index,
