@@ -88,7 +88,8 @@ fn status(e: &MetadataError) -> Status {
         MetadataError::InvalidPartitions(_)
         | MetadataError::InvalidReplicationFactor(_)
         | MetadataError::InvalidIsr { .. }
-        | MetadataError::InvalidScramCredential(_) => Status::invalid_argument(msg),
+        | MetadataError::InvalidScramCredential(_)
+        | MetadataError::InvalidAcl(_) => Status::invalid_argument(msg),
         MetadataError::StaleBrokerEpoch { .. }
         | MetadataError::StalePartitionEpoch { .. }
         | MetadataError::NotLeader { .. } => Status::failed_precondition(msg),

@@ -6,6 +6,7 @@
 //! elections. A command that cannot apply (a stale epoch, a topic that exists with another
 //! spec) is refused deterministically and changes nothing; the refusal is the entry's answer.
 
+pub mod acl;
 pub mod leases;
 pub mod placement;
 
@@ -87,6 +88,9 @@ pub struct ClusterMetadata {
     /// password). Absent from metadata written before credentials existed.
     #[serde(default)]
     pub scram_credentials: BTreeMap<String, BTreeMap<ScramMechanism, ScramCredential>>,
+    /// Access control lists (Kafka's model, [`acl`]).
+    #[serde(default)]
+    pub acls: std::collections::BTreeSet<acl::AclBinding>,
 }
 
 /// A SCRAM mechanism, by its SASL name.
@@ -206,6 +210,14 @@ pub enum Command {
         user: String,
         mechanism: ScramMechanism,
     },
+    /// Adds bindings (all or none: one invalid binding refuses the command).
+    CreateAcls {
+        acls: Vec<acl::AclBinding>,
+    },
+    /// Removes every binding any filter matches.
+    DeleteAcls {
+        filters: Vec<acl::AclFilter>,
+    },
 }
 
 /// What an applied command answers.
@@ -227,6 +239,8 @@ pub enum Applied {
         first: i64,
         count: u32,
     },
+    /// The bindings a DeleteAcls removed.
+    AclsDeleted(Vec<acl::AclBinding>),
     Done,
 }
 
@@ -265,6 +279,8 @@ pub enum MetadataError {
     UnknownScramCredential { user: String, mechanism: String },
     #[error("invalid SCRAM credential: {0}")]
     InvalidScramCredential(String),
+    #[error("invalid ACL: {0}")]
+    InvalidAcl(String),
 }
 
 impl From<PlacementError> for MetadataError {
@@ -581,6 +597,20 @@ impl ClusterMetadata {
                     .or_default()
                     .insert(*mechanism, credential.clone());
                 Ok(Applied::Done)
+            }
+            Command::CreateAcls { acls } => {
+                for a in acls {
+                    a.validate().map_err(MetadataError::InvalidAcl)?;
+                }
+                self.acls.extend(acls.iter().cloned());
+                Ok(Applied::Done)
+            }
+            Command::DeleteAcls { filters } => {
+                let (deleted, kept) = std::mem::take(&mut self.acls)
+                    .into_iter()
+                    .partition(|a| filters.iter().any(|f| f.matches(a)));
+                self.acls = kept;
+                Ok(Applied::AclsDeleted(deleted.into_iter().collect()))
             }
             Command::DeleteScramCredential { user, mechanism } => {
                 let unknown = || MetadataError::UnknownScramCredential {

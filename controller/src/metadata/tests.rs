@@ -550,3 +550,55 @@ fn metadata_written_before_credentials_existed_still_loads() {
     let m: ClusterMetadata = serde_json::from_value(json).unwrap();
     assert!(m.scram_credentials.is_empty());
 }
+
+#[test]
+fn acls_are_added_all_or_none_and_deleted_by_filter() {
+    use acl::*;
+    let mut m = ClusterMetadata::default();
+    let binding = |name: &str, principal: &str| AclBinding {
+        resource_type: ResourceType::Topic,
+        name: name.into(),
+        pattern: PatternType::Literal,
+        principal: principal.into(),
+        host: "*".into(),
+        operation: Operation::Read,
+        permission: Permission::Allow,
+    };
+    let create = |acls| Command::CreateAcls { acls };
+    assert!(matches!(
+        m.apply(
+            1,
+            &create(vec![binding("t", "User:a"), binding("t", "no-colon")])
+        ),
+        Err(MetadataError::InvalidAcl(_))
+    ));
+    assert!(m.acls.is_empty(), "one bad binding refuses them all");
+    m.apply(
+        2,
+        &create(vec![
+            binding("t", "User:a"),
+            binding("u", "User:a"),
+            binding("t", "User:b"),
+        ]),
+    )
+    .unwrap();
+    let deleted = m
+        .apply(
+            3,
+            &Command::DeleteAcls {
+                filters: vec![AclFilter {
+                    principal: Some("User:a".into()),
+                    ..AclFilter::default()
+                }],
+            },
+        )
+        .unwrap();
+    assert!(matches!(deleted, Applied::AclsDeleted(d) if d.len() == 2));
+    assert_eq!(
+        m.acls
+            .iter()
+            .map(|a| a.principal.as_str())
+            .collect::<Vec<_>>(),
+        ["User:b"]
+    );
+}
