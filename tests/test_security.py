@@ -23,7 +23,7 @@ class SecureNode:
     """`strata dev` with four listeners: PLAINTEXT (admin), SASL_SSL, SSL with required
     client certificates, SASL_PLAINTEXT; certificates from `strata certs`."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, auth=""):
         self.bin = strata_bin()
         self.dir = workdir
         self.certs = workdir / "certs"
@@ -41,7 +41,7 @@ class SecureNode:
         self.config.write_text(
             listeners
             + f'[kafka.tls]\ncert = "{self.certs}/node-broker.pem"\nkey = "{self.certs}/node-broker.key"\n'
-            + f'client_ca = "{self.certs}/ca.pem"\n')
+            + f'client_ca = "{self.certs}/ca.pem"\n' + auth)
         self.log = open(workdir / "strata.log", "ab")
         self.proc = subprocess.Popen(
             [self.bin, "dev", "--config", str(self.config), "--data-dir", str(workdir / "data"),
@@ -85,7 +85,8 @@ class SecureNode:
 
 @pytest.fixture
 def node(tmp_path):
-    n = SecureNode(tmp_path)
+    # authentication only: resources no ACL names stay open to every authenticated principal
+    n = SecureNode(tmp_path, "[auth]\nallow_everyone_if_no_acl_found = true\n")
     try:
         pw = tmp_path / "alice.pw"
         pw.write_text(PASSWORD + "\n")

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use strata_proto::v1::controller_client::ControllerClient;
 use strata_proto::v1::{
-    AlterScramCredentialsRequest, CreateTopicRequest, DeleteTopicRequest, DescribeQuorumRequest,
-    DescribeQuorumResponse, DescribeScramCredentialsRequest, ScramCredentialInfo, ScramDeletion,
-    ScramUpsertion, WatchRequest,
+    AlterScramCredentialsRequest, CreateAclsRequest, CreateTopicRequest, DeleteAclsRequest,
+    DeleteTopicRequest, DescribeQuorumRequest, DescribeQuorumResponse,
+    DescribeScramCredentialsRequest, ScramCredentialInfo, ScramDeletion, ScramUpsertion,
+    WatchRequest,
 };
 use tonic::transport::Channel;
 
@@ -74,6 +75,29 @@ impl ControllerAdmin {
             .map_err(ClientError::from)?
             .into_inner()
             .version)
+    }
+
+    /// Adds ACL bindings (JSON, the metadata log's encoding); returns a metadata version
+    /// that includes them.
+    pub async fn create_acls_json(&mut self, acls_json: Vec<u8>) -> Result<u64> {
+        Ok(self
+            .client
+            .create_acls(CreateAclsRequest { acls_json })
+            .await
+            .map_err(ClientError::from)?
+            .into_inner()
+            .version)
+    }
+
+    /// Removes the ACL bindings any filter (JSON) matches; returns the removed ones (JSON).
+    pub async fn delete_acls_json(&mut self, filters_json: Vec<u8>) -> Result<Vec<u8>> {
+        Ok(self
+            .client
+            .delete_acls(DeleteAclsRequest { filters_json })
+            .await
+            .map_err(ClientError::from)?
+            .into_inner()
+            .deleted_json)
     }
 
     /// Users with SCRAM credentials: user, mechanism and iterations (never keys).

@@ -773,6 +773,50 @@ impl ControllerApi for ControllerService {
         }))
     }
 
+    async fn create_acls(
+        &self,
+        req: Request<CreateAclsRequest>,
+    ) -> Result<Response<CreateAclsResponse>, Status> {
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.create_acls(req.into_inner()).await;
+        }
+        let acls: Vec<crate::metadata::acl::AclBinding> =
+            serde_json::from_slice(&req.into_inner().acls_json)
+                .map_err(|e| Status::invalid_argument(format!("undecodable ACL bindings: {e}")))?;
+        let n = acls.len();
+        self.0.propose(Command::CreateAcls { acls }).await?;
+        tracing::info!(bindings = n, "ACLs created");
+        Ok(Response::new(CreateAclsResponse {
+            version: self.0.state.current().version,
+        }))
+    }
+
+    async fn delete_acls(
+        &self,
+        req: Request<DeleteAclsRequest>,
+    ) -> Result<Response<DeleteAclsResponse>, Status> {
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.delete_acls(req.into_inner()).await;
+        }
+        let filters: Vec<crate::metadata::acl::AclFilter> =
+            serde_json::from_slice(&req.into_inner().filters_json)
+                .map_err(|e| Status::invalid_argument(format!("undecodable ACL filters: {e}")))?;
+        let deleted = match self.0.propose(Command::DeleteAcls { filters }).await? {
+            Applied::AclsDeleted(d) => d,
+            other => {
+                return Err(Status::internal(format!(
+                    "unexpected answer to DeleteAcls: {other:?}"
+                )))
+            }
+        };
+        tracing::info!(bindings = deleted.len(), "ACLs deleted");
+        Ok(Response::new(DeleteAclsResponse {
+            version: self.0.state.current().version,
+            deleted_json: serde_json::to_vec(&deleted)
+                .map_err(|e| Status::internal(e.to_string()))?,
+        }))
+    }
+
     async fn describe_scram_credentials(
         &self,
         _req: Request<DescribeScramCredentialsRequest>,

@@ -251,6 +251,262 @@ pub async fn user(controller: &str, command: UserCommand) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// Which resources an `acl` command names (kafka-acls.sh's flags).
+#[derive(clap::Args, Clone)]
+pub struct AclResources {
+    /// A topic (repeatable); `*` for every topic.
+    #[arg(long = "topic")]
+    pub topics: Vec<String>,
+    /// A consumer group (repeatable); `*` for every group.
+    #[arg(long = "group")]
+    pub groups: Vec<String>,
+    /// The cluster itself (create topics, ACLs, idempotent writes).
+    #[arg(long)]
+    pub cluster: bool,
+    /// A transactional id (repeatable).
+    #[arg(long = "transactional-id")]
+    pub transactional_ids: Vec<String>,
+    /// literal (the default) or prefixed.
+    #[arg(long, default_value = "literal")]
+    pub resource_pattern_type: String,
+}
+
+/// Who and what an `acl add` or `acl remove` names.
+#[derive(clap::Args, Clone)]
+pub struct AclWho {
+    #[arg(long = "allow-principal")]
+    pub allow_principals: Vec<String>,
+    #[arg(long = "deny-principal")]
+    pub deny_principals: Vec<String>,
+    /// The client address the rule applies to (default every host).
+    #[arg(long, default_value = "*")]
+    pub host: String,
+    /// Read, Write, Create, Delete, Alter, Describe, ClusterAction, DescribeConfigs,
+    /// AlterConfigs, IdempotentWrite or All (repeatable).
+    #[arg(long = "operation")]
+    pub operations: Vec<String>,
+}
+
+#[derive(Subcommand)]
+pub enum AclCommand {
+    /// Add rules: each principal x operation x resource.
+    Add {
+        #[command(flatten)]
+        resources: AclResources,
+        #[command(flatten)]
+        who: AclWho,
+    },
+    /// Remove the rules matching the given resources, principals and operations (all of a
+    /// resource's rules when no principal or operation is given).
+    Remove {
+        #[command(flatten)]
+        resources: AclResources,
+        #[command(flatten)]
+        who: AclWho,
+    },
+    /// List rules, optionally of one principal or resource.
+    List {
+        #[arg(long)]
+        principal: Option<String>,
+        #[arg(long)]
+        topic: Option<String>,
+        #[arg(long)]
+        group: Option<String>,
+    },
+}
+
+fn acl_operation(name: &str) -> anyhow::Result<strata_controller::metadata::acl::Operation> {
+    use strata_controller::metadata::acl::Operation;
+    Operation::EVERY
+        .into_iter()
+        .find(|o| format!("{o:?}").eq_ignore_ascii_case(name))
+        .with_context(|| {
+            format!("unknown operation '{name}' (Read, Write, Create, Delete, Alter, Describe, ClusterAction, DescribeConfigs, AlterConfigs, IdempotentWrite, All)")
+        })
+}
+
+fn acl_resources(
+    r: &AclResources,
+) -> anyhow::Result<
+    Vec<(
+        strata_controller::metadata::acl::ResourceType,
+        String,
+        strata_controller::metadata::acl::PatternType,
+    )>,
+> {
+    use strata_controller::metadata::acl::{PatternType, ResourceType, CLUSTER_NAME};
+    let pattern = match r.resource_pattern_type.to_ascii_lowercase().as_str() {
+        "literal" => PatternType::Literal,
+        "prefixed" => PatternType::Prefixed,
+        other => bail!("--resource-pattern-type must be literal or prefixed, not '{other}'"),
+    };
+    let mut out = Vec::new();
+    out.extend(
+        r.topics
+            .iter()
+            .map(|t| (ResourceType::Topic, t.clone(), pattern)),
+    );
+    out.extend(
+        r.groups
+            .iter()
+            .map(|g| (ResourceType::Group, g.clone(), pattern)),
+    );
+    out.extend(
+        r.transactional_ids
+            .iter()
+            .map(|t| (ResourceType::TransactionalId, t.clone(), pattern)),
+    );
+    if r.cluster {
+        out.push((
+            ResourceType::Cluster,
+            CLUSTER_NAME.to_string(),
+            PatternType::Literal,
+        ));
+    }
+    if out.is_empty() {
+        bail!("name a resource: --topic, --group, --cluster or --transactional-id");
+    }
+    Ok(out)
+}
+
+pub async fn acl(controller: &str, command: AclCommand) -> anyhow::Result<()> {
+    use strata_controller::metadata::acl::{AclBinding, AclFilter, Permission};
+    let mut admin = controller_admin(controller).await?;
+    match command {
+        AclCommand::Add { resources, who } => {
+            let operations = who
+                .operations
+                .iter()
+                .map(|o| acl_operation(o))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            if operations.is_empty() {
+                bail!("name at least one --operation");
+            }
+            let principals: Vec<(String, Permission)> = who
+                .allow_principals
+                .iter()
+                .map(|p| (p.clone(), Permission::Allow))
+                .chain(
+                    who.deny_principals
+                        .iter()
+                        .map(|p| (p.clone(), Permission::Deny)),
+                )
+                .collect();
+            if principals.is_empty() {
+                bail!("name at least one --allow-principal or --deny-principal (e.g. User:alice)");
+            }
+            let mut bindings = Vec::new();
+            for (resource_type, name, pattern) in acl_resources(&resources)? {
+                for (principal, permission) in &principals {
+                    for operation in &operations {
+                        let b = AclBinding {
+                            resource_type,
+                            name: name.clone(),
+                            pattern,
+                            principal: principal.clone(),
+                            host: who.host.clone(),
+                            operation: *operation,
+                            permission: *permission,
+                        };
+                        b.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+                        bindings.push(b);
+                    }
+                }
+            }
+            admin
+                .create_acls_json(serde_json::to_vec(&bindings)?)
+                .await
+                .context("adding ACLs")?;
+            println!("added {} ACL(s)", bindings.len());
+        }
+        AclCommand::Remove { resources, who } => {
+            let operations = who
+                .operations
+                .iter()
+                .map(|o| acl_operation(o).map(Some))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let operations = if operations.is_empty() {
+                vec![None]
+            } else {
+                operations
+            };
+            let principals: Vec<(Option<String>, Option<Permission>)> = who
+                .allow_principals
+                .iter()
+                .map(|p| (Some(p.clone()), Some(Permission::Allow)))
+                .chain(
+                    who.deny_principals
+                        .iter()
+                        .map(|p| (Some(p.clone()), Some(Permission::Deny))),
+                )
+                .collect();
+            let principals = if principals.is_empty() {
+                vec![(None, None)]
+            } else {
+                principals
+            };
+            let mut filters = Vec::new();
+            for (resource_type, name, pattern) in acl_resources(&resources)? {
+                for (principal, permission) in &principals {
+                    for operation in &operations {
+                        filters.push(AclFilter {
+                            resource_type: Some(resource_type),
+                            name: Some(name.clone()),
+                            pattern: Some(pattern),
+                            principal: principal.clone(),
+                            host: (who.host != "*").then(|| who.host.clone()),
+                            operation: *operation,
+                            permission: *permission,
+                        });
+                    }
+                }
+            }
+            let deleted = admin
+                .delete_acls_json(serde_json::to_vec(&filters)?)
+                .await
+                .context("removing ACLs")?;
+            let deleted: Vec<AclBinding> =
+                serde_json::from_slice(&deleted).context("decoding the removed ACLs")?;
+            println!("removed {} ACL(s)", deleted.len());
+        }
+        AclCommand::List {
+            principal,
+            topic,
+            group,
+        } => {
+            let (_, json) = admin
+                .metadata_json()
+                .await
+                .context("reading the cluster metadata")?;
+            let metadata: strata_controller::metadata::ClusterMetadata =
+                serde_json::from_slice(&json).context("decoding the cluster metadata")?;
+            for a in metadata.acls.iter().filter(|a| {
+                principal.as_ref().is_none_or(|p| *p == a.principal)
+                    && topic.as_ref().is_none_or(|t| {
+                        a.resource_type == strata_controller::metadata::acl::ResourceType::Topic
+                            && *t == a.name
+                    })
+                    && group.as_ref().is_none_or(|g| {
+                        a.resource_type == strata_controller::metadata::acl::ResourceType::Group
+                            && *g == a.name
+                    })
+            }) {
+                println!(
+                    "{}\t{:?}\t{:?}\t{:?}:{} ({:?})\thost={}",
+                    a.principal,
+                    a.permission,
+                    a.operation,
+                    a.resource_type,
+                    a.name,
+                    a.pattern,
+                    a.host
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 #[derive(Subcommand)]
 pub enum QuorumCommand {
     /// Print the quorum as this controller sees it (one JSON line).

@@ -13,9 +13,9 @@ use strata_proto::v1::controller_client::ControllerClient;
 use strata_proto::v1::metadata_update;
 use strata_proto::v1::{
     AllocateProducerIdsRequest, AlterIsrRequest, AlterIsrResponse, AlterTopicConfigsRequest,
-    ControlledShutdownRequest, CreatePartitionsRequest, CreateTopicRequest, CreateTopicResponse,
-    DeleteTopicRequest, Endpoint, HeartbeatRequest, MetadataUpdate, RegisterBrokerRequest,
-    SessionRequest, WatchRequest,
+    ControlledShutdownRequest, CreateAclsRequest, CreatePartitionsRequest, CreateTopicRequest,
+    CreateTopicResponse, DeleteAclsRequest, DeleteTopicRequest, Endpoint, HeartbeatRequest,
+    MetadataUpdate, RegisterBrokerRequest, SessionRequest, WatchRequest,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -195,6 +195,42 @@ impl ClusterLink {
         self.call(|mut c| async move { c.allocate_producer_ids(req).await })
             .await
             .map(|r| r.first)
+    }
+
+    /// Adds ACL bindings through the controllers; returns a metadata version with them.
+    pub async fn create_acls(
+        &self,
+        acls: &[strata_controller::metadata::acl::AclBinding],
+    ) -> Result<u64, tonic::Status> {
+        let acls_json =
+            serde_json::to_vec(acls).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        self.call(|mut c| {
+            let req = CreateAclsRequest {
+                acls_json: acls_json.clone(),
+            };
+            async move { c.create_acls(req).await }
+        })
+        .await
+        .map(|r| r.version)
+    }
+
+    /// Removes the bindings any filter matches; returns them.
+    pub async fn delete_acls(
+        &self,
+        filters: &[strata_controller::metadata::acl::AclFilter],
+    ) -> Result<Vec<strata_controller::metadata::acl::AclBinding>, tonic::Status> {
+        let filters_json =
+            serde_json::to_vec(filters).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        let resp = self
+            .call(|mut c| {
+                let req = DeleteAclsRequest {
+                    filters_json: filters_json.clone(),
+                };
+                async move { c.delete_acls(req).await }
+            })
+            .await?;
+        serde_json::from_slice(&resp.deleted_json)
+            .map_err(|e| tonic::Status::internal(format!("undecodable deleted ACLs: {e}")))
     }
 
     /// Proposes a new ISR for a partition this broker leads at `leader_epoch`, based on

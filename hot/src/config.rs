@@ -36,6 +36,19 @@ pub struct ServerConfig {
     pub grpc: Option<GrpcSection>,
     /// The Prometheus endpoint (`GET /metrics`); absent: not served.
     pub metrics: Option<MetricsSection>,
+    /// Authorization of Kafka requests by ACLs (docs/security.md).
+    pub auth: AuthSection,
+}
+
+/// `[auth]`: Kafka's `super.users` and `allow.everyone.if.no.acl.found`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSection {
+    /// Principals that may do anything, e.g. ["User:admin", "User:CN=ops,O=Funds"].
+    pub super_users: Vec<String>,
+    /// Whether a resource no ACL names is open to everyone. Default: true while no listener
+    /// authenticates its clients, false once one does (SASL, or TLS client certificates).
+    pub allow_everyone_if_no_acl_found: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -404,6 +417,7 @@ impl Default for ServerConfig {
             cluster: None,
             grpc: None,
             metrics: None,
+            auth: AuthSection::default(),
         }
     }
 }
@@ -592,6 +606,11 @@ impl ServerConfig {
                 );
             }
         }
+        for p in &self.auth.super_users {
+            if !p.contains(':') {
+                bail!("auth.super_users: '{p}' is not a principal of the form User:name");
+            }
+        }
         if listeners.iter().any(|l| l.protocol.tls()) && self.kafka.tls.is_none() {
             bail!("an SSL or SASL_SSL listener needs [kafka.tls] (cert and key)");
         }
@@ -705,6 +724,24 @@ impl ServerConfig {
                 .map_or_else(default_replica_open_timeout, |c| c.replica_open_timeout),
             groups: self.groups.runtime(),
             tier: self.cold.as_ref().map(|c| c.runtime(&self.data_dir)),
+            authorizer: self.authorizer(),
+        }
+    }
+
+    fn authorizer(&self) -> strata_controller::metadata::acl::AuthorizerConfig {
+        let client_auth = self.kafka.tls.as_ref().map(|t| t.client_auth);
+        let authenticates = self.kafka_listeners().iter().any(|l| {
+            l.protocol.sasl()
+                || (l.protocol.tls()
+                    && l.client_auth.or(client_auth).unwrap_or_default()
+                        != crate::kafka::tls::ClientAuth::None)
+        });
+        strata_controller::metadata::acl::AuthorizerConfig {
+            super_users: self.auth.super_users.clone(),
+            allow_if_no_acl: self
+                .auth
+                .allow_everyone_if_no_acl_found
+                .unwrap_or(!authenticates),
         }
     }
 

@@ -82,6 +82,14 @@ enum Command {
         #[command(subcommand)]
         command: cli::UserCommand,
     },
+    /// Add, remove and list ACLs (kafka-acls.sh's vocabulary; rules live in the metadata log).
+    Acl {
+        /// Any controller's gRPC listener.
+        #[arg(long, default_value = "127.0.0.1:9093", global = true)]
+        controller: String,
+        #[command(subcommand)]
+        command: cli::AclCommand,
+    },
     /// Inspect the controller quorum.
     Quorum {
         /// Any controller's gRPC listener.
@@ -148,6 +156,10 @@ fn main() -> anyhow::Result<()> {
             command,
         } => runtime.block_on(cli::quorum(&controller, command)),
         Command::Certs(args) => strata_hot::certs::run(args),
+        Command::Acl {
+            controller,
+            command,
+        } => runtime.block_on(cli::acl(&controller, command)),
         Command::User {
             controller,
             command,

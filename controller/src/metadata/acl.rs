@@ -221,6 +221,17 @@ pub struct AuthorizerConfig {
     pub allow_if_no_acl: bool,
 }
 
+impl AuthorizerConfig {
+    /// No super users, and every resource no ACL names is open (a cluster without
+    /// authentication).
+    pub fn open() -> AuthorizerConfig {
+        AuthorizerConfig {
+            super_users: Vec::new(),
+            allow_if_no_acl: true,
+        }
+    }
+}
+
 /// Whether `principal` from `host` may do `operation` on the resource.
 pub fn authorize<'a>(
     acls: impl IntoIterator<Item = &'a AclBinding>,

@@ -42,6 +42,8 @@ impl Clock for SystemClock {
 /// What the broker needs to know at start.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
+    /// Super users and the default for resources no ACL names.
+    pub authorizer: strata_controller::metadata::acl::AuthorizerConfig,
     pub data_dir: PathBuf,
     pub node_id: i32,
     /// Broker-wide defaults for topic configs (Kafka names); topics override them.
@@ -335,6 +337,29 @@ impl Broker {
         self.cluster
             .as_ref()
             .map(|link| reconcile::kafka_endpoints(&link.metadata().borrow(), listener))
+    }
+
+    /// Whether `principal` from `host` may do `operation` on a resource, by the ACLs in the
+    /// metadata (none on a single node without controllers) and `[auth]`.
+    pub fn authorize(
+        &self,
+        principal: &str,
+        host: &str,
+        operation: strata_controller::metadata::acl::Operation,
+        resource_type: strata_controller::metadata::acl::ResourceType,
+        name: &str,
+    ) -> bool {
+        let metadata = self.cluster.as_ref().map(|l| l.metadata().borrow().clone());
+        let acls = metadata.as_ref().map(|m| &m.acls);
+        strata_controller::metadata::acl::authorize(
+            acls.into_iter().flatten(),
+            &self.config.authorizer,
+            principal,
+            host,
+            operation,
+            resource_type,
+            name,
+        )
     }
 
     /// The SCRAM credentials SASL logins are checked against: the metadata's.

@@ -1,6 +1,7 @@
 //! Metadata, CreateTopics, DeleteTopics and DescribeConfigs.
 
 use std::collections::{BTreeMap, HashSet};
+use strata_controller::metadata::acl::{Operation, ResourceType, CLUSTER_NAME};
 
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kafka_protocol::messages::create_topics_response::{
@@ -105,9 +106,11 @@ pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResp
         Some(t) => Some(t),
     };
     let Some(requested) = requested else {
+        // Topics the principal may not Describe are left out, as Kafka does.
         resp.topics = broker
             .topics()
             .iter()
+            .filter(|t| ctx.permits(Operation::Describe, ResourceType::Topic, &t.spec.name))
             .map(|t| topic_metadata(t, &live))
             .collect();
         return resp;
@@ -127,7 +130,15 @@ pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResp
             (None, None) => None,
         };
         if let Some(topic) = found {
-            resp.topics.push(topic_metadata(&topic, &live));
+            if ctx.may_topic(Operation::Describe, &topic.spec.name) {
+                resp.topics.push(topic_metadata(&topic, &live));
+            } else {
+                resp.topics.push(
+                    MetadataResponseTopic::default()
+                        .with_name(Some(TopicName(s(topic.spec.name.clone()))))
+                        .with_error_code(codes::TOPIC_AUTHORIZATION_FAILED),
+                );
+            }
             continue;
         }
         let unknown = MetadataResponseTopic::default()
@@ -145,6 +156,13 @@ pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResp
         }
         if !auto_create {
             resp.topics.push(unknown);
+            continue;
+        }
+        if !(ctx.permits(Operation::Create, ResourceType::Cluster, CLUSTER_NAME)
+            || ctx.may_topic(Operation::Create, &n))
+        {
+            resp.topics
+                .push(unknown.with_error_code(codes::TOPIC_AUTHORIZATION_FAILED));
             continue;
         }
         let created = broker
@@ -189,6 +207,15 @@ pub(super) async fn create_topics(ctx: Request, req: CreateTopicsRequest) -> Cre
             results.push(fail(
                 codes::INVALID_REQUEST,
                 format!("topic '{name}' appears more than once in the request"),
+            ));
+            continue;
+        }
+        if !(ctx.permits(Operation::Create, ResourceType::Cluster, CLUSTER_NAME)
+            || ctx.may_topic(Operation::Create, &name))
+        {
+            results.push(fail(
+                codes::TOPIC_AUTHORIZATION_FAILED,
+                format!("{} may not create topic {name}", ctx.principal),
             ));
             continue;
         }
@@ -317,6 +344,17 @@ pub(super) async fn delete_topics(ctx: Request, req: DeleteTopicsRequest) -> Del
             );
             continue;
         };
+        if !ctx.may_topic(Operation::Delete, &name) {
+            responses.push(
+                result
+                    .with_error_code(codes::TOPIC_AUTHORIZATION_FAILED)
+                    .with_error_message(Some(s(format!(
+                        "{} may not delete topic {name}",
+                        ctx.principal
+                    )))),
+            );
+            continue;
+        }
         match broker.delete_topic(&name).await {
             Ok(()) => responses.push(result),
             Err(e) => {
@@ -373,6 +411,15 @@ pub(super) fn describe_configs(
             };
             match r.resource_type {
                 RESOURCE_TOPIC => {
+                    if !ctx.may_topic(Operation::DescribeConfigs, r.resource_name.as_str()) {
+                        return result
+                            .with_error_code(codes::TOPIC_AUTHORIZATION_FAILED)
+                            .with_error_message(Some(s(format!(
+                                "{} may not describe the configs of {}",
+                                ctx.principal,
+                                r.resource_name.as_str()
+                            ))));
+                    }
                     let Some(topic) = broker.topic(r.resource_name.as_str()) else {
                         return result
                             .with_error_code(codes::UNKNOWN_TOPIC_OR_PARTITION)
@@ -423,6 +470,17 @@ pub(super) async fn create_partitions(
                     .with_error_message(Some(s(
                         "manual replica assignment is not supported; placement is automatic",
                     ))),
+            );
+            continue;
+        }
+        if !ctx.may_topic(Operation::Alter, &name) {
+            results.push(
+                result
+                    .with_error_code(codes::TOPIC_AUTHORIZATION_FAILED)
+                    .with_error_message(Some(s(format!(
+                        "{} may not alter topic {name}",
+                        ctx.principal
+                    )))),
             );
             continue;
         }
@@ -490,6 +548,32 @@ pub(super) async fn alter_configs(
             responses.push(
                 resp.with_error_code(codes::INVALID_CONFIG)
                     .with_error_message(Some(s(msg))),
+            );
+            continue;
+        }
+        let name = r.resource_name.as_str();
+        // Durability and retention settings decide whether acknowledged records survive:
+        // changing them takes Alter on the topic as well as AlterConfigs.
+        let guards_durability = set.keys().chain(remove.iter()).any(|k| {
+            k == "min.acks"
+                || k == "min.insync.replicas"
+                || k.starts_with("retention.")
+                || k.starts_with("local.retention.")
+        });
+        if !ctx.may_topic(Operation::AlterConfigs, name)
+            || (guards_durability && !ctx.may_topic(Operation::Alter, name))
+        {
+            responses.push(
+                resp.with_error_code(codes::TOPIC_AUTHORIZATION_FAILED)
+                    .with_error_message(Some(s(format!(
+                        "{} may not alter these configs of {name}{}",
+                        ctx.principal,
+                        if guards_durability {
+                            " (durability and retention settings need Alter too)"
+                        } else {
+                            ""
+                        }
+                    )))),
             );
             continue;
         }

@@ -7,6 +7,7 @@ use crate::broker::{AdminError, EpochCheck, ProduceError, Route, WaitError};
 use crate::log::{AppendError, ReadError};
 
 pub const NONE: i16 = 0;
+pub const UNKNOWN_SERVER_ERROR: i16 = E::UnknownServerError.code();
 pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();
 pub const UNSUPPORTED_VERSION: i16 = E::UnsupportedVersion.code();
 pub const INVALID_CONFIG: i16 = E::InvalidConfig.code();
@@ -25,6 +26,9 @@ pub const INVALID_REPLICA_ASSIGNMENT: i16 = E::InvalidReplicaAssignment.code();
 pub const UNSUPPORTED_SASL_MECHANISM: i16 = E::UnsupportedSaslMechanism.code();
 pub const ILLEGAL_SASL_STATE: i16 = E::IllegalSaslState.code();
 pub const SASL_AUTHENTICATION_FAILED: i16 = E::SaslAuthenticationFailed.code();
+pub const TOPIC_AUTHORIZATION_FAILED: i16 = E::TopicAuthorizationFailed.code();
+pub const GROUP_AUTHORIZATION_FAILED: i16 = E::GroupAuthorizationFailed.code();
+pub const CLUSTER_AUTHORIZATION_FAILED: i16 = E::ClusterAuthorizationFailed.code();
 pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = E::TransactionalIdAuthorizationFailed.code();
 
 /// A Kafka error code with the message to send where the API has a field for one.

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use strata_controller::metadata::acl::Operation;
 
 use bytes::Bytes;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
@@ -79,6 +80,7 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
             .into_iter()
             .map(|t| {
                 let name = t.topic.0.to_string();
+                let may_read = ctx.may_topic(Operation::Read, &name);
                 let remote = broker.cold().and_then(|cold| {
                     let topic = broker.topic(&name)?;
                     Some((cold.clone(), topic.spec.id))
@@ -90,12 +92,11 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
                         index: p.partition,
                         offset: p.fetch_offset,
                         max_bytes: p.partition_max_bytes.max(0) as usize,
-                        partition: lookup_partition(
-                            broker,
-                            &name,
-                            p.partition,
-                            p.current_leader_epoch,
-                        ),
+                        partition: if may_read {
+                            lookup_partition(broker, &name, p.partition, p.current_leader_epoch)
+                        } else {
+                            Err(codes::TOPIC_AUTHORIZATION_FAILED)
+                        },
                         remote: remote.clone(),
                     })
                     .collect();
@@ -274,10 +275,15 @@ pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListO
     let mut topics = Vec::with_capacity(req.topics.len());
     for t in req.topics {
         let name = t.name.0.to_string();
+        let may_describe = ctx.may_topic(Operation::Describe, &name);
         let mut partitions = Vec::with_capacity(t.partitions.len());
         for p in t.partitions {
             let resp =
                 ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
+            if !may_describe {
+                partitions.push(resp.with_error_code(codes::TOPIC_AUTHORIZATION_FAILED));
+                continue;
+            }
             let part =
                 match lookup_partition(&broker, &name, p.partition_index, p.current_leader_epoch) {
                     Ok(part) => part,
@@ -318,6 +324,7 @@ pub(super) async fn offsets_for_leader_epoch(
         .into_iter()
         .map(|t| {
             let name = t.topic.0.to_string();
+            let may_describe = ctx.may_topic(Operation::Describe, &name);
             let partitions = t
                 .partitions
                 .into_iter()
@@ -326,6 +333,9 @@ pub(super) async fn offsets_for_leader_epoch(
                         .with_partition(p.partition)
                         .with_leader_epoch(-1)
                         .with_end_offset(-1);
+                    if !may_describe {
+                        return resp.with_error_code(codes::TOPIC_AUTHORIZATION_FAILED);
+                    }
                     let part =
                         match lookup_partition(&broker, &name, p.partition, p.current_leader_epoch)
                         {

@@ -24,6 +24,7 @@ use kafka_protocol::messages::{
     SyncGroupResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
+use strata_controller::metadata::acl::{Operation, ResourceType};
 
 use super::{codes, Request};
 use crate::group::coordinator::{Commit, Coordinator, GROUP_ID_NOT_FOUND};
@@ -39,9 +40,17 @@ fn s(v: impl Into<String>) -> StrBytes {
     StrBytes::from_string(v.into())
 }
 
-fn coordinator(ctx: &Request, group: &str) -> Result<std::sync::Arc<Coordinator>, i16> {
+/// The group's coordinator here, once the principal may do `operation` on the group.
+fn coordinator(
+    ctx: &Request,
+    group: &str,
+    operation: Operation,
+) -> Result<std::sync::Arc<Coordinator>, i16> {
     if group.is_empty() {
         return Err(INVALID_GROUP_ID);
+    }
+    if !ctx.may_group(operation, group) {
+        return Err(codes::GROUP_AUTHORIZATION_FAILED);
     }
     ctx.broker().groups().coordinator(group)
 }
@@ -65,6 +74,11 @@ pub(super) async fn find_coordinator(
             ))
         } else if key.is_empty() {
             Err((INVALID_GROUP_ID, "the group id is empty".to_string()))
+        } else if !ctx.may_group(Operation::Describe, &key) {
+            Err((
+                codes::GROUP_AUTHORIZATION_FAILED,
+                format!("{} may not describe group {key}", ctx.principal),
+            ))
         } else {
             match ctx.broker().groups().find(&key).await {
                 Ok(node) => ctx
@@ -115,7 +129,7 @@ pub(super) async fn join(ctx: Request, req: JoinGroupRequest) -> JoinGroupRespon
             .with_leader(s(""))
     };
     let group = req.group_id.0.to_string();
-    let c = match coordinator(&ctx, &group) {
+    let c = match coordinator(&ctx, &group, Operation::Read) {
         Ok(c) => c,
         Err(code) => return failed(code, &req.member_id),
     };
@@ -166,7 +180,7 @@ pub(super) async fn join(ctx: Request, req: JoinGroupRequest) -> JoinGroupRespon
 
 pub(super) async fn sync(ctx: Request, req: SyncGroupRequest) -> SyncGroupResponse {
     let group = req.group_id.0.to_string();
-    let c = match coordinator(&ctx, &group) {
+    let c = match coordinator(&ctx, &group, Operation::Read) {
         Ok(c) => c,
         Err(code) => return SyncGroupResponse::default().with_error_code(code),
     };
@@ -192,7 +206,7 @@ pub(super) async fn sync(ctx: Request, req: SyncGroupRequest) -> SyncGroupRespon
 pub(super) fn heartbeat(ctx: &Request, req: HeartbeatRequest) -> HeartbeatResponse {
     let group = req.group_id.0.to_string();
     let instance = req.group_instance_id.as_ref().map(|i| i.as_str());
-    let code = match coordinator(ctx, &group) {
+    let code = match coordinator(ctx, &group, Operation::Read) {
         Ok(c) if c.fenced(&group, &req.member_id, instance) => group_codes::FENCED_INSTANCE_ID,
         Ok(c) => c.heartbeat(&group, &req.member_id, req.generation_id),
         Err(code) => code,
@@ -202,7 +216,7 @@ pub(super) fn heartbeat(ctx: &Request, req: HeartbeatRequest) -> HeartbeatRespon
 
 pub(super) fn leave(ctx: &Request, req: LeaveGroupRequest) -> LeaveGroupResponse {
     let group = req.group_id.0.to_string();
-    let c = match coordinator(ctx, &group) {
+    let c = match coordinator(ctx, &group, Operation::Read) {
         Ok(c) => c,
         Err(code) => return LeaveGroupResponse::default().with_error_code(code),
     };
@@ -250,7 +264,9 @@ pub(super) async fn offset_commit(ctx: Request, req: OffsetCommitRequest) -> Off
             let in_range = known.as_ref().is_some_and(|k| {
                 p.partition_index >= 0 && (p.partition_index as u32) < k.spec.partitions
             });
-            if !in_range {
+            if !ctx.may_topic(Operation::Read, &topic) {
+                refused.get_or_insert(codes::TOPIC_AUTHORIZATION_FAILED);
+            } else if !in_range {
                 refused.get_or_insert(codes::UNKNOWN_TOPIC_OR_PARTITION);
             } else if metadata.len() > MAX_METADATA_BYTES {
                 refused.get_or_insert(OFFSET_METADATA_TOO_LARGE);
@@ -266,7 +282,7 @@ pub(super) async fn offset_commit(ctx: Request, req: OffsetCommitRequest) -> Off
     }
     let code = match refused {
         Some(code) => code,
-        None => match coordinator(&ctx, &group) {
+        None => match coordinator(&ctx, &group, Operation::Read) {
             Ok(c)
                 if c.fenced(
                     &group,
@@ -353,7 +369,7 @@ pub(super) async fn offset_fetch(ctx: Request, req: OffsetFetchRequest) -> Offse
                         .map(|t| (t.name.0.to_string(), t.partition_indexes))
                         .collect()
                 });
-                match coordinator(&ctx, &id) {
+                match coordinator(&ctx, &id, Operation::Describe) {
                     Ok(c) => OffsetFetchResponseGroup::default()
                         .with_group_id(g.group_id)
                         .with_topics(build_topics(
@@ -380,7 +396,7 @@ pub(super) async fn offset_fetch(ctx: Request, req: OffsetFetchRequest) -> Offse
         return OffsetFetchResponse::default().with_groups(groups);
     }
     let id = req.group_id.0.to_string();
-    let c = match coordinator(&ctx, &id) {
+    let c = match coordinator(&ctx, &id, Operation::Describe) {
         Ok(c) => c,
         Err(code) => {
             // v1 has no top-level error: the code goes on every partition asked for.
@@ -462,6 +478,9 @@ pub(super) fn list_groups(ctx: &Request, req: ListGroupsRequest) -> ListGroupsRe
             if !wanted.is_empty() && !wanted.contains(&state.name().to_ascii_lowercase()) {
                 continue;
             }
+            if !ctx.permits(Operation::Describe, ResourceType::Group, &id) {
+                continue; // as Kafka: a principal lists the groups it may describe
+            }
             groups.push(
                 ListedGroup::default()
                     .with_group_id(GroupId(s(id)))
@@ -480,7 +499,7 @@ pub(super) fn describe_groups(ctx: &Request, req: DescribeGroupsRequest) -> Desc
         .into_iter()
         .map(|id| {
             let name = id.0.to_string();
-            let c = match coordinator(ctx, &name) {
+            let c = match coordinator(ctx, &name, Operation::Describe) {
                 Ok(c) => c,
                 Err(code) => {
                     return DescribedGroup::default()
@@ -523,7 +542,7 @@ pub(super) async fn delete_groups(ctx: Request, req: DeleteGroupsRequest) -> Del
     let mut results = Vec::with_capacity(req.groups_names.len());
     for id in req.groups_names {
         let name = id.0.to_string();
-        let code = match coordinator(&ctx, &name) {
+        let code = match coordinator(&ctx, &name, Operation::Delete) {
             Ok(c) => c.delete(&name).await,
             Err(code) if code == INVALID_GROUP_ID => GROUP_ID_NOT_FOUND,
             Err(code) => code,

@@ -7,6 +7,7 @@
 //! clients require. Malformed input closes the connection with a log line, as Kafka brokers
 //! do; it never panics the broker or leaves the connection hanging.
 
+mod acls;
 mod admin;
 pub(crate) mod codes;
 mod fetch;
@@ -21,10 +22,11 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
     api_versions_response::ApiVersion, ApiKey, ApiVersionsRequest, ApiVersionsResponse,
-    CreatePartitionsRequest, CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest,
-    DescribeConfigsRequest, DescribeGroupsRequest, FetchRequest, FindCoordinatorRequest,
-    HeartbeatRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest,
-    LeaveGroupRequest, ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+    CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest,
+    DeleteGroupsRequest, DeleteTopicsRequest, DescribeAclsRequest, DescribeConfigsRequest,
+    DescribeGroupsRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
+    IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
+    ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
     OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
     SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
     SyncGroupRequest,
@@ -36,6 +38,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::broker::Broker;
+use strata_controller::metadata::acl;
 
 /// The APIs served and their version ranges. `docs/kafka-compatibility.md` mirrors this table.
 pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
@@ -62,6 +65,9 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::DescribeAcls, 1, 3),
+    (ApiKey::CreateAcls, 1, 3),
+    (ApiKey::DeleteAcls, 1, 3),
     (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
@@ -507,6 +513,9 @@ impl KafkaServer {
             Body::ListGroups(req) => ctx.respond_now(&group::list_groups(&ctx, req)),
             Body::DescribeGroups(req) => ctx.respond_now(&group::describe_groups(&ctx, req)),
             Body::DeleteGroups(req) => ctx.later(group::delete_groups(ctx.clone(), req)),
+            Body::DescribeAcls(req) => ctx.respond_now(&acls::describe_acls(&ctx, req)),
+            Body::CreateAcls(req) => ctx.later(acls::create_acls(ctx.clone(), req)),
+            Body::DeleteAcls(req) => ctx.later(acls::delete_acls(ctx.clone(), req)),
             // answered by the connection's SASL session before dispatch
             Body::SaslHandshake(_) | Body::SaslAuthenticate(_) => Err(Refusal::Malformed {
                 what: "SASL request",
@@ -554,6 +563,9 @@ pub enum Body {
     DeleteGroups(DeleteGroupsRequest),
     SaslHandshake(SaslHandshakeRequest),
     SaslAuthenticate(SaslAuthenticateRequest),
+    DescribeAcls(DescribeAclsRequest),
+    CreateAcls(CreateAclsRequest),
+    DeleteAcls(DeleteAclsRequest),
 }
 
 /// Where a SASL request leaves the connection.
@@ -632,6 +644,9 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::DeleteGroups => Body::DeleteGroups(decode_body(&mut frame, version)?),
         ApiKey::SaslHandshake => Body::SaslHandshake(decode_body(&mut frame, version)?),
         ApiKey::SaslAuthenticate => Body::SaslAuthenticate(decode_body(&mut frame, version)?),
+        ApiKey::DescribeAcls => Body::DescribeAcls(decode_body(&mut frame, version)?),
+        ApiKey::CreateAcls => Body::CreateAcls(decode_body(&mut frame, version)?),
+        ApiKey::DeleteAcls => Body::DeleteAcls(decode_body(&mut frame, version)?),
         other => {
             return Err(Refusal::UnsupportedVersion {
                 key: other,
@@ -664,6 +679,49 @@ pub(crate) struct Request {
 impl Request {
     pub fn broker(&self) -> &Arc<Broker> {
         &self.server.broker
+    }
+
+    /// Whether this request's principal, from its address, may do `operation` on a resource
+    /// (ACLs, docs/security.md).
+    pub fn may(
+        &self,
+        operation: acl::Operation,
+        resource_type: acl::ResourceType,
+        name: &str,
+    ) -> bool {
+        let allowed = self.permits(operation, resource_type, name);
+        if !allowed {
+            tracing::info!(principal = %self.principal, peer = %self.peer, api = ?self.key, ?operation, ?resource_type, resource = name, "denied by ACLs");
+        }
+        allowed
+    }
+
+    /// [`Request::may`] without the log line, for filtering (Metadata's topic list).
+    pub fn permits(
+        &self,
+        operation: acl::Operation,
+        resource_type: acl::ResourceType,
+        name: &str,
+    ) -> bool {
+        self.server.broker.authorize(
+            &self.principal,
+            &self.peer.ip().to_string(),
+            operation,
+            resource_type,
+            name,
+        )
+    }
+
+    pub fn may_topic(&self, operation: acl::Operation, topic: &str) -> bool {
+        self.may(operation, acl::ResourceType::Topic, topic)
+    }
+
+    pub fn may_group(&self, operation: acl::Operation, group: &str) -> bool {
+        self.may(operation, acl::ResourceType::Group, group)
+    }
+
+    pub fn may_cluster(&self, operation: acl::Operation) -> bool {
+        self.may(operation, acl::ResourceType::Cluster, acl::CLUSTER_NAME)
     }
 
     /// Live brokers' Kafka endpoints (id, host, port); on a single node, this listener.

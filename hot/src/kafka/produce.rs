@@ -12,6 +12,8 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use strata_controller::metadata::acl::{Operation, ResourceType, CLUSTER_NAME};
+
 use super::{codes, Refusal, Reply, Request};
 use crate::broker::PendingAppend;
 
@@ -65,6 +67,16 @@ pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal
         for pd in topic.partition_data {
             if let Some(e) = &refuse_all {
                 outcomes.push(PartitionOutcome::failed(pd.index, e.clone()));
+                continue;
+            }
+            if !ctx.may_topic(Operation::Write, &name) {
+                outcomes.push(PartitionOutcome::failed(
+                    pd.index,
+                    (
+                        codes::TOPIC_AUTHORIZATION_FAILED,
+                        format!("{} may not write to {name}", ctx.principal),
+                    ),
+                ));
                 continue;
             }
             let Some(records) = pd.records else {
@@ -148,6 +160,23 @@ pub(super) async fn init_producer_id(
     {
         return InitProducerIdResponse::default()
             .with_error_code(codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1);
+    }
+    // Kafka (KIP-679): IdempotentWrite on the cluster, or Write on any topic.
+    let may_write = ctx.permits(
+        Operation::IdempotentWrite,
+        ResourceType::Cluster,
+        CLUSTER_NAME,
+    ) || ctx
+        .broker()
+        .topics()
+        .iter()
+        .any(|t| ctx.permits(Operation::Write, ResourceType::Topic, &t.spec.name));
+    if !may_write {
+        tracing::info!(principal = %ctx.principal, peer = %ctx.peer, "InitProducerId denied by ACLs (no IdempotentWrite on the cluster, no Write on any topic)");
+        return InitProducerIdResponse::default()
+            .with_error_code(codes::CLUSTER_AUTHORIZATION_FAILED)
             .with_producer_id(ProducerId(-1))
             .with_producer_epoch(-1);
     }

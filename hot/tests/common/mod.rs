@@ -12,6 +12,7 @@ use tokio::sync::watch;
 /// A single-node broker's config over `dir`, for tests to adjust with `..`.
 pub fn broker_config(dir: &Path) -> BrokerConfig {
     BrokerConfig {
+        authorizer: strata_controller::metadata::acl::AuthorizerConfig::open(),
         data_dir: dir.to_path_buf(),
         node_id: 0,
         topic_defaults: BTreeMap::new(),
