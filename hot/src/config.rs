@@ -841,6 +841,54 @@ fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> any
 mod tests {
     use super::*;
 
+    fn from_toml(text: &str) -> anyhow::Result<ServerConfig> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        ServerConfig::load(Some(&path), std::iter::empty())
+    }
+
+    #[test]
+    fn listeners_are_checked_and_authentication_closes_the_default() {
+        let listener = |name: &str, protocol: &str| {
+            format!("[[kafka.listeners]]\nname = \"{name}\"\nlisten = \"127.0.0.1:0\"\nprotocol = \"{protocol}\"\n")
+        };
+        let open = from_toml(&listener("A", "PLAINTEXT")).unwrap();
+        assert!(open.broker().authorizer.allow_if_no_acl);
+        let sasl =
+            from_toml(&(listener("A", "PLAINTEXT") + &listener("B", "SASL_PLAINTEXT"))).unwrap();
+        assert!(
+            !sasl.broker().authorizer.allow_if_no_acl,
+            "closed once clients authenticate"
+        );
+        let opened = from_toml(
+            &(listener("B", "SASL_PLAINTEXT") + "[auth]\nallow_everyone_if_no_acl_found = true\nsuper_users = [\"User:admin\"]\n"),
+        )
+        .unwrap();
+        assert!(opened.broker().authorizer.allow_if_no_acl);
+        assert_eq!(opened.broker().authorizer.super_users, ["User:admin"]);
+        for (text, error) in [
+            (listener("A", "SSL"), "needs [kafka.tls]"),
+            (
+                listener("A", "PLAINTEXT") + &listener("A", "PLAINTEXT"),
+                "unique",
+            ),
+            (listener("grpc", "PLAINTEXT"), "unique"),
+            (listener("A", "TLS"), "unknown variant"),
+            (
+                listener("A", "SASL_PLAINTEXT") + "[kafka.sasl]\nmechanisms = [\"GSSAPI\"]\n",
+                "unknown SASL mechanism",
+            ),
+            (
+                "[auth]\nsuper_users = [\"admin\"]\n".to_string(),
+                "User:name",
+            ),
+        ] {
+            let e = format!("{:#}", from_toml(&text).unwrap_err());
+            assert!(e.contains(error), "{text}: {e}");
+        }
+    }
+
     #[test]
     fn example_config_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../strata.example.toml");

@@ -109,3 +109,20 @@ pub fn principal(cert: &CertificateDer<'_>) -> Option<String> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
     Some(format!("User:{}", parsed.subject()))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_key_others_may_read_is_refused_with_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("node.key");
+        std::fs::write(&key, "not really a key").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = super::check_private(&key).unwrap_err().to_string();
+        assert!(e.contains("mode is 644") && e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(super::check_private(&key).is_ok());
+    }
+}
