@@ -20,7 +20,8 @@ def percentile(sorted_values, p):
     return sorted_values[min(len(sorted_values) - 1, int(round((len(sorted_values) - 1) * p)))]
 
 
-def run(bootstrap, topic, seconds, rate, record_bytes, linger_ms):
+def run(bootstrap, topic, seconds, rate, record_bytes, linger_ms, extra=None):
+    """`extra`: more librdkafka settings (security.protocol, sasl.*, ssl.*)."""
     value = os.urandom(record_bytes // 2).hex().encode()[:record_bytes]
     latencies = []
     errors = []
@@ -32,6 +33,7 @@ def run(bootstrap, topic, seconds, rate, record_bytes, linger_ms):
         "batch.size": 1_000_000,
         "queue.buffering.max.messages": 1_000_000,
         "queue.buffering.max.kbytes": 1_048_576,
+        **(extra or {}),
     })
 
     def on_delivery(err, msg, sent=None):

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""What TLS and SASL cost: produce throughput and ack latency over a PLAINTEXT listener and
+over a SASL_SSL (SCRAM-SHA-512) listener of the same `strata dev` node, same client
+(librdkafka via confluent-kafka), same topic, runs interleaved so machine noise hits both.
+Prints figures and ratios; asserts nothing about speed.
+
+    cargo build --release --bin strata
+    STRATA_BIN=target/release/strata python3 bench/security_bench.py [--seconds 10] [--rounds 2]
+"""
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from produce_bench import run  # noqa: E402
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--binary", default=os.environ.get("STRATA_BIN", "target/release/strata"))
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rate", type=int, default=10_500)
+    ap.add_argument("--record-bytes", type=int, default=800)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="strata-security-bench-"))
+    certs = work / "certs"
+    subprocess.run([args.binary, "certs", "--out", str(certs), "--node", "bench"], check=True,
+                   capture_output=True)
+    plain, secure, controller = free_port(), free_port(), free_port()
+    config = work / "bench.toml"
+    config.write_text(
+        f'[[kafka.listeners]]\nname = "PLAIN"\nlisten = "127.0.0.1:{plain}"\nprotocol = "PLAINTEXT"\n'
+        f'[[kafka.listeners]]\nname = "SECURE"\nlisten = "127.0.0.1:{secure}"\nprotocol = "SASL_SSL"\n'
+        f'[kafka.tls]\ncert = "{certs}/node-bench.pem"\nkey = "{certs}/node-bench.key"\n'
+        # the cost of authentication and encryption, not of ACL look-ups on an open cluster
+        '[auth]\nallow_everyone_if_no_acl_found = true\n')
+    log = open(work / "strata.log", "wb")
+    proc = subprocess.Popen([args.binary, "dev", "--config", str(config), "--data-dir", str(work / "data"),
+                             "--listen", f"127.0.0.1:{plain}", "--controller-listen", f"127.0.0.1:{controller}"],
+                            stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", secure), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    sys.exit("strata did not start; see " + str(work / "strata.log"))
+                time.sleep(0.2)
+        (work / "pw").write_text("bench-password\n")
+        admin = ["--controller", f"127.0.0.1:{controller}"]
+        subprocess.run([args.binary, "user", "create", "bench", "--password-file", str(work / "pw"), *admin],
+                       check=True, capture_output=True)
+        subprocess.run([args.binary, "topic", "create", "bench", "-p", "1", *admin], check=True,
+                       capture_output=True)
+        variants = {
+            "PLAINTEXT": (f"127.0.0.1:{plain}", {}),
+            "SASL_SSL": (f"127.0.0.1:{secure}", {
+                "security.protocol": "SASL_SSL", "sasl.mechanisms": "SCRAM-SHA-512",
+                "sasl.username": "bench", "sasl.password": "bench-password",
+                "ssl.ca.location": str(certs / "ca.pem")}),
+        }
+        results = {name: {"max": [], "rate": []} for name in variants}
+        for _ in range(args.rounds):
+            for name, (bootstrap, extra) in variants.items():
+                for kind, rate, linger in (("max", 0, 5), ("rate", args.rate, 0)):
+                    r = run(bootstrap, "bench", args.seconds, rate, args.record_bytes, linger, extra)
+                    if r["errors"]:
+                        sys.exit(f"{name} {kind}: {r['errors']} messages failed")
+                    results[name][kind].append(r)
+        best = lambda name, kind, key, f: f(r[key] for r in results[name][kind])  # noqa: E731
+        for name in variants:
+            print(f"{name:>9}: max {best(name, 'max', 'msgs_per_s', max):>8.0f} msgs/s "
+                  f"{best(name, 'max', 'mb_per_s', max):>6.1f} MB/s; at {args.rate} msgs/s ack p50 "
+                  f"{best(name, 'rate', 'p50_ms', min):.2f} ms p99 {best(name, 'rate', 'p99_ms', min):.2f} ms "
+                  f"(best of {args.rounds}, {args.record_bytes} B records, acks=all, idempotent)")
+        ratio = best("SASL_SSL", "max", "msgs_per_s", max) / best("PLAINTEXT", "max", "msgs_per_s", max)
+        p99 = best("SASL_SSL", "rate", "p99_ms", min) / best("PLAINTEXT", "rate", "p99_ms", min)
+        print(f"SASL_SSL / PLAINTEXT: throughput {ratio:.2f}x (cost {100 * (1 - ratio):.0f}%), p99 ack {p99:.2f}x")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+if __name__ == "__main__":
+    main()
