@@ -1,7 +1,8 @@
 //! A deterministic simulation of replication: three brokers, the controllers' metadata state
 //! machine and an idempotent acks=all producer, over a network that delays, drops and
 //! reorders messages, with crashes (losing what was not fsynced), restarts, isolated brokers
-//! and controller failovers between committing an AlterIsr and answering it.
+//! and controller failovers between committing an AlterIsr and answering it. A quarter of the
+//! runs have four brokers and play the laggard scenario (`laggard.rs`).
 //!
 //! Everything is driven by one seeded random generator, so a seed replays its run step for
 //! step. After every step the invariants of docs/replication.md are checked; a failure prints
@@ -27,7 +28,6 @@ use replica::{FetchError, Phase, ProduceOutcome, Rec, Refusal, Replica, Role};
 use rng::Rng;
 
 const TOPIC: &str = "settlements";
-const BROKERS: [i32; 3] = [1, 2, 3];
 const PID: i64 = 1;
 /// Steps per seed.
 const STEPS: usize = 2_000;
@@ -145,10 +145,14 @@ struct Stats {
     isr_changes: u64,
     lost_isr_answers: u64,
     crashes: u64,
+    /// Laggards that rejoined the ISR, after which the rest of it failed (`laggard.rs`).
+    laggard_rejoins: u64,
 }
 
 struct World {
     rng: Rng,
+    /// The brokers; each holds a replica of the partition.
+    brokers: Vec<i32>,
     now: i64,
     meta: ClusterMetadata,
     index: u64,
@@ -179,6 +183,8 @@ struct World {
     stuck: Option<String>,
     /// The cold tier: the partition's manifest and what its segments hold.
     tier: tier::ColdTier,
+    /// The laggard scenario, in the runs that play it.
+    laggard: Option<laggard::Laggard>,
 }
 
 macro_rules! trace {
@@ -193,15 +199,23 @@ macro_rules! trace {
     };
 }
 
+mod laggard;
+
 impl World {
     fn new(seed: u64, tracing: bool) -> Self {
         let mut rng = Rng::new(seed);
+        let laggard = rng.chance(250).then(|| laggard::Laggard::new(&mut rng));
+        let brokers: Vec<i32> = if laggard.is_some() {
+            vec![1, 2, 3, 4]
+        } else {
+            vec![1, 2, 3]
+        };
         let mut w = World {
             rng: Rng::new(0),
             now: 0,
             meta: ClusterMetadata::default(),
             index: 0,
-            replicas: BROKERS.iter().map(|b| (*b, Replica::new(*b))).collect(),
+            replicas: brokers.iter().map(|b| (*b, Replica::new(*b))).collect(),
             isolated: BTreeSet::new(),
             doomed: BTreeMap::new(),
             slow: BTreeMap::new(),
@@ -222,8 +236,10 @@ impl World {
             unclean: false,
             stuck: None,
             tier: tier::ColdTier::default(),
+            laggard,
+            brokers,
         };
-        for b in BROKERS {
+        for b in w.brokers.clone() {
             let incarnation = Uuid::from_u128(u128::from(rng.next_u64()));
             w.apply(Command::RegisterBroker {
                 id: b,
@@ -246,7 +262,8 @@ impl World {
         }
         // A quarter of the runs let replicas outside the ISR be elected: acknowledged records
         // may then be lost (the topic chose availability), but replicas must still converge.
-        w.unclean = rng.chance(250);
+        // The laggard scenario checks that no acknowledged record is lost: not in those.
+        w.unclean = rng.chance(250) && w.laggard.is_none();
         let mut configs = BTreeMap::new();
         if w.unclean {
             configs.insert(UNCLEAN_ELECTION_CONFIG.to_string(), "true".to_string());
@@ -255,7 +272,7 @@ impl World {
             name: TOPIC.into(),
             id: Uuid::from_u128(u128::from(rng.next_u64())),
             partitions: 1,
-            replication_factor: 3,
+            replication_factor: w.brokers.len() as u16,
             configs,
         })
         .expect("topic creation applies");
@@ -263,10 +280,11 @@ impl World {
         let p = w.partition().clone();
         trace!(
             w,
-            "created: replicas {:?}, leader {:?}, unclean election {}",
+            "created: replicas {:?}, leader {:?}, unclean election {}, laggard scenario {}",
             p.replicas,
             p.leader,
-            w.unclean
+            w.unclean,
+            w.laggard.is_some()
         );
         w
     }
@@ -363,7 +381,8 @@ impl World {
                 self.crash(b);
             }
         }
-        let mut b = BROKERS[self.rng.below(BROKERS.len() as u64) as usize];
+        self.laggard_step();
+        let mut b = self.brokers[self.rng.below(self.brokers.len() as u64) as usize];
         if matches!(event, Event::Crash | Event::Isolate | Event::Slow) && self.rng.chance(500) {
             // Faults hit the leader more often than chance would: that is where they hurt.
             if let Some(l) = self.partition().leader {
@@ -392,33 +411,21 @@ impl World {
                 // Runs with unclean election crash more: the elections they then make are
                 // where replica histories fork.
                 let odds = if self.unclean { 600 } else { 200 };
-                if self.replicas[&b].alive && self.rng.chance(odds) {
+                if self.replicas[&b].alive && self.rng.chance(odds) && !self.laggard_playing() {
                     self.crash(b);
                 }
             }
             Event::Restart => {
-                if !self.replicas[&b].alive {
-                    self.replicas.get_mut(&b).expect("broker").restart();
-                    let incarnation = Uuid::from_u128(u128::from(self.rng.next_u64()));
-                    let _ = self.apply(Command::RegisterBroker {
-                        id: b,
-                        incarnation,
-                        endpoints: vec![],
-                        rack: None,
-                    });
-                    self.silent_since.remove(&b);
-                    let r = &self.replicas[&b];
-                    trace!(
-                        self,
-                        "b{b} RESTARTS with log end {} epochs {:?}; registered: {:?}",
-                        r.end(),
-                        r.epochs.entries(),
-                        self.partition()
-                    );
+                if !self.replicas[&b].alive && !self.laggard_held_down(b) {
+                    self.restart(b);
                 }
             }
             Event::Isolate => {
-                if self.replicas[&b].alive && self.isolated.is_empty() && self.rng.chance(200) {
+                if self.replicas[&b].alive
+                    && self.isolated.is_empty()
+                    && self.rng.chance(200)
+                    && !self.laggard_playing()
+                {
                     self.isolated.insert(b);
                     self.silent_since.entry(b).or_insert(self.now);
                     trace!(self, "b{b} ISOLATED");
@@ -457,6 +464,27 @@ impl World {
         }
         self.resolve_waiters();
         self.check_invariants()
+    }
+
+    /// The process starts again and registers with a new incarnation.
+    fn restart(&mut self, b: i32) {
+        self.replicas.get_mut(&b).expect("broker").restart();
+        let incarnation = Uuid::from_u128(u128::from(self.rng.next_u64()));
+        let _ = self.apply(Command::RegisterBroker {
+            id: b,
+            incarnation,
+            endpoints: vec![],
+            rack: None,
+        });
+        self.silent_since.remove(&b);
+        let r = &self.replicas[&b];
+        trace!(
+            self,
+            "b{b} RESTARTS with log end {} epochs {:?}; registered: {:?}",
+            r.end(),
+            r.epochs.entries(),
+            self.partition()
+        );
     }
 
     fn crash(&mut self, b: i32) {
@@ -612,6 +640,7 @@ impl World {
         isr: Vec<i32>,
         retry: bool,
     ) {
+        let before = self.partition().isr.clone();
         let result = if self.meta.brokers[&b].fenced {
             Err(Refusal::Unknown)
         } else {
@@ -633,6 +662,9 @@ impl World {
             }
         };
         trace!(self, "controller AlterIsr from b{b} {isr:?} at partition epoch {partition_epoch}: {result:?}");
+        if result.is_ok() {
+            self.laggard_on_isr_change(&before);
+        }
         if result.is_ok() && !retry && self.rng.chance(150) {
             self.stats.lost_isr_answers += 1;
             trace!(self, "controller FAILS OVER before answering b{b}");
@@ -714,6 +746,7 @@ impl World {
                 }
                 self.stats.acked += 1;
                 trace!(self, "producer: seq {seq} ACKED at {offset}");
+                self.laggard_on_ack(offset);
                 self.producer.unacked.remove(&seq);
                 self.producer.in_flight.remove(&seq);
             }
@@ -1006,7 +1039,7 @@ impl World {
                 );
                 if was != Some(p.leader_epoch) {
                     self.stats.elections += 1;
-                    if self.rng.chance(100) {
+                    if self.rng.chance(100) && !self.laggard_playing() {
                         let at = self.now + self.rng.below(1_500) as i64;
                         self.doomed.insert(b, at);
                     }
@@ -1203,6 +1236,7 @@ fn replication_survives_seeded_faults() {
                 total.isr_changes += s.isr_changes;
                 total.lost_isr_answers += s.lost_isr_answers;
                 total.crashes += s.crashes;
+                total.laggard_rejoins += s.laggard_rejoins;
             }
             Err(e) => {
                 let (again, trace) = run(seed, true);
@@ -1227,7 +1261,10 @@ fn replication_survives_seeded_faults() {
     );
     assert!(total.elections > seeds, "too few elections: {total:?}");
     assert!(
-        total.truncations > 0 && total.lost_isr_answers > 0 && total.crashes > 0,
+        total.truncations > 0
+            && total.lost_isr_answers > 0
+            && total.crashes > 0
+            && total.laggard_rejoins > 0,
         "{total:?}"
     );
 }
