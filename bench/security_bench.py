@@ -62,10 +62,16 @@ def main():
                 time.sleep(0.2)
         (work / "pw").write_text("bench-password\n")
         admin = ["--controller", f"127.0.0.1:{controller}"]
-        subprocess.run([args.binary, "user", "create", "bench", "--password-file", str(work / "pw"), *admin],
-                       check=True, capture_output=True)
-        subprocess.run([args.binary, "topic", "create", "bench", "-p", "1", *admin], check=True,
-                       capture_output=True)
+        for cmd in (["user", "create", "bench", "--password-file", str(work / "pw"), *admin],
+                    ["topic", "create", "bench", "-p", "1", *admin]):
+            # the broker registers a moment after its listeners accept
+            for _ in range(100):
+                r = subprocess.run([args.binary, *cmd], capture_output=True, text=True)
+                if r.returncode == 0:
+                    break
+                time.sleep(0.2)
+            else:
+                sys.exit(f"strata {' '.join(cmd)} failed: {r.stderr}")
         variants = {
             "PLAINTEXT": (f"127.0.0.1:{plain}", {}),
             "SASL_SSL": (f"127.0.0.1:{secure}", {

@@ -53,6 +53,15 @@ class SecureNode:
             assert self.proc.poll() is None, self.tail()
             assert time.monotonic() < deadline, self.tail()
             time.sleep(0.1)
+        # listeners accept before the broker has registered: wait for the registration
+        while not self.registered():
+            assert self.proc.poll() is None, self.tail()
+            assert time.monotonic() < deadline, "the broker never registered:\n" + self.tail()
+            time.sleep(0.1)
+
+    def registered(self):
+        r = self.cli("quorum", "metadata", "--controller", f"127.0.0.1:{self.controller}", check=False)
+        return r.returncode == 0 and any(not b["fenced"] for b in json.loads(r.stdout)["brokers"].values())
 
     def tail(self):
         return (self.dir / "strata.log").read_text(errors="replace")[-4000:]
