@@ -9,6 +9,7 @@ Prints figures and ratios; asserts nothing about speed.
 """
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -100,6 +101,7 @@ def main():
         proc.terminate()
         proc.wait(10)
         log.close()
+        shutil.rmtree(work, ignore_errors=True)  # a saturated run writes gigabytes
 
 
 if __name__ == "__main__":

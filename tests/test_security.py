@@ -243,6 +243,10 @@ def test_only_apiversions_and_sasl_before_authentication(node):
         with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
             assert raw_request(s, 18, 0) is not None
             assert raw_request(s, 0, 3, b"\xff\xff\x00\x01\x00\x00\x75\x30\x00\x00\x00\x00") is None
+    # a large frame before authentication is not read (nor allocated): the connection closes
+    with socket.create_connection(("127.0.0.1", node.ports["SASL"]), timeout=5) as s:
+        s.sendall(struct.pack(">i", 50 << 20) + b"\x00" * 64)
+        assert s.recv(4) == b"", "a 50 MiB frame was accepted before SASL"
     # an unsupported mechanism is refused with the offered ones
     with socket.create_connection(("127.0.0.1", node.ports["SASL"]), timeout=5) as s:
         resp = raw_request(s, 17, 1, struct.pack(">h", 6) + b"GSSAPI")

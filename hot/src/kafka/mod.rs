@@ -74,6 +74,10 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
 /// Largest bare SASL token accepted after a v0 SaslHandshake.
 const MAX_RAW_SASL_TOKEN: i32 = 64 << 10;
 
+/// Largest frame a connection may send before SASL authentication (Kafka's
+/// `sasl.server.max.receive.size` default).
+const MAX_UNAUTHENTICATED_FRAME: i32 = 512 << 10;
+
 /// Requests read ahead of the response being written, per connection.
 const MAX_IN_FLIGHT: usize = 64;
 
@@ -266,6 +270,10 @@ impl KafkaServer {
                 // after a v0 SaslHandshake: bare SASL tokens, not requests
             } else if size < 8 || size as usize > self.config.max_request_bytes {
                 tracing::warn!(%peer, size, max = self.config.max_request_bytes, "refusing request frame of invalid size; closing connection");
+                break;
+            } else if principal.is_none() && size > MAX_UNAUTHENTICATED_FRAME {
+                // Kafka's sasl.server.max.receive.size: nobody allocates much before logging in.
+                tracing::warn!(%peer, size, max = MAX_UNAUTHENTICATED_FRAME, "request frame too large before SASL authentication; closing connection");
                 break;
             }
             let mut frame = BytesMut::zeroed(size as usize);
