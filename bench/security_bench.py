@@ -62,6 +62,7 @@ def main():
                     sys.exit("strata did not start; see " + str(work / "strata.log"))
                 time.sleep(0.2)
         (work / "pw").write_text("bench-password\n")
+        (work / "pw").chmod(0o600)
         admin = ["--controller", f"127.0.0.1:{controller}"]
         for cmd in (["user", "create", "bench", "--password-file", str(work / "pw"), *admin],
                     ["topic", "create", "bench", "-p", "1", *admin]):

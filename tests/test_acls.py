@@ -23,6 +23,7 @@ def acl_node(tmp_path):
     try:
         for user in USERS:
             (tmp_path / f"{user}.pw").write_text(f"pw-{user}\n")
+            (tmp_path / f"{user}.pw").chmod(0o600)
             n.user("create", user, "--password-file", str(tmp_path / f"{user}.pw"), "--mechanism", "SCRAM-SHA-512")
         for topic in (SETTLEMENT, CLICKS):
             n.cli("topic", "create", topic, "--controller", f"127.0.0.1:{n.controller}",

@@ -99,6 +99,10 @@ def node(tmp_path):
     try:
         pw = tmp_path / "alice.pw"
         pw.write_text(PASSWORD + "\n")
+        pw.chmod(0o644)
+        r = n.user("create", "alice", "--password-file", str(pw), check=False)
+        assert r.returncode != 0 and "chmod 600" in r.stderr, "a password file others may read was used"
+        pw.chmod(0o600)
         n.user("create", "alice", "--password-file", str(pw))
         n.cli("topic", "create", "ledger", "--bootstrap", n.bootstrap("PLAIN"))
         yield n

@@ -162,6 +162,7 @@ fn scram_mechanisms(
 fn read_password(file: Option<&std::path::Path>, env: Option<&str>) -> anyhow::Result<String> {
     let password = match (file, env) {
         (Some(f), _) => {
+            crate::kafka::tls::check_private(f)?;
             let text = std::fs::read_to_string(f)
                 .with_context(|| format!("reading the password file {}", f.display()))?;
             text.lines().next().unwrap_or_default().to_string()

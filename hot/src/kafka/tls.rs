@@ -36,7 +36,8 @@ pub struct TlsSection {
     pub client_auth: ClientAuth,
 }
 
-/// Refuses a secret file that users other than its owner may read.
+/// Refuses a secret file (a TLS key, a password file) that users other than its owner may
+/// read.
 pub fn check_private(path: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(path)
