@@ -240,6 +240,8 @@ impl KafkaServer {
         // Without SASL: the client certificate's subject, or anonymous; with SASL, its user.
         let mut principal: Option<Arc<str>> = (!self.config.protocol.sasl())
             .then(|| Arc::from(certificate.as_deref().unwrap_or(ANONYMOUS)));
+        // The client's address as ACLs name it, once per connection (not per authorization).
+        let host: Arc<str> = Arc::from(peer.ip().to_string());
         // SaslHandshake v0 (KIP-43): the SASL tokens that follow are bare frames.
         let mut raw_tokens = false;
         let (tx, mut rx) = mpsc::channel::<Reply>(MAX_IN_FLIGHT);
@@ -345,6 +347,7 @@ impl KafkaServer {
                     .dispatch(
                         decoded,
                         peer,
+                        host.clone(),
                         principal.clone().unwrap_or_else(|| Arc::from(ANONYMOUS)),
                     ),
                 (_, None) => {
@@ -384,7 +387,6 @@ impl KafkaServer {
             body,
             ..
         } = decoded;
-        let frame = |resp: &dyn Fn() -> Result<BytesMut, Refusal>| resp().ok();
         match body {
             Body::SaslHandshake(req) => {
                 let (code, mechanisms) = match session {
@@ -408,7 +410,7 @@ impl KafkaServer {
                             .map(StrBytes::from_static_str)
                             .collect(),
                     );
-                let reply = frame(&|| encode(key, version, correlation_id, &resp));
+                let reply = encode(key, version, correlation_id, &resp).ok();
                 let outcome = if code == codes::NONE && version == 0 {
                     SaslOutcome::RawTokens
                 } else if code == codes::NONE {
@@ -458,10 +460,7 @@ impl KafkaServer {
                         (resp, SaslOutcome::Close)
                     }
                 };
-                (
-                    frame(&|| encode(key, version, correlation_id, &resp)),
-                    outcome,
-                )
+                (encode(key, version, correlation_id, &resp).ok(), outcome)
             }
             _ => (None, SaslOutcome::Close),
         }
@@ -472,6 +471,7 @@ impl KafkaServer {
         self: &Arc<Self>,
         decoded: Decoded,
         peer: std::net::SocketAddr,
+        host: Arc<str>,
         principal: Arc<str>,
     ) -> Result<Reply, Refusal> {
         let Decoded {
@@ -488,6 +488,7 @@ impl KafkaServer {
             correlation_id,
             client_id,
             peer,
+            host,
             principal,
         };
         match body {
@@ -680,6 +681,8 @@ pub(crate) struct Request {
     correlation_id: i32,
     client_id: String,
     peer: std::net::SocketAddr,
+    /// The peer's IP address, as ACL hosts name it.
+    host: Arc<str>,
     /// Who sent it: `User:<name>` after SASL, else `User:ANONYMOUS`.
     principal: Arc<str>,
 }
@@ -711,13 +714,9 @@ impl Request {
         resource_type: acl::ResourceType,
         name: &str,
     ) -> bool {
-        self.server.broker.authorize(
-            &self.principal,
-            &self.peer.ip().to_string(),
-            operation,
-            resource_type,
-            name,
-        )
+        self.server
+            .broker
+            .authorize(&self.principal, &self.host, operation, resource_type, name)
     }
 
     pub fn may_topic(&self, operation: acl::Operation, topic: &str) -> bool {
