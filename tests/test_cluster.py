@@ -21,11 +21,21 @@ LEASE_S = 3
 
 
 class Cluster:
-    def __init__(self, binary, workdir: Path, broker_extra: str = ""):
+    def __init__(self, binary, workdir: Path, broker_extra: str = "", tls: bool = False, lease_s: int = LEASE_S):
         self.binary = binary
         self.workdir = workdir
+        self.lease_s = lease_s
         # Extra lines for each broker's [cluster] section.
         self.broker_extra = broker_extra
+        # mTLS on every gRPC port ([tls]): `strata certs` makes a CA, a certificate per node
+        # and client certificates for an admin (a super user) and for mallory (signed by the
+        # same CA, but nobody in particular).
+        self.certs = workdir / "certs" if tls else None
+        if tls:
+            nodes = [a for i in (1, 2, 3) for a in ("--node", f"controller-{i}", "--node", f"broker-{i}")]
+            subprocess.run([binary, "certs", "--out", str(self.certs), *nodes,
+                            "--client", "admin", "--client", "mallory", "--client", "writer"],
+                           check=True, capture_output=True)
         self.controller_ports = {i: free_port() for i in (1, 2, 3)}
         self.broker_ports = {i: free_port() for i in (1, 2, 3)}
         self.grpc_ports = {i: free_port() for i in (1, 2, 3)}
@@ -47,6 +57,23 @@ class Cluster:
     def controller_addr(self, i):
         return f"127.0.0.1:{self.controller_ports[i]}"
 
+    def tls_section(self, name):
+        if not self.certs:
+            return ""
+        # Brokers keep their Kafka listener open (PLAINTEXT, no ACL needed): these clusters
+        # test the internal planes; test_security.py tests authenticated Kafka listeners.
+        auth = ('[auth]\nsuper_users = ["User:CN=admin"]\nallow_everyone_if_no_acl_found = true\n'
+                if name.startswith("broker") else "")
+        return auth + (f'[tls]\nca = "{self.certs / "ca.pem"}"\ncert = "{self.certs / f"node-{name}.pem"}"\n'
+                f'key = "{self.certs / f"node-{name}.key"}"\n')
+
+    def client_tls(self, user="admin"):
+        """The `strata` flags of a client holding `user`'s certificate (none without TLS)."""
+        if not self.certs:
+            return []
+        return ["--tls-ca", str(self.certs / "ca.pem"), "--tls-cert", str(self.certs / f"client-{user}.pem"),
+                "--tls-key", str(self.certs / f"client-{user}.key")]
+
     def _config(self, name):
         path = self.workdir / f"{name}.toml"
         voters = "\n".join(f'{i} = "{self.controller_addr(i)}"' for i in (1, 2, 3))
@@ -57,7 +84,8 @@ class Cluster:
             text = (
                 f'roles = ["controller"]\ndata_dir = "{self.workdir / name}"\n'
                 f"[controller]\nnode_id = {i}\nlisten = \"{self.controller_addr(i)}\"\n"
-                f'broker_lease = "{LEASE_S}s"\nraft_heartbeat = "100ms"\n[controller.voters]\n{voters}\n'
+                f'broker_lease = "{self.lease_s}s"\nraft_heartbeat = "100ms"\n[controller.voters]\n{voters}\n'
+                + ('[auth]\nsuper_users = ["User:CN=admin"]\n' if self.certs else "")
             )
         else:
             text = (
@@ -67,7 +95,7 @@ class Cluster:
                 f'[metrics]\nlisten = "127.0.0.1:{self.metrics_ports[i]}"\n'
                 f"[cluster]\ncontrollers = [{controllers}]\n{self.broker_extra}"
             )
-        path.write_text(text)
+        path.write_text(text + self.tls_section(name))
         return path
 
     def start(self, name):
@@ -124,7 +152,7 @@ class Cluster:
         )
         env = dict(os.environ)
         env.pop("RUST_BACKTRACE", None)
-        r = subprocess.run([self.binary, *args[:1], "--controller", controller, *args[1:]],
+        r = subprocess.run([self.binary, *args[:1], "--controller", controller, *self.client_tls(), *args[1:]],
                            capture_output=True, text=True, timeout=30, env=env)
         if check:
             assert r.returncode == 0, f"strata {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"

@@ -61,9 +61,17 @@ impl ClientError {
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+static GRPC_TLS: std::sync::OnceLock<strata_proto::tls::GrpcTls> = std::sync::OnceLock::new();
+
+/// Makes every gRPC connection this process opens afterwards use mTLS with `tls` (a CLI's
+/// `--tls-ca/--tls-cert/--tls-key`); the first call wins.
+pub fn use_grpc_tls(tls: strata_proto::tls::GrpcTls) {
+    let _ = GRPC_TLS.set(tls);
+}
+
 /// Opens a gRPC channel to `addr` (host:port), with a connect timeout.
 pub(crate) async fn grpc_channel(addr: &str) -> Result<tonic::transport::Channel> {
-    tonic::transport::Channel::from_shared(format!("http://{addr}"))
+    strata_proto::tls::endpoint(addr, GRPC_TLS.get())
         .map_err(|e| ClientError::Protocol(e.to_string()))?
         .connect_timeout(Duration::from_secs(5))
         .connect()

@@ -1,6 +1,10 @@
 //! Raft traffic between controllers over gRPC (`strata.v1.Raft`), carrying openraft's
 //! request and response types as JSON. The client side is openraft's `RaftNetwork`; the
 //! server side hands requests to the local `Raft`.
+//!
+//! With mTLS (`GrpcNetwork::tls`), a controller accepts Raft only from the certificate of a
+//! configured voter, and only for that voter's own vote: a message whose vote names another
+//! node than the certificate is refused before Raft sees it.
 
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -13,9 +17,13 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use strata_proto::v1::raft_client::RaftClient;
 use strata_proto::v1::raft_server::Raft as RaftService;
 use strata_proto::v1::RaftPayload;
+
+use strata_proto::tls::{GrpcTls, Peer};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
@@ -25,11 +33,15 @@ pub type Raft = openraft::Raft<TypeConfig>;
 
 /// Makes a client per peer; connections are opened lazily and reopened after failures.
 #[derive(Clone, Default)]
-pub struct GrpcNetwork;
+pub struct GrpcNetwork {
+    /// This controller's certificate, presented to its peers (`https://`); `None`: plaintext.
+    pub tls: Option<Arc<GrpcTls>>,
+}
 
 pub struct PeerClient {
     target: NodeId,
     addr: String,
+    tls: Option<Arc<GrpcTls>>,
     client: Option<RaftClient<Channel>>,
 }
 
@@ -40,6 +52,7 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetwork {
         PeerClient {
             target,
             addr: node.addr.clone(),
+            tls: self.tls.clone(),
             client: None,
         }
     }
@@ -62,7 +75,7 @@ impl PeerClient {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let endpoint = Channel::from_shared(format!("http://{}", self.addr))
+        let endpoint = strata_proto::tls::endpoint(&self.addr, self.tls.as_deref())
             .map_err(|e| Unreachable::new(&e))?;
         let channel = endpoint.connect().await.map_err(|e| Unreachable::new(&e))?;
         let client = RaftClient::new(channel);
@@ -140,6 +153,36 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 /// The server side: decodes a request, hands it to the local Raft, encodes its result.
 pub struct RaftServer {
     pub raft: Raft,
+    /// Whether the port proves its peers (mTLS): then only voters may speak Raft.
+    pub authenticated: bool,
+    pub voters: BTreeSet<NodeId>,
+}
+
+impl RaftServer {
+    /// The voter a message comes from (`None` on a port without mTLS); anyone else is
+    /// refused before the message is even decoded.
+    fn sender<T>(&self, req: &Request<T>) -> Result<Option<NodeId>, Status> {
+        if !self.authenticated {
+            return Ok(None);
+        }
+        match Peer::of(req) {
+            Peer::Controller(id) if self.voters.contains(&id) => Ok(Some(id)),
+            peer => Err(Status::permission_denied(format!(
+                "raft messages are accepted only from the voters {:?}, not from {peer}",
+                self.voters
+            ))),
+        }
+    }
+}
+
+/// A voter speaks only for itself: the vote a message carries must name its sender.
+fn bind(sender: Option<NodeId>, claimed: Option<NodeId>) -> Result<(), Status> {
+    match sender {
+        Some(id) if claimed != Some(id) => Err(Status::permission_denied(format!(
+            "controller {id} sent a raft message in the name of {claimed:?}; refused"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn decode<T: DeserializeOwned>(req: &Request<RaftPayload>) -> Result<T, Status> {
@@ -159,12 +202,16 @@ impl RaftService for RaftServer {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        let sender = self.sender(&req)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(&req)?;
+        bind(sender, rpc.vote.leader_id.voted_for())?;
         encode(&self.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let sender = self.sender(&req)?;
         let rpc: VoteRequest<NodeId> = decode(&req)?;
+        bind(sender, rpc.vote.leader_id.voted_for())?;
         encode(&self.raft.vote(rpc).await)
     }
 
@@ -172,7 +219,25 @@ impl RaftService for RaftServer {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        let sender = self.sender(&req)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(&req)?;
+        bind(sender, rpc.vote.leader_id.voted_for())?;
         encode(&self.raft.install_snapshot(rpc).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bind;
+
+    #[test]
+    fn a_voter_speaks_only_for_itself() {
+        assert!(bind(Some(2), Some(2)).is_ok());
+        assert!(
+            bind(Some(2), Some(1)).is_err(),
+            "a vote in another voter's name"
+        );
+        assert!(bind(Some(2), None).is_err());
+        assert!(bind(None, Some(7)).is_ok(), "no mTLS: nothing to bind");
     }
 }

@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use openraft::BasicNode;
+use strata_proto::tls::{GrpcTls, Peer};
 use strata_proto::v1::controller_client::ControllerClient;
 use strata_proto::v1::controller_server::{Controller as ControllerApi, ControllerServer};
 use strata_proto::v1::raft_server::RaftServer as RaftGrpcServer;
@@ -48,6 +49,11 @@ pub struct ControllerConfig {
     pub broker_lease: Duration,
     /// Raft heartbeat interval; elections time out after 3-6 of them.
     pub raft_heartbeat: Duration,
+    /// mTLS on the gRPC port and toward peers; `None`: plaintext and open to anyone who can
+    /// reach the port (development only).
+    pub tls: Option<Arc<GrpcTls>>,
+    /// Principals allowed the admin RPCs besides the nodes (`[auth] super_users`).
+    pub admins: Vec<String>,
 }
 
 /// A running controller node.
@@ -133,7 +139,9 @@ impl Controller {
         let raft = Raft::new(
             config.node_id,
             Arc::new(raft_config),
-            GrpcNetwork,
+            GrpcNetwork {
+                tls: config.tls.clone(),
+            },
             log,
             state.clone(),
         )
@@ -148,9 +156,17 @@ impl Controller {
             raft,
             state,
         });
-        let server = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &controller.config.tls {
+            builder = builder
+                .tls_config(tls.server().context("controller TLS")?)
+                .context("controller TLS")?;
+        }
+        let server = builder
             .add_service(RaftGrpcServer::new(RaftServer {
                 raft: controller.raft.clone(),
+                authenticated: controller.config.tls.is_some(),
+                voters: controller.config.voters.keys().copied().collect(),
             }))
             .add_service(ControllerServer::new(ControllerService(controller.clone())));
         let mut stop = shutdown.clone();
@@ -248,7 +264,7 @@ impl Controller {
             self.config.voters.get(&leader).ok_or_else(|| {
                 Status::unavailable(format!("leader {leader} is not a known voter"))
             })?;
-        let channel = Channel::from_shared(format!("http://{addr}"))
+        let channel = strata_proto::tls::endpoint(addr, self.config.tls.as_deref())
             .map_err(|e| Status::internal(e.to_string()))?
             .connect()
             .await
@@ -293,6 +309,61 @@ impl Controller {
 
 struct ControllerService(Arc<Controller>);
 
+/// Who may call an RPC when the port proves its peers (mTLS). Without mTLS every call is
+/// admitted: a development cluster on 127.0.0.1.
+#[derive(Debug, Clone, Copy)]
+enum Caller {
+    /// The broker the request names (its registration, lease, ISR, shutdown, producer ids),
+    /// or a controller forwarding such a request after checking it.
+    Broker(i32),
+    /// A node (broker or controller) or an admin: reading the metadata, which holds the
+    /// SCRAM stored keys and the ACLs.
+    Node,
+    /// An admin principal (`[auth] super_users`), a controller forwarding, or a broker acting
+    /// for a Kafka client it has authorized: topics, configs, credentials, ACLs.
+    Admin,
+}
+
+/// Whether `peer` may make a call that needs `caller` (on a port with mTLS).
+fn admitted(
+    peer: &Peer,
+    caller: Caller,
+    voters: &BTreeMap<NodeId, String>,
+    admins: &[String],
+) -> bool {
+    match (peer, caller) {
+        (Peer::Controller(id), _) => voters.contains_key(id),
+        (Peer::Broker(id), Caller::Broker(named)) => *id == named,
+        (Peer::Broker(_), Caller::Node | Caller::Admin) => true,
+        (Peer::User(p), Caller::Node | Caller::Admin) => admins.contains(p),
+        (Peer::User(_) | Peer::Unauthenticated, Caller::Broker(_)) | (Peer::Unauthenticated, _) => {
+            false
+        }
+    }
+}
+
+impl ControllerService {
+    fn admit<T>(&self, req: &Request<T>, caller: Caller) -> Result<(), Status> {
+        let config = &self.0.config;
+        if config.tls.is_none() {
+            return Ok(());
+        }
+        let peer = Peer::of(req);
+        if admitted(&peer, caller, &config.voters, &config.admins) {
+            return Ok(());
+        }
+        let needed = match caller {
+            Caller::Broker(id) => format!("the certificate of broker {id} (CN=broker-{id})"),
+            Caller::Node => "a node certificate or an admin principal".into(),
+            Caller::Admin => "an admin principal ([auth] super_users) or a node".into(),
+        };
+        tracing::warn!(%peer, ?caller, "controller request refused");
+        Err(Status::permission_denied(format!(
+            "this request needs {needed}; it came from {peer}"
+        )))
+    }
+}
+
 type WatchStream = Pin<Box<dyn Stream<Item = Result<MetadataUpdate, Status>> + Send>>;
 type SessionStream = Pin<Box<dyn Stream<Item = Result<SessionEvent, Status>> + Send>>;
 
@@ -324,6 +395,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<RegisterBrokerRequest>,
     ) -> Result<Response<RegisterBrokerResponse>, Status> {
+        self.admit(&req, Caller::Broker(req.get_ref().broker_id))?;
         if let Some(mut leader) = self.0.forward().await? {
             return leader.register_broker(req.into_inner()).await;
         }
@@ -372,6 +444,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
+        self.admit(&req, Caller::Broker(req.get_ref().broker_id))?;
         if let Some(mut leader) = self.0.forward().await? {
             return leader.heartbeat(req.into_inner()).await;
         }
@@ -406,6 +479,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<ControlledShutdownRequest>,
     ) -> Result<Response<ControlledShutdownResponse>, Status> {
+        self.admit(&req, Caller::Broker(req.get_ref().broker_id))?;
         if let Some(mut leader) = self.0.forward().await? {
             return leader.controlled_shutdown(req.into_inner()).await;
         }
@@ -430,6 +504,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<SessionRequest>,
     ) -> Result<Response<SessionStream>, Status> {
+        self.admit(&req, Caller::Broker(req.get_ref().broker_id))?;
         let controller = self.0.clone();
         if !controller.is_leader() {
             return Err(Status::unavailable(format!(
@@ -482,6 +557,7 @@ impl ControllerApi for ControllerService {
     }
 
     async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<WatchStream>, Status> {
+        self.admit(&req, Caller::Node)?;
         let from = req.into_inner().from_version;
         let controller = self.0.clone();
         let mut rx = controller.metadata();
@@ -527,6 +603,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<CreateTopicRequest>,
     ) -> Result<Response<CreateTopicResponse>, Status> {
+        self.admit(&req, Caller::Admin)?;
         if let Some(mut leader) = self.0.forward().await? {
             return leader.create_topic(req.into_inner()).await;
         }
@@ -568,6 +645,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<DeleteTopicRequest>,
     ) -> Result<Response<DeleteTopicResponse>, Status> {
+        self.admit(&req, Caller::Admin)?;
         if let Some(mut leader) = self.0.forward().await? {
             return leader.delete_topic(req.into_inner()).await;
         }
@@ -583,6 +661,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<AlterTopicConfigsRequest>,
     ) -> Result<Response<AlterTopicConfigsResponse>, Status> {
+        self.admit(&req, Caller::Admin)?;
         if let Some(mut leader) = self.0.forward().await? {
             return leader.alter_topic_configs(req.into_inner()).await;
         }
@@ -603,6 +682,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<CreatePartitionsRequest>,
     ) -> Result<Response<CreatePartitionsResponse>, Status> {
+        self.admit(&req, Caller::Admin)?;
         if let Some(mut leader) = self.0.forward().await? {
             return leader.create_partitions(req.into_inner()).await;
         }
@@ -623,6 +703,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<AlterIsrRequest>,
     ) -> Result<Response<AlterIsrResponse>, Status> {
+        self.admit(&req, Caller::Broker(req.get_ref().broker_id))?;
         if let Some(mut leader) = self.0.forward().await? {
             return leader.alter_isr(req.into_inner()).await;
         }
@@ -679,6 +760,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<AllocateProducerIdsRequest>,
     ) -> Result<Response<AllocateProducerIdsResponse>, Status> {
+        self.admit(&req, Caller::Broker(req.get_ref().broker_id))?;
         if let Some(mut leader) = self.0.forward().await? {
             return leader.allocate_producer_ids(req.into_inner()).await;
         }
@@ -703,8 +785,9 @@ impl ControllerApi for ControllerService {
 
     async fn describe_quorum(
         &self,
-        _req: Request<DescribeQuorumRequest>,
+        req: Request<DescribeQuorumRequest>,
     ) -> Result<Response<DescribeQuorumResponse>, Status> {
+        self.admit(&req, Caller::Node)?;
         let m = self.0.raft.metrics().borrow().clone();
         let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
         Ok(Response::new(DescribeQuorumResponse {
@@ -720,6 +803,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<AlterScramCredentialsRequest>,
     ) -> Result<Response<AlterScramCredentialsResponse>, Status> {
+        self.admit(&req, Caller::Admin)?;
         if let Some(mut leader) = self.0.forward().await? {
             return leader.alter_scram_credentials(req.into_inner()).await;
         }
@@ -777,6 +861,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<CreateAclsRequest>,
     ) -> Result<Response<CreateAclsResponse>, Status> {
+        self.admit(&req, Caller::Admin)?;
         if let Some(mut leader) = self.0.forward().await? {
             return leader.create_acls(req.into_inner()).await;
         }
@@ -795,6 +880,7 @@ impl ControllerApi for ControllerService {
         &self,
         req: Request<DeleteAclsRequest>,
     ) -> Result<Response<DeleteAclsResponse>, Status> {
+        self.admit(&req, Caller::Admin)?;
         if let Some(mut leader) = self.0.forward().await? {
             return leader.delete_acls(req.into_inner()).await;
         }
@@ -819,8 +905,9 @@ impl ControllerApi for ControllerService {
 
     async fn describe_scram_credentials(
         &self,
-        _req: Request<DescribeScramCredentialsRequest>,
+        req: Request<DescribeScramCredentialsRequest>,
     ) -> Result<Response<DescribeScramCredentialsResponse>, Status> {
+        self.admit(&req, Caller::Node)?;
         let current = self.0.state.current();
         let credentials = current
             .scram_credentials
@@ -836,5 +923,30 @@ impl ControllerApi for ControllerService {
         Ok(Response::new(DescribeScramCredentialsResponse {
             credentials,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_brokers_own_certificate_speaks_for_it() {
+        let voters: BTreeMap<NodeId, String> = [(1, "a".into()), (2, "b".into())].into();
+        let admins = vec!["User:CN=ops".to_string()];
+        let ok = |peer: Peer, caller| admitted(&peer, caller, &voters, &admins);
+        // a broker for itself, never for another (the RegisterBroker / ControlledShutdown attack)
+        assert!(ok(Peer::Broker(1), Caller::Broker(1)));
+        assert!(!ok(Peer::Broker(2), Caller::Broker(1)));
+        assert!(!ok(Peer::User("User:CN=ops".into()), Caller::Broker(1)));
+        // controllers forward after checking; a controller that is not a voter is nobody
+        assert!(ok(Peer::Controller(2), Caller::Broker(1)));
+        assert!(!ok(Peer::Controller(3), Caller::Admin));
+        // admin calls: nodes and the configured admins only
+        assert!(ok(Peer::Broker(2), Caller::Admin));
+        assert!(ok(Peer::User("User:CN=ops".into()), Caller::Admin));
+        assert!(!ok(Peer::User("User:CN=alice".into()), Caller::Admin));
+        assert!(!ok(Peer::User("User:CN=alice".into()), Caller::Node));
+        assert!(!ok(Peer::Unauthenticated, Caller::Node));
     }
 }

@@ -9,13 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata_controller::metadata::{ClusterMetadata, Command};
+use strata_proto::tls::GrpcTls;
 use strata_proto::v1::controller_client::ControllerClient;
 use strata_proto::v1::metadata_update;
 use strata_proto::v1::{
-    AllocateProducerIdsRequest, AlterIsrRequest, AlterIsrResponse, AlterTopicConfigsRequest,
-    ControlledShutdownRequest, CreateAclsRequest, CreatePartitionsRequest, CreateTopicRequest,
-    CreateTopicResponse, DeleteAclsRequest, DeleteTopicRequest, Endpoint, HeartbeatRequest,
-    MetadataUpdate, RegisterBrokerRequest, SessionRequest, WatchRequest,
+    AllocateProducerIdsRequest, AlterIsrRequest, AlterIsrResponse, AlterScramCredentialsRequest,
+    AlterTopicConfigsRequest, ControlledShutdownRequest, CreateAclsRequest,
+    CreatePartitionsRequest, CreateTopicRequest, CreateTopicResponse, DeleteAclsRequest,
+    DeleteTopicRequest, Endpoint, HeartbeatRequest, MetadataUpdate, RegisterBrokerRequest,
+    ScramDeletion, ScramUpsertion, SessionRequest, WatchRequest,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -36,6 +38,9 @@ pub struct LinkConfig {
     pub rack: Option<String>,
     /// What Kafka clients are told the cluster is called.
     pub cluster_id: String,
+    /// This broker's certificate toward the controllers and the leaders it follows (mTLS);
+    /// `None`: plaintext.
+    pub tls: Option<Arc<GrpcTls>>,
 }
 
 /// The registration and metadata cache shared with the rest of the broker.
@@ -52,8 +57,8 @@ const RETRY: Duration = Duration::from_millis(300);
 /// How long an admin call keeps trying other controllers.
 const CALL_DEADLINE: Duration = Duration::from_secs(15);
 
-async fn connect(addr: &str) -> Option<ControllerClient<Channel>> {
-    let endpoint = Channel::from_shared(format!("http://{addr}"))
+async fn connect(addr: &str, tls: Option<&GrpcTls>) -> Option<ControllerClient<Channel>> {
+    let endpoint = strata_proto::tls::endpoint(addr, tls)
         .ok()?
         .connect_timeout(Duration::from_secs(2));
     endpoint.connect().await.ok().map(ControllerClient::new)
@@ -214,6 +219,25 @@ impl ClusterLink {
         .map(|r| r.version)
     }
 
+    /// Sets and deletes SCRAM credentials through the controllers; returns a metadata
+    /// version that includes the change.
+    pub async fn alter_scram_credentials(
+        &self,
+        upsertions: Vec<ScramUpsertion>,
+        deletions: Vec<ScramDeletion>,
+    ) -> Result<u64, tonic::Status> {
+        let req = AlterScramCredentialsRequest {
+            upsertions,
+            deletions,
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.alter_scram_credentials(req).await }
+        })
+        .await
+        .map(|r| r.version)
+    }
+
     /// Removes the bindings any filter matches; returns them.
     pub async fn delete_acls(
         &self,
@@ -276,13 +300,22 @@ impl ClusterLink {
         self.config.broker_id
     }
 
+    /// The epoch of `broker`'s newest registration this broker has seen.
+    pub fn registered_epoch(&self, broker: i32) -> Option<u64> {
+        self.metadata.borrow().brokers.get(&broker).map(|b| b.epoch)
+    }
+
+    pub fn tls(&self) -> Option<&Arc<GrpcTls>> {
+        self.config.tls.as_ref()
+    }
+
     /// Any reachable controller, trying them in turn from `start`.
     async fn any_controller(&self, start: &mut usize) -> ControllerClient<Channel> {
         loop {
             let n = self.config.controllers.len();
             for i in 0..n {
                 let addr = &self.config.controllers[(*start + i) % n];
-                if let Some(c) = connect(addr).await {
+                if let Some(c) = connect(addr, self.config.tls.as_deref()).await {
                     *start = (*start + i) % n;
                     return c;
                 }

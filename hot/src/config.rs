@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -38,6 +39,26 @@ pub struct ServerConfig {
     pub metrics: Option<MetricsSection>,
     /// Authorization of Kafka requests by ACLs (docs/security.md).
     pub auth: AuthSection,
+    /// mTLS on every gRPC port this node serves or calls (Raft, controller API, broker
+    /// data plane, replication); absent: plaintext, open to whoever reaches the ports.
+    pub tls: Option<GrpcTlsSection>,
+    /// SCRAM users (name, password) the embedded controller creates when missing: the
+    /// `admin` of `strata dev --secure`. Never read from a file.
+    #[serde(skip)]
+    pub bootstrap_users: Vec<(String, String)>,
+}
+
+/// `[tls]`: the cluster CA and this node's certificate. A broker's certificate must name it
+/// `CN=broker-<node_id>`, a controller's `CN=controller-<id>` (docs/security.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcTlsSection {
+    /// PEM CA certificate(s) that sign every node's and client's certificate.
+    pub ca: PathBuf,
+    /// PEM certificate chain of this node.
+    pub cert: PathBuf,
+    /// PEM private key; refused when other users may read it.
+    pub key: PathBuf,
 }
 
 /// `[auth]`: Kafka's `super.users` and `allow.everyone.if.no.acl.found`.
@@ -55,6 +76,26 @@ pub struct AuthSection {
 #[serde(deny_unknown_fields)]
 pub struct MetricsSection {
     pub listen: SocketAddr,
+    /// Serve `/metrics` over HTTPS with this certificate and key.
+    pub tls: Option<MetricsTls>,
+    /// Require HTTP basic authentication (what Prometheus's `basic_auth` sends).
+    pub basic_auth: Option<BasicAuthSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsTls {
+    pub cert: PathBuf,
+    /// Refused when other users may read it.
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuthSection {
+    pub user: String,
+    /// A file whose first line is the password; refused when other users may read it.
+    pub password_file: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -418,6 +459,8 @@ impl Default for ServerConfig {
             grpc: None,
             metrics: None,
             auth: AuthSection::default(),
+            tls: None,
+            bootstrap_users: Vec::new(),
         }
     }
 }
@@ -589,7 +632,7 @@ impl ServerConfig {
         Ok(config)
     }
 
-    fn validate(&self) -> anyhow::Result<()> {
+    pub(crate) fn validate(&self) -> anyhow::Result<()> {
         if self.node_id < 0 {
             bail!("node_id must be 0 or more, not {}", self.node_id);
         }
@@ -663,6 +706,8 @@ impl ServerConfig {
         }
         if self.roles.contains(&Role::Controller) {
             self.controller_config()?;
+        } else {
+            self.grpc_tls()?;
         }
         if self
             .cluster
@@ -703,7 +748,60 @@ impl ServerConfig {
             data_dir: self.data_dir.join("controller"),
             broker_lease: c.broker_lease,
             raft_heartbeat: c.raft_heartbeat,
+            tls: self.grpc_tls()?,
+            admins: self.auth.super_users.clone(),
         })
+    }
+
+    /// The `[tls]` files, read and checked (a key others may read is refused).
+    pub fn grpc_tls(&self) -> anyhow::Result<Option<Arc<strata_proto::tls::GrpcTls>>> {
+        let Some(t) = &self.tls else {
+            return Ok(None);
+        };
+        crate::kafka::tls::check_private(&t.key)?;
+        let tls = strata_proto::tls::GrpcTls::load(&t.ca, Some((&t.cert, &t.key)))
+            .context("invalid [tls]")?;
+        self.check_identity(&t.cert)?;
+        Ok(Some(Arc::new(tls)))
+    }
+
+    /// The certificate must name this node as its peers will check it: a broker (or a
+    /// single combined node) `CN=broker-<node_id>`, a controller `CN=controller-<id>`.
+    fn check_identity(&self, cert: &Path) -> anyhow::Result<()> {
+        use rustls::pki_types::pem::PemObject;
+        use strata_proto::tls::Peer;
+        let first = rustls::pki_types::CertificateDer::pem_file_iter(cert)
+            .with_context(|| format!("reading {}", cert.display()))?
+            .next()
+            .with_context(|| format!("{} holds no PEM certificate", cert.display()))?
+            .with_context(|| format!("parsing {}", cert.display()))?;
+        let named = Peer::from_der(first.as_ref());
+        let broker = self.roles.contains(&Role::Broker);
+        let controller = self
+            .controller
+            .as_ref()
+            .filter(|_| self.roles.contains(&Role::Controller));
+        let expected = match (broker, controller) {
+            (true, Some(c)) if c.voters.len() > 1 => bail!(
+                "[tls]: a node that is both broker and controller can hold only one identity; \
+                 with mTLS run the controllers and brokers of a multi-node cluster as separate processes"
+            ),
+            (true, _) => Peer::Broker(self.node_id),
+            (false, Some(c)) => Peer::Controller(c.node_id),
+            (false, None) => return Ok(()),
+        };
+        if named != expected {
+            bail!(
+                "[tls]: {} names {named}, but this node is {expected}; peers would refuse it \
+                 (make one with: strata certs --node {})",
+                cert.display(),
+                expected
+                    .principal()
+                    .unwrap_or_default()
+                    .trim_start_matches("User:CN=")
+            );
+        }
+        Ok(())
     }
 
     pub fn broker(&self) -> BrokerConfig {
@@ -735,7 +833,7 @@ impl ServerConfig {
                 || (l.protocol.tls()
                     && l.client_auth.or(client_auth).unwrap_or_default()
                         != crate::kafka::tls::ClientAuth::None)
-        });
+        }) || self.tls.is_some();
         strata_controller::metadata::acl::AuthorizerConfig {
             super_users: self.auth.super_users.clone(),
             allow_if_no_acl: self
@@ -887,6 +985,53 @@ mod tests {
             let e = format!("{:#}", from_toml(&text).unwrap_err());
             assert!(e.contains(error), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn a_node_certificate_must_name_the_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = dir.path().join("certs");
+        crate::certs::run(crate::certs::CertsArgs {
+            out: certs.clone(),
+            nodes: vec!["broker-1".into(), "controller-1".into()],
+            hosts: vec!["127.0.0.1".into()],
+            clients: vec![],
+            days: 1,
+        })
+        .unwrap();
+        let tls = |name: &str| {
+            format!(
+                "[tls]\nca = \"{0}/ca.pem\"\ncert = \"{0}/node-{name}.pem\"\nkey = \"{0}/node-{name}.key\"\n",
+                certs.display()
+            )
+        };
+        let broker = |id: i32, name: &str| format!("node_id = {id}\n{}", tls(name));
+        assert!(
+            !from_toml(&broker(1, "broker-1"))
+                .unwrap()
+                .broker()
+                .authorizer
+                .allow_if_no_acl,
+            "mTLS authenticates: no ACL means no access"
+        );
+        for (text, error) in [
+            (
+                broker(2, "broker-1"),
+                "names broker 1, but this node is broker 2",
+            ),
+            (
+                broker(1, "controller-1"),
+                "names controller 1, but this node is broker 1",
+            ),
+        ] {
+            let e = format!("{:#}", from_toml(&text).unwrap_err());
+            assert!(e.contains(error), "{text}: {e}");
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let key = certs.join("node-broker-1.key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = format!("{:#}", from_toml(&broker(1, "broker-1")).unwrap_err());
+        assert!(e.contains("chmod 600"), "{e}");
     }
 
     #[test]

@@ -2,10 +2,16 @@
 //! offsets, producer ids and consumer groups, with the same validation, append path,
 //! durability waits and group coordinator as the Kafka listener, and Kafka's error codes in
 //! the answers.
+//!
+//! Every call is authorized with the same ACLs as the Kafka listener. The caller's principal
+//! is its TLS client certificate's (`User:CN=...`) when the port uses mTLS, and
+//! `User:ANONYMOUS` otherwise; a refusal is `PERMISSION_DENIED` naming Kafka's error.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use strata_controller::metadata::acl::{Operation, ResourceType, CLUSTER_NAME};
+use strata_proto::tls::Peer;
 use strata_proto::v1::broker_server::{Broker as BrokerApi, BrokerServer};
 use strata_proto::v1::{
     BrokerEndpoint, ClusterMetadataRequest, ClusterMetadataResponse, CommitOffsetsRequest,
@@ -20,6 +26,25 @@ use tonic::{Request, Response, Status};
 
 use crate::broker::{Broker, ProduceError, Route};
 use crate::kafka::codes;
+
+/// Who made a call, as ACLs name them.
+struct Caller {
+    principal: String,
+    host: String,
+}
+
+impl Caller {
+    fn of<T>(req: &Request<T>) -> Caller {
+        Caller {
+            principal: Peer::of(req)
+                .principal()
+                .unwrap_or_else(|| crate::kafka::ANONYMOUS.to_string()),
+            host: req
+                .remote_addr()
+                .map_or_else(String::new, |a| a.ip().to_string()),
+        }
+    }
+}
 
 /// Longest long poll a fetch may ask for.
 const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -55,6 +80,28 @@ impl GrpcService {
             },
             leader,
         }
+    }
+
+    fn permits(&self, c: &Caller, op: Operation, rt: ResourceType, name: &str) -> bool {
+        self.broker.authorize(&c.principal, &c.host, op, rt, name)
+    }
+
+    /// Refuses the call unless `c` may do `op` on the resource.
+    fn allow(&self, c: &Caller, op: Operation, rt: ResourceType, name: &str) -> Result<(), Status> {
+        if self.permits(c, op, rt, name) {
+            return Ok(());
+        }
+        let kafka_error = match rt {
+            ResourceType::Topic => "TOPIC_AUTHORIZATION_FAILED",
+            ResourceType::Group => "GROUP_AUTHORIZATION_FAILED",
+            ResourceType::TransactionalId => "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+            _ => "CLUSTER_AUTHORIZATION_FAILED",
+        };
+        tracing::info!(principal = %c.principal, host = %c.host, ?op, ?rt, resource = name, "gRPC call denied by ACLs");
+        Err(Status::permission_denied(format!(
+            "{kafka_error}: {} may not {op:?} {rt:?} '{name}'",
+            c.principal
+        )))
     }
 }
 
@@ -215,6 +262,7 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<ClusterMetadataRequest>,
     ) -> Result<Response<ClusterMetadataResponse>, Status> {
+        let caller = Caller::of(&req);
         let req = req.into_inner();
         let brokers = match self.broker.cluster() {
             Some(link) => {
@@ -248,6 +296,12 @@ impl BrokerApi for GrpcService {
         let wanted: Vec<_> = if req.topics.is_empty() {
             all
         } else {
+            // A topic asked for by name that the caller may not Describe is refused, as
+            // Kafka answers it TOPIC_AUTHORIZATION_FAILED (existing or not, so the refusal
+            // does not tell a stranger which topics exist).
+            for n in &req.topics {
+                self.allow(&caller, Operation::Describe, ResourceType::Topic, n)?;
+            }
             req.topics
                 .iter()
                 .filter_map(|n| {
@@ -259,8 +313,17 @@ impl BrokerApi for GrpcService {
                 })
                 .collect()
         };
+        // Topics the caller may not Describe are left out, as Kafka's Metadata does.
         let topics = wanted
             .iter()
+            .filter(|t| {
+                self.permits(
+                    &caller,
+                    Operation::Describe,
+                    ResourceType::Topic,
+                    &t.spec.name,
+                )
+            })
             .map(|t| TopicInfo {
                 name: t.spec.name.clone(),
                 id: t.spec.id.to_string(),
@@ -295,6 +358,13 @@ impl BrokerApi for GrpcService {
         req: Request<ProduceRequest>,
     ) -> Result<Response<ProduceResponse>, Status> {
         let started = std::time::Instant::now();
+        let caller = Caller::of(&req);
+        self.allow(
+            &caller,
+            Operation::Write,
+            ResourceType::Topic,
+            &req.get_ref().topic,
+        )?;
         let resp = self.produce_inner(req.into_inner()).await;
         self.broker
             .metrics()
@@ -306,6 +376,13 @@ impl BrokerApi for GrpcService {
     async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
         use std::sync::atomic::Ordering::Relaxed;
         let started = std::time::Instant::now();
+        let caller = Caller::of(&req);
+        self.allow(
+            &caller,
+            Operation::Read,
+            ResourceType::Topic,
+            &req.get_ref().topic,
+        )?;
         let resp = self.fetch_inner(req.into_inner()).await;
         let m = self.broker.metrics();
         m.fetch_requests.fetch_add(1, Relaxed);
@@ -321,6 +398,13 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<ListOffsetsRequest>,
     ) -> Result<Response<ListOffsetsResponse>, Status> {
+        let caller = Caller::of(&req);
+        self.allow(
+            &caller,
+            Operation::Describe,
+            ResourceType::Topic,
+            &req.get_ref().topic,
+        )?;
         let r = req.into_inner();
         let partition = match self.broker.route(&r.topic, r.partition as i32) {
             Route::Leader(p) => p,
@@ -349,6 +433,13 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<FindCoordinatorRequest>,
     ) -> Result<Response<FindCoordinatorResponse>, Status> {
+        let caller = Caller::of(&req);
+        self.allow(
+            &caller,
+            Operation::Describe,
+            ResourceType::Group,
+            &req.get_ref().group,
+        )?;
         let group = req.into_inner().group;
         Ok(Response::new(
             match self.broker.groups().find(&group).await {
@@ -368,6 +459,13 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<GroupJoinRequest>,
     ) -> Result<Response<GroupJoinResponse>, Status> {
+        let caller = Caller::of(&req);
+        self.allow(
+            &caller,
+            Operation::Read,
+            ResourceType::Group,
+            &req.get_ref().group,
+        )?;
         let host = req
             .remote_addr()
             .map_or_else(String::new, |a| format!("/{}", a.ip()));
@@ -415,6 +513,13 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<GroupHeartbeatRequest>,
     ) -> Result<Response<GroupHeartbeatResponse>, Status> {
+        let caller = Caller::of(&req);
+        self.allow(
+            &caller,
+            Operation::Read,
+            ResourceType::Group,
+            &req.get_ref().group,
+        )?;
         let r = req.into_inner();
         let code = match self.broker.groups().coordinator(&r.group) {
             Ok(c) => c.heartbeat(&r.group, &r.member_id, r.generation),
@@ -429,6 +534,13 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<GroupLeaveRequest>,
     ) -> Result<Response<GroupLeaveResponse>, Status> {
+        let caller = Caller::of(&req);
+        self.allow(
+            &caller,
+            Operation::Read,
+            ResourceType::Group,
+            &req.get_ref().group,
+        )?;
         let r = req.into_inner();
         let code = match self.broker.groups().coordinator(&r.group) {
             Ok(c) => c.leave(&r.group, &r.member_id, None),
@@ -443,7 +555,12 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<CommitOffsetsRequest>,
     ) -> Result<Response<CommitOffsetsResponse>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
+        self.allow(&caller, Operation::Read, ResourceType::Group, &r.group)?;
+        for o in &r.offsets {
+            self.allow(&caller, Operation::Read, ResourceType::Topic, &o.topic)?;
+        }
         let unknown = r.offsets.iter().find(|o| {
             self.broker
                 .topic(&o.topic)
@@ -487,7 +604,12 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<FetchOffsetsRequest>,
     ) -> Result<Response<FetchOffsetsResponse>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
+        self.allow(&caller, Operation::Describe, ResourceType::Group, &r.group)?;
+        for t in &r.partitions {
+            self.allow(&caller, Operation::Describe, ResourceType::Topic, &t.topic)?;
+        }
         let c = match self.broker.groups().coordinator(&r.group) {
             Ok(c) => c,
             Err(code) => {
@@ -522,8 +644,27 @@ impl BrokerApi for GrpcService {
 
     async fn init_producer_id(
         &self,
-        _req: Request<InitProducerIdRequest>,
+        req: Request<InitProducerIdRequest>,
     ) -> Result<Response<InitProducerIdResponse>, Status> {
+        // Kafka (KIP-679): IdempotentWrite on the cluster, or Write on any topic.
+        let caller = Caller::of(&req);
+        let may_write =
+            self.permits(
+                &caller,
+                Operation::IdempotentWrite,
+                ResourceType::Cluster,
+                CLUSTER_NAME,
+            ) || self.broker.topics().iter().any(|t| {
+                self.permits(&caller, Operation::Write, ResourceType::Topic, &t.spec.name)
+            });
+        if !may_write {
+            self.allow(
+                &caller,
+                Operation::IdempotentWrite,
+                ResourceType::Cluster,
+                CLUSTER_NAME,
+            )?;
+        }
         Ok(Response::new(
             match self.broker.allocate_producer_id().await {
                 Ok(id) => InitProducerIdResponse {

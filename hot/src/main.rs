@@ -17,6 +17,44 @@ use strata_hot::config::{DevFlags, ServerConfig};
 struct Args {
     #[command(subcommand)]
     command: Command,
+    /// CA certificate (PEM) of a cluster whose gRPC ports use mTLS ([tls]); the admin and
+    /// native-client commands then connect over TLS. Also STRATA_TLS_CA.
+    #[arg(long, global = true)]
+    tls_ca: Option<PathBuf>,
+    /// This client's certificate (PEM), whose subject is its principal. Also STRATA_TLS_CERT.
+    #[arg(long, global = true, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// This client's private key (PEM, mode 600). Also STRATA_TLS_KEY.
+    #[arg(long, global = true)]
+    tls_key: Option<PathBuf>,
+}
+
+/// The mTLS settings of the client commands, from the flags or the environment.
+fn client_tls(args: &Args) -> anyhow::Result<()> {
+    let from_env = |flag: &Option<PathBuf>, var: &str| {
+        flag.clone()
+            .or_else(|| std::env::var_os(var).map(PathBuf::from))
+    };
+    let ca = from_env(&args.tls_ca, "STRATA_TLS_CA");
+    let cert = from_env(&args.tls_cert, "STRATA_TLS_CERT");
+    let key = from_env(&args.tls_key, "STRATA_TLS_KEY");
+    let Some(ca) = ca else {
+        if cert.is_some() || key.is_some() {
+            anyhow::bail!("--tls-cert and --tls-key need --tls-ca (the cluster's CA certificate)");
+        }
+        return Ok(());
+    };
+    let pair = match (&cert, &key) {
+        (Some(c), Some(k)) => {
+            strata_hot::kafka::tls::check_private(k)?;
+            Some((c.as_path(), k.as_path()))
+        }
+        (None, None) => None,
+        _ => anyhow::bail!("give both --tls-cert and --tls-key, or neither"),
+    };
+    let tls = strata_proto::tls::GrpcTls::load(&ca, pair).context("client TLS")?;
+    strata_client::use_grpc_tls(tls);
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -115,6 +153,7 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let env = std::env::vars();
+    client_tls(&args)?;
     match args.command {
         Command::Dev {
             data_dir,

@@ -42,6 +42,7 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 
 /// Runs the broker role until a shutdown signal arrives, then closes it cleanly.
 async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let tls = config.grpc_tls()?;
     let mut listeners = Vec::new();
     for l in config.kafka_listeners() {
         let bound_listener = TcpListener::bind(l.listen).await.with_context(|| {
@@ -90,6 +91,7 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
                 grpc_port,
                 rack: c.rack.clone(),
                 cluster_id: c.cluster_id.clone(),
+                tls: tls.clone(),
             },
             link_stop_rx,
         )
@@ -129,14 +131,22 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         let service = GrpcService::server(broker.clone(), me);
         let replica_broker = broker.clone();
         let mut stop = listener_stop_rx.clone();
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &tls {
+            builder = builder
+                .tls_config(tls.server()?)
+                .context("setting up TLS on the gRPC port")?;
+        }
+        let authenticated = tls.is_some();
         tokio::spawn(async move {
             let stopped = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            let serving = tonic::transport::Server::builder()
+            let serving = builder
                 .add_service(service)
                 .add_service(crate::replication::service::ReplicaService::server(
                     replica_broker,
+                    authenticated,
                 ))
                 .serve_with_incoming_shutdown(
                     strata_controller::service::nodelay(

@@ -3,6 +3,8 @@
 
 #![allow(clippy::large_enum_variant)]
 
+pub mod tls;
+
 pub mod v1 {
     tonic::include_proto!("strata.v1");
 }

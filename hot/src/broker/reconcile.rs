@@ -315,6 +315,14 @@ impl follower::Directory for LinkDirectory {
         self.link.grpc_address(broker)
     }
 
+    fn tls(&self) -> Option<Arc<strata_proto::tls::GrpcTls>> {
+        self.link.tls().cloned()
+    }
+
+    fn broker_epoch(&self) -> Option<u64> {
+        self.link.epoch()
+    }
+
     fn now_ms(&self) -> i64 {
         self.clock.now_ms()
     }

@@ -22,6 +22,7 @@ pub const CORRUPT_MESSAGE: i16 = E::CorruptMessage.code();
 pub const KAFKA_STORAGE_ERROR: i16 = E::KafkaStorageError.code();
 pub const FENCED_LEADER_EPOCH: i16 = E::FencedLeaderEpoch.code();
 pub const UNKNOWN_LEADER_EPOCH: i16 = E::UnknownLeaderEpoch.code();
+pub const STALE_BROKER_EPOCH: i16 = E::StaleBrokerEpoch.code();
 pub const INVALID_REPLICA_ASSIGNMENT: i16 = E::InvalidReplicaAssignment.code();
 pub const UNSUPPORTED_SASL_MECHANISM: i16 = E::UnsupportedSaslMechanism.code();
 pub const ILLEGAL_SASL_STATE: i16 = E::IllegalSaslState.code();

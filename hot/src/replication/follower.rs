@@ -57,6 +57,11 @@ impl Target {
 /// Where to reach a broker's gRPC listener (looked up again at every reconnect).
 pub trait Directory: Send + Sync + 'static {
     fn grpc_address(&self, broker: i32) -> Option<String>;
+    /// This broker's certificate toward leaders (mTLS); `None`: plaintext.
+    fn tls(&self) -> Option<Arc<strata_proto::tls::GrpcTls>>;
+    /// This broker's registration epoch, which leaders check (a restarted broker's old
+    /// fetchers are refused, KIP-380).
+    fn broker_epoch(&self) -> Option<u64>;
     fn now_ms(&self) -> i64;
 }
 
@@ -79,6 +84,8 @@ fn refused(code: i32, why: String) -> Restart {
         codes::UNKNOWN_TOPIC_OR_PARTITION,
         codes::UNKNOWN_LEADER_EPOCH,
         codes::NOT_LEADER_OR_FOLLOWER,
+        // the leader has not seen this broker's newest registration yet
+        codes::STALE_BROKER_EPOCH,
     ]
     .contains(&code)
     {
@@ -105,23 +112,25 @@ pub async fn run(
         let c = match &client {
             Some(c) => c.clone(),
             None => match directory.grpc_address(target.leader) {
-                Some(addr) => match Channel::from_shared(format!("http://{addr}")) {
-                    Ok(endpoint) => {
-                        let c = ReplicaClient::new(
-                            endpoint
-                                .connect_timeout(Duration::from_secs(2))
-                                .connect_lazy(),
-                        )
-                        .max_decoding_message_size(2 * FETCH_MAX_BYTES as usize);
-                        client = Some(c.clone());
-                        c
+                Some(addr) => {
+                    match strata_proto::tls::endpoint(&addr, directory.tls().as_deref()) {
+                        Ok(endpoint) => {
+                            let c = ReplicaClient::new(
+                                endpoint
+                                    .connect_timeout(Duration::from_secs(2))
+                                    .connect_lazy(),
+                            )
+                            .max_decoding_message_size(2 * FETCH_MAX_BYTES as usize);
+                            client = Some(c.clone());
+                            c
+                        }
+                        Err(e) => {
+                            tracing::error!(leader = target.leader, addr, error = %e, "leader's gRPC address is invalid");
+                            sleep_or_stop(&mut stop, MAX_BACKOFF).await;
+                            continue;
+                        }
                     }
-                    Err(e) => {
-                        tracing::error!(leader = target.leader, addr, error = %e, "leader's gRPC address is invalid");
-                        sleep_or_stop(&mut stop, MAX_BACKOFF).await;
-                        continue;
-                    }
-                },
+                }
                 None => {
                     tracing::warn!(topic = %target.topic, partition = partition.index, leader = target.leader, "leader has no gRPC endpoint in the metadata yet; waiting");
                     sleep_or_stop(&mut stop, MAX_BACKOFF).await;
@@ -194,6 +203,7 @@ async fn truncate(
                 partition: partition.index as u32,
                 current_leader_epoch: target.leader_epoch,
                 leader_epoch: latest.epoch,
+                broker_epoch: directory.broker_epoch().unwrap_or(0),
             }),
         )
         .await
@@ -255,6 +265,7 @@ async fn fetch_loop(
             fetch_offset: offset,
             max_bytes: FETCH_MAX_BYTES,
             max_wait_ms: FETCH_WAIT.as_millis() as u32,
+            broker_epoch: directory.broker_epoch().unwrap_or(0),
         });
         let resp = match tokio::time::timeout(FETCH_WAIT + CALL_TIMEOUT, call).await {
             Err(_) => return Restart::Backoff("fetch timed out".into()),

@@ -1,9 +1,15 @@
 //! The leader side of replication over gRPC (`strata.v1.Replica`): followers' fetches and
 //! their OffsetForLeaderEpoch questions, answered from this broker's partitions.
+//!
+//! A request is admitted only from the broker it names: with mTLS its certificate must be
+//! that broker's (`CN=broker-<replica_id>`), and always its broker epoch must not be older
+//! than that broker's newest registration, so neither a stranger nor a dead incarnation of
+//! the follower can move the high watermark.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use strata_proto::tls::Peer;
 use strata_proto::v1::replica_server::{Replica, ReplicaServer};
 use strata_proto::v1::{
     Error, OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, ReplicaFetchRequest,
@@ -23,13 +29,18 @@ const MAX_BYTES: u32 = 32 << 20;
 
 pub struct ReplicaService {
     broker: Arc<Broker>,
+    /// Whether the port proves its peers (mTLS).
+    authenticated: bool,
 }
 
 impl ReplicaService {
-    pub fn server(broker: Arc<Broker>) -> ReplicaServer<ReplicaService> {
-        ReplicaServer::new(ReplicaService { broker })
-            .max_decoding_message_size(1 << 20)
-            .max_encoding_message_size(2 * MAX_BYTES as usize)
+    pub fn server(broker: Arc<Broker>, authenticated: bool) -> ReplicaServer<ReplicaService> {
+        ReplicaServer::new(ReplicaService {
+            broker,
+            authenticated,
+        })
+        .max_decoding_message_size(1 << 20)
+        .max_encoding_message_size(2 * MAX_BYTES as usize)
     }
 
     /// The local replica of `topic`-`partition`, if the topic id matches (a follower of a
@@ -57,6 +68,41 @@ impl ReplicaService {
     }
 }
 
+impl ReplicaService {
+    /// Refuses a request from anyone but `replica`'s certificate (a gRPC error: the caller
+    /// is not a broker at all), or from another incarnation of it (a Kafka error the real
+    /// follower handles by retrying once it knows its new epoch).
+    fn admit<T>(&self, req: &Request<T>, replica: i32) -> Result<(), Status> {
+        if self.authenticated {
+            match Peer::of(req) {
+                Peer::Broker(id) if id == replica => {}
+                peer => {
+                    tracing::warn!(%peer, replica, "replica request refused: not that broker's certificate");
+                    return Err(Status::permission_denied(format!(
+                        "replica {replica}'s requests need its certificate (CN=broker-{replica}); this one came from {peer}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A fetch from an incarnation older than the follower's newest registration this
+    /// leader knows comes from a process that is gone (or a zombie of it). A newer epoch
+    /// is accepted: the leader's metadata may simply not show the registration yet, and
+    /// refusing it would keep a restarted follower out until it does.
+    fn stale_epoch(&self, replica: i32, broker_epoch: u64) -> Option<Error> {
+        let newest = self.broker.cluster()?.registered_epoch(replica)?;
+        (broker_epoch < newest).then(|| Error {
+            code: i32::from(codes::STALE_BROKER_EPOCH),
+            message: format!(
+                "broker {replica} fetches at broker epoch {broker_epoch}; it registered again at {newest}"
+            ),
+            leader: None,
+        })
+    }
+}
+
 fn epoch_error(e: ReplicaFetchError) -> Error {
     let code = match e {
         ReplicaFetchError::NotLeader | ReplicaFetchError::NotReplica(_) => {
@@ -78,7 +124,14 @@ impl Replica for ReplicaService {
         &self,
         req: Request<ReplicaFetchRequest>,
     ) -> Result<Response<ReplicaFetchResponse>, Status> {
+        self.admit(&req, req.get_ref().replica_id)?;
         let r = req.into_inner();
+        if let Some(e) = self.stale_epoch(r.replica_id, r.broker_epoch) {
+            return Ok(Response::new(ReplicaFetchResponse {
+                error: Some(e),
+                ..Default::default()
+            }));
+        }
         let partition = match self.partition(&r.topic, &r.topic_id, r.partition) {
             Ok(p) => p,
             Err(e) => {
@@ -141,7 +194,14 @@ impl Replica for ReplicaService {
         &self,
         req: Request<OffsetForLeaderEpochRequest>,
     ) -> Result<Response<OffsetForLeaderEpochResponse>, Status> {
+        self.admit(&req, req.get_ref().replica_id)?;
         let r = req.into_inner();
+        if let Some(e) = self.stale_epoch(r.replica_id, r.broker_epoch) {
+            return Ok(Response::new(OffsetForLeaderEpochResponse {
+                error: Some(e),
+                ..Default::default()
+            }));
+        }
         let partition = match self.partition(&r.topic, &r.topic_id, r.partition) {
             Ok(p) => p,
             Err(e) => {
