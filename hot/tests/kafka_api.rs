@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use kafka_protocol::messages::alter_user_scram_credentials_request::ScramCredentialUpsertion;
 use kafka_protocol::messages::create_acls_request::AclCreation;
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
@@ -26,10 +27,11 @@ use kafka_protocol::messages::offset_for_leader_epoch_request::{
 };
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiVersionsRequest, CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest,
-    DeleteAclsRequest, DeleteTopicsRequest, DescribeAclsRequest, DescribeConfigsRequest,
-    FetchRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest, ListOffsetsRequest,
-    MetadataRequest, OffsetForLeaderEpochRequest, ProduceRequest, TopicName,
+    AlterUserScramCredentialsRequest, ApiVersionsRequest, CreateAclsRequest,
+    CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest, DeleteTopicsRequest,
+    DescribeAclsRequest, DescribeConfigsRequest, DescribeUserScramCredentialsRequest, FetchRequest,
+    IncrementalAlterConfigsRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest,
+    OffsetForLeaderEpochRequest, ProduceRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use strata_client::{fetch, list_offset, produce, Admin, ClientError, Connection};
@@ -341,6 +343,28 @@ async fn every_served_api_answers_at_every_served_version() {
                     )
                     .await
                     .map(|r| assert_eq!(r.filter_results[0].error_code, 42, "v{v}")),
+                // Users, like ACLs, need the controllers (tests/test_security.py).
+                DescribeUserScramCredentials => conn
+                    .send(&DescribeUserScramCredentialsRequest::default(), v)
+                    .await
+                    .map(|r| {
+                        assert_eq!(r.error_code, 0, "v{v}: {:?}", r.error_message);
+                        assert!(r.results.is_empty());
+                    }),
+                AlterUserScramCredentials => conn
+                    .send(
+                        &AlterUserScramCredentialsRequest::default().with_upsertions(vec![
+                            ScramCredentialUpsertion::default()
+                                .with_name(s("carol"))
+                                .with_mechanism(2)
+                                .with_iterations(8192)
+                                .with_salt(bytes::Bytes::from_static(b"salt"))
+                                .with_salted_password(bytes::Bytes::from_static(&[7; 64])),
+                        ]),
+                        v,
+                    )
+                    .await
+                    .map(|r| assert_eq!(r.results[0].error_code, 42, "v{v}")),
                 other => panic!("no sweep case for {other:?}"),
             };
             result.unwrap_or_else(|e| panic!("{key:?} v{v}: {e}"));

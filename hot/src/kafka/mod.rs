@@ -15,16 +15,18 @@ mod group;
 mod produce;
 pub mod sasl;
 pub mod tls;
+mod users;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    api_versions_response::ApiVersion, ApiKey, ApiVersionsRequest, ApiVersionsResponse,
-    CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest,
-    DeleteGroupsRequest, DeleteTopicsRequest, DescribeAclsRequest, DescribeConfigsRequest,
-    DescribeGroupsRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
+    api_versions_response::ApiVersion, AlterUserScramCredentialsRequest, ApiKey,
+    ApiVersionsRequest, ApiVersionsResponse, CreateAclsRequest, CreatePartitionsRequest,
+    CreateTopicsRequest, DeleteAclsRequest, DeleteGroupsRequest, DeleteTopicsRequest,
+    DescribeAclsRequest, DescribeConfigsRequest, DescribeGroupsRequest,
+    DescribeUserScramCredentialsRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
     IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
     ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
     OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
@@ -68,6 +70,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeAcls, 1, 3),
     (ApiKey::CreateAcls, 1, 3),
     (ApiKey::DeleteAcls, 1, 3),
+    (ApiKey::DescribeUserScramCredentials, 0, 0),
+    (ApiKey::AlterUserScramCredentials, 0, 0),
     (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
@@ -525,6 +529,8 @@ impl KafkaServer {
             Body::DescribeAcls(req) => ctx.respond_now(&acls::describe_acls(&ctx, req)),
             Body::CreateAcls(req) => ctx.later(acls::create_acls(ctx.clone(), req)),
             Body::DeleteAcls(req) => ctx.later(acls::delete_acls(ctx.clone(), req)),
+            Body::DescribeUserScramCredentials(req) => ctx.respond_now(&users::describe(&ctx, req)),
+            Body::AlterUserScramCredentials(req) => ctx.later(users::alter(ctx.clone(), req)),
             // answered by the connection's SASL session before dispatch
             Body::SaslHandshake(_) | Body::SaslAuthenticate(_) => Err(Refusal::Malformed {
                 what: "SASL request",
@@ -574,6 +580,8 @@ pub enum Body {
     SaslAuthenticate(SaslAuthenticateRequest),
     DescribeAcls(DescribeAclsRequest),
     CreateAcls(CreateAclsRequest),
+    DescribeUserScramCredentials(DescribeUserScramCredentialsRequest),
+    AlterUserScramCredentials(AlterUserScramCredentialsRequest),
     DeleteAcls(DeleteAclsRequest),
 }
 
@@ -656,6 +664,12 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::DescribeAcls => Body::DescribeAcls(decode_body(&mut frame, version)?),
         ApiKey::CreateAcls => Body::CreateAcls(decode_body(&mut frame, version)?),
         ApiKey::DeleteAcls => Body::DeleteAcls(decode_body(&mut frame, version)?),
+        ApiKey::DescribeUserScramCredentials => {
+            Body::DescribeUserScramCredentials(decode_body(&mut frame, version)?)
+        }
+        ApiKey::AlterUserScramCredentials => {
+            Body::AlterUserScramCredentials(decode_body(&mut frame, version)?)
+        }
         other => {
             return Err(Refusal::UnsupportedVersion {
                 key: other,

@@ -57,7 +57,18 @@ fn hi(m: ScramMechanism, password: &[u8], salt: &[u8], iterations: u32) -> Vec<u
 
 /// The keys a server stores for `password` (RFC 5802 section 3).
 pub fn derive(m: ScramMechanism, password: &[u8], salt: &[u8], iterations: u32) -> ScramCredential {
-    let salted = hi(m, password, salt, iterations);
+    from_salted(m, &hi(m, password, salt, iterations), salt, iterations)
+}
+
+/// The keys a server stores, from the salted password a client computed (Kafka's
+/// AlterUserScramCredentials sends `Hi(password, salt, i)`, never the password).
+pub fn from_salted(
+    m: ScramMechanism,
+    salted: &[u8],
+    salt: &[u8],
+    iterations: u32,
+) -> ScramCredential {
+    let salted = salted.to_vec();
     let client_key = hmac(m, &salted, &[b"Client Key"]);
     ScramCredential {
         salt: salt.to_vec(),
