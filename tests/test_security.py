@@ -281,6 +281,43 @@ def test_users_are_created_listed_and_deleted_without_exposing_keys(node, tmp_pa
     assert r.returncode != 0 and "has no credentials" in r.stderr
 
 
+def test_kafka_admin_clients_manage_scram_users_kip_554(node):
+    """confluent-kafka's AdminClient creates, describes and deletes SCRAM users over the
+    Kafka protocol (DescribeUserScramCredentials / AlterUserScramCredentials): the client
+    sends only a salted password, and the user it made can log in."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechanism,
+                                       UserScramCredentialDeletion, UserScramCredentialUpsertion)
+
+    admin = AdminClient({"bootstrap.servers": node.bootstrap("PLAIN")})
+    done = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
+        "carol", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), b"carol-Pw")])
+    done["carol"].result(30)
+    rdkafka_roundtrip(sasl_conf(node, "SCRAM-SHA-512", password="carol-Pw", user="carol"), ["by carol"])
+
+    every = admin.describe_user_scram_credentials().result(30)
+    assert sorted(every) == ["alice", "carol"]
+    carol = [(i.mechanism, i.iterations) for i in every["carol"].scram_credential_infos]
+    assert carol == [(ScramMechanism.SCRAM_SHA_512, 8192)]
+    assert len(every["alice"].scram_credential_infos) == 2
+    with pytest.raises(KafkaException) as e:
+        admin.describe_user_scram_credentials(["nobody"])["nobody"].result(30)
+    assert e.value.args[0].name() == "RESOURCE_NOT_FOUND"
+    # Too few iterations is refused, and changes nothing.
+    weak = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
+        "dave", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 100), b"dave-Pw")])
+    with pytest.raises(KafkaException) as e:
+        weak["dave"].result(30)
+    assert e.value.args[0].name() == "UNACCEPTABLE_CREDENTIAL"
+    assert "dave" not in admin.describe_user_scram_credentials().result(30)
+
+    gone = admin.alter_user_scram_credentials([UserScramCredentialDeletion("carol", ScramMechanism.SCRAM_SHA_512)])
+    gone["carol"].result(30)
+    errors = auth_errors(sasl_conf(node, "SCRAM-SHA-512", password="carol-Pw", user="carol"))
+    assert errors and "invalid user name or password" in str(errors[0])
+    assert node.alive()
+
+
 def test_the_principal_is_the_sasl_user_or_the_certificate_subject(node):
     """Admin requests are logged with who sent them (authorization by these principals is
     the next part of issue 15)."""
@@ -331,3 +368,113 @@ def test_grpc_produce_into_the_offsets_topic_is_refused(node):
     assert c.committed([TopicPartition("ledger", 0)], timeout=10)[0].offset == committed
     c.close()
     assert node.alive()
+
+
+def test_strata_dev_secure_starts_locked_down_and_says_how_to_connect(tmp_path):
+    """`strata dev --secure`: SASL_SSL with SCRAM on the Kafka port, mTLS on the gRPC ports,
+    ACLs closed by default; the admin's password and certificates are made under the data
+    directory and the start-up message says how to connect."""
+    from confluent_kafka import Producer
+
+    binary = strata_bin()
+    kafka, controller, grpc_port = free_port(), free_port(), free_port()
+    data = tmp_path / "data"
+    out = open(tmp_path / "dev.log", "ab")
+    proc = subprocess.Popen(
+        [binary, "dev", "--secure", "--data-dir", str(data), "--listen", f"127.0.0.1:{kafka}",
+         "--controller-listen", f"127.0.0.1:{controller}", "--grpc", f"127.0.0.1:{grpc_port}"],
+        stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=dict(os.environ, NO_COLOR="1"))
+    certs = data / "certs"
+    admin_tls = dict(os.environ, RUST_BACKTRACE="0", STRATA_TLS_CA=str(certs / "ca.pem"),
+                     STRATA_TLS_CERT=str(certs / "client-admin.pem"), STRATA_TLS_KEY=str(certs / "client-admin.key"))
+    log = lambda: (tmp_path / "dev.log").read_text(errors="replace")[-4000:]
+
+    def cli(*args, env=admin_tls):
+        return subprocess.run([binary, *args, "--controller", f"127.0.0.1:{controller}"],
+                              capture_output=True, text=True, timeout=30, env=env)
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log()
+            assert time.monotonic() < deadline, "never ready:\n" + log()
+            r = cli("quorum", "metadata") if port_accepts(controller) else None
+            if r is not None and r.returncode == 0:
+                m = json.loads(r.stdout)
+                if "admin" in m["scram_credentials"] and any(not b["fenced"] for b in m["brokers"].values()):
+                    break
+            time.sleep(0.2)
+        password_file = data / "admin.password"
+        assert password_file.stat().st_mode & 0o077 == 0, "the admin password is readable by others"
+        password = password_file.read_text().strip()
+        assert "SASL_SSL" in log() and str(password_file) in log() and password not in log()
+
+        # Without the admin's certificate the controller is out of reach.
+        plain = cli("quorum", "describe", env=dict(os.environ, RUST_BACKTRACE="0"))
+        assert plain.returncode != 0, plain.stdout
+        assert cli("topic", "create", "orders", "-p", "1").returncode == 0
+
+        conf = {"bootstrap.servers": f"127.0.0.1:{kafka}", "security.protocol": "SASL_SSL",
+                "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": "admin", "sasl.password": password,
+                "ssl.ca.location": str(certs / "ca.pem")}
+        rdkafka_roundtrip(conf, ["settled 1", "settled 2"], topic="orders")
+
+        # Another user authenticates but may do nothing no ACL allows.
+        bob_pw = tmp_path / "bob.pw"
+        bob_pw.write_text("bob-password\n")
+        bob_pw.chmod(0o600)
+        assert cli("user", "create", "bob", "--password-file", str(bob_pw)).returncode == 0
+        errors = []
+        p = Producer(rdkafka_conf(dict(conf, **{"sasl.username": "bob", "sasl.password": "bob-password",
+                                                "message.timeout.ms": 10000})))
+        p.produce("orders", b"not bob's", on_delivery=lambda err, msg: errors.append(err))
+        p.flush(20)
+        assert len(errors) == 1 and errors[0] is not None and errors[0].name() == "TOPIC_AUTHORIZATION_FAILED", errors
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.close()
+
+
+def test_metrics_over_https_with_basic_auth(tmp_path):
+    """`[metrics]` on its own address behind TLS and HTTP basic auth: a scrape without the
+    password, with a wrong one, or over plain HTTP gets nothing; the metrics hold no secret."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+    pw = tmp_path / "metrics.pw"
+    pw.write_text("scrape-Pw\n")
+    pw.chmod(0o600)
+    n = SecureNode(tmp_path, f'[metrics]\nlisten = "127.0.0.1:{port}"\n'
+                             f'[metrics.tls]\ncert = "{tmp_path}/certs/node-broker.pem"\nkey = "{tmp_path}/certs/node-broker.key"\n'
+                             f'[metrics.basic_auth]\nuser = "prometheus"\npassword_file = "{pw}"\n')
+    try:
+        ctx = ssl.create_default_context(cafile=str(n.certs / "ca.pem"))
+        url = f"https://127.0.0.1:{port}/metrics"
+
+        def scrape(password=None):
+            req = urllib.request.Request(url)
+            if password is not None:
+                token = base64.b64encode(f"prometheus:{password}".encode()).decode()
+                req.add_header("Authorization", f"Basic {token}")
+            return urllib.request.urlopen(req, timeout=10, context=ctx)
+
+        for password in (None, "wrong"):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                scrape(password)
+            assert e.value.code == 401
+        with pytest.raises(Exception):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        text = scrape("scrape-Pw").read().decode()
+        assert "strata_produce_requests_total" in text
+        assert "scrape-Pw" not in text and PASSWORD not in text
+        assert n.alive()
+    finally:
+        n.stop()

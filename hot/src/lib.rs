@@ -11,5 +11,7 @@ pub mod grpc;
 pub mod kafka;
 pub mod log;
 pub mod metrics;
+pub mod metrics_endpoint;
 pub mod replication;
+pub mod secure_dev;
 pub mod server;

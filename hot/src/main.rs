@@ -81,6 +81,10 @@ enum Command {
         /// Optional config file (see strata.example.toml); flags override it.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Lock it down: Kafka over SASL_SSL with SCRAM, mTLS on the gRPC ports, ACLs closed
+        /// by default; certificates and an admin password are made under the data directory.
+        #[arg(long)]
+        secure: bool,
     },
     /// Run a broker from a config file.
     Server {
@@ -162,6 +166,7 @@ fn main() -> anyhow::Result<()> {
             controller_listen,
             metrics,
             config,
+            secure,
         } => {
             let flags = DevFlags {
                 data_dir,
@@ -170,7 +175,11 @@ fn main() -> anyhow::Result<()> {
                 controller_listen,
                 metrics,
             };
-            let config = ServerConfig::dev(config.as_deref(), flags, env)?;
+            let mut config = ServerConfig::dev(config.as_deref(), flags, env)?;
+            if secure {
+                let secured = strata_hot::secure_dev::secure(&mut config)?;
+                println!("{}", secured.instructions(&config));
+            }
             runtime.block_on(strata_hot::server::run(config))
         }
         Command::Server { config } => {

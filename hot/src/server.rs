@@ -18,7 +18,10 @@ use crate::kafka::KafkaServer;
 pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     if config.roles.contains(&Role::Controller) {
-        strata_controller::Controller::start(config.controller_config()?, stop_rx.clone()).await?;
+        let controller =
+            strata_controller::Controller::start(config.controller_config()?, stop_rx.clone())
+                .await?;
+        crate::secure_dev::bootstrap_users(&controller, &config.bootstrap_users).await?;
     }
     if config.roles.contains(&Role::Broker) {
         run_broker(&config, stop_rx).await?;
@@ -160,7 +163,7 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         });
     }
     if let Some(m) = &config.metrics {
-        serve_metrics(broker.clone(), m.listen, listener_stop_rx.clone()).await?;
+        crate::metrics_endpoint::serve(broker.clone(), m, listener_stop_rx.clone()).await?;
     }
     let mut serving = Vec::new();
     for (listener, _, c) in listeners {
@@ -185,44 +188,5 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
     }
     tokio::task::spawn_blocking(move || broker.shutdown()).await?;
     tracing::info!("closed cleanly");
-    Ok(())
-}
-
-/// Serves `GET /metrics` (Prometheus text) until `stop` turns true.
-async fn serve_metrics(
-    broker: Arc<Broker>,
-    addr: std::net::SocketAddr,
-    mut stop: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the metrics listener on {addr}"))?;
-    tracing::info!(metrics = %listener.local_addr()?, "serving Prometheus metrics on /metrics");
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let broker = broker.clone();
-            async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4",
-                    )],
-                    broker.metrics().render(&broker),
-                )
-            }
-        }),
-    );
-    tokio::spawn(async move {
-        let stopped = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(stopped)
-            .await
-        {
-            tracing::error!(error = %e, "metrics endpoint failed");
-        }
-    });
     Ok(())
 }
