@@ -261,6 +261,68 @@ def test_only_apiversions_and_sasl_before_authentication(node):
     assert node.alive()
 
 
+def sasl_plain_login(sock, user="alice", password=PASSWORD):
+    """SaslHandshake v1 + SaslAuthenticate v1 with PLAIN; returns (error, session lifetime ms)."""
+    mech = b"PLAIN"
+    resp = raw_request(sock, 17, 1, struct.pack(">h", len(mech)) + mech)
+    assert resp is not None and struct.unpack(">h", resp[4:6])[0] == 0, resp
+    token = b"\0" + user.encode() + b"\0" + password.encode()
+    resp = raw_request(sock, 36, 1, struct.pack(">i", len(token)) + token)
+    if resp is None:
+        return None, None
+    (error, msg_len) = struct.unpack(">hh", resp[4:8])
+    at = 8 + max(msg_len, 0)
+    (auth_len,) = struct.unpack(">i", resp[at:at + 4])
+    (lifetime,) = struct.unpack(">q", resp[at + 4 + auth_len:at + 12 + auth_len])
+    return error, lifetime
+
+
+def test_sessions_end_unless_reauthenticated_kip_368(tmp_path):
+    """`connections_max_reauth = "2s"`: SaslAuthenticate v1 tells the client its session
+    lifetime; a connection that does not re-authenticate is closed at its first request after
+    it; one that re-authenticates goes on; librdkafka re-authenticates by itself."""
+    n = SecureNode(tmp_path, '[auth]\nallow_everyone_if_no_acl_found = true\n'
+                             '[kafka.sasl]\nconnections_max_reauth = "2s"\n')
+    try:
+        pw = tmp_path / "alice.pw"
+        pw.write_text(PASSWORD + "\n")
+        pw.chmod(0o600)
+        n.user("create", "alice", "--password-file", str(pw))
+        n.cli("topic", "create", "ledger", "--bootstrap", n.bootstrap("PLAIN"))
+        metadata = struct.pack(">i", -1)
+        with socket.create_connection(("127.0.0.1", n.ports["SASL"]), timeout=5) as s:
+            assert sasl_plain_login(s) == (0, 2000)
+            assert raw_request(s, 3, 1, metadata) is not None
+            time.sleep(2.3)
+            assert raw_request(s, 3, 1, metadata) is None, "answered after the session ended"
+        with socket.create_connection(("127.0.0.1", n.ports["SASL"]), timeout=5) as s:
+            assert sasl_plain_login(s) == (0, 2000)
+            time.sleep(1.2)
+            assert sasl_plain_login(s) == (0, 2000), "re-authentication refused"
+            time.sleep(1.2)  # 2.4 s after the first login, 1.2 s after the second
+            assert raw_request(s, 3, 1, metadata) is not None, "closed although re-authenticated"
+            # a wrong password on re-authentication ends the connection
+            assert sasl_plain_login(s, password="wrong")[0] == 58
+            assert raw_request(s, 3, 1, metadata) is None
+        # librdkafka keeps producing across several session lifetimes
+        from confluent_kafka import Producer
+
+        errors, delivered = [], []
+        p = Producer(rdkafka_conf(dict(sasl_conf(n, "SCRAM-SHA-512"), error_cb=lambda e: errors.append(e))))
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            p.produce("ledger", b"tick", on_delivery=lambda err, msg: delivered.append(err))
+            p.poll(0.3)
+        assert p.flush(30) == 0
+        assert delivered and all(e is None for e in delivered), delivered
+        assert not errors, errors
+        log = (tmp_path / "strata.log").read_text(errors="replace")
+        assert log.count("SASL re-authentication succeeded") >= 3, "librdkafka did not re-authenticate"
+        assert n.alive()
+    finally:
+        n.stop()
+
+
 def test_users_are_created_listed_and_deleted_without_exposing_keys(node, tmp_path):
     listed = node.user("list").stdout
     assert "alice\tSCRAM-SHA-256\titerations=8192" in listed

@@ -212,6 +212,16 @@ pub struct NamedListener {
 pub struct SaslSection {
     /// Offered on SASL_PLAINTEXT and SASL_SSL listeners, in this order.
     pub mechanisms: Vec<String>,
+    /// Kafka's `connections.max.reauth.ms` (KIP-368): an authenticated session lasts this
+    /// long; clients re-authenticate on the same connection before it ends, and a
+    /// connection that does not is closed at its next request. Absent: sessions last as
+    /// long as their connection, and re-authentication is refused.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub connections_max_reauth: Option<Duration>,
+}
+
+fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
 }
 
 impl Default for SaslSection {
@@ -222,6 +232,7 @@ impl Default for SaslSection {
                 "SCRAM-SHA-256".into(),
                 "PLAIN".into(),
             ],
+            connections_max_reauth: None,
         }
     }
 }
@@ -657,6 +668,14 @@ impl ServerConfig {
         if listeners.iter().any(|l| l.protocol.tls()) && self.kafka.tls.is_none() {
             bail!("an SSL or SASL_SSL listener needs [kafka.tls] (cert and key)");
         }
+        if self
+            .kafka
+            .sasl
+            .connections_max_reauth
+            .is_some_and(|d| d < Duration::from_secs(1))
+        {
+            bail!("kafka.sasl.connections_max_reauth must be at least 1s");
+        }
         if listeners.iter().any(|l| l.protocol.sasl()) && self.sasl_mechanisms()?.is_empty() {
             bail!("a SASL listener needs at least one of kafka.sasl.mechanisms");
         }
@@ -887,6 +906,7 @@ impl ServerConfig {
                 .unwrap_or_else(|| bound.ip().to_string()),
             advertised_port: l.advertised_port.unwrap_or(bound.port()),
             max_request_bytes: self.kafka.max_request_bytes,
+            max_reauth: self.kafka.sasl.connections_max_reauth,
             idle_timeout: self.kafka.idle_timeout,
             frame_timeout: self.kafka.frame_timeout,
         })

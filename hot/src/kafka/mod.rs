@@ -125,6 +125,8 @@ pub struct ListenerConfig {
     pub advertised_port: u16,
     /// Largest request frame accepted (Kafka's `socket.request.max.bytes`).
     pub max_request_bytes: usize,
+    /// How long a SASL session lasts before it must re-authenticate (KIP-368).
+    pub max_reauth: Option<Duration>,
     /// A connection with no request for this long is closed (`connections.max.idle.ms`).
     pub idle_timeout: Duration,
     /// Time allowed for the rest of a frame once its length arrived.
@@ -236,11 +238,10 @@ impl KafkaServer {
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let mut sasl = self
-            .config
-            .protocol
-            .sasl()
-            .then(|| sasl::SaslSession::new(self.config.sasl_mechanisms.clone()));
+        let mut sasl = self.config.protocol.sasl().then(|| {
+            sasl::SaslSession::new(self.config.sasl_mechanisms.clone())
+                .with_reauthentication(self.config.max_reauth.is_some())
+        });
         // Without SASL: the client certificate's subject, or anonymous; with SASL, its user.
         let mut principal: Option<Arc<str>> = (!self.config.protocol.sasl())
             .then(|| Arc::from(certificate.as_deref().unwrap_or(ANONYMOUS)));
@@ -248,6 +249,9 @@ impl KafkaServer {
         let host: Arc<str> = Arc::from(peer.ip().to_string());
         // SaslHandshake v0 (KIP-43): the SASL tokens that follow are bare frames.
         let mut raw_tokens = false;
+        // When the SASL session ends unless re-authenticated (KIP-368).
+        let mut session_ends: Option<tokio::time::Instant> = None;
+        let session_length = self.config.max_reauth;
         let (tx, mut rx) = mpsc::channel::<Reply>(MAX_IN_FLIGHT);
         let writer = tokio::spawn(async move {
             while let Some(reply) = rx.recv().await {
@@ -308,7 +312,11 @@ impl KafkaServer {
                             break;
                         }
                         if let Some(user) = step.authenticated {
+                            if principal.is_some() {
+                                tracing::info!(%peer, listener = %self.config.name, %user, "SASL re-authentication succeeded");
+                            }
                             principal = Some(Arc::from(format!("User:{user}")));
+                            session_ends = session_length.map(|d| tokio::time::Instant::now() + d);
                             raw_tokens = false;
                         }
                         continue;
@@ -326,6 +334,18 @@ impl KafkaServer {
                     break;
                 }
             };
+            let is_sasl = matches!(
+                decoded.body,
+                Body::SaslHandshake(_)
+                    | Body::SaslAuthenticate(_)
+                    | Body::ApiVersions(_)
+                    | Body::UnsupportedApiVersions
+            );
+            if !is_sasl && session_ends.is_some_and(|e| tokio::time::Instant::now() >= e) {
+                // Kafka closes such a connection; the client reconnects and logs in again.
+                tracing::info!(%peer, listener = %self.config.name, principal = ?principal, "SASL session expired without re-authentication; closing connection");
+                break;
+            }
             let step = match (&decoded.body, &principal) {
                 (Body::SaslHandshake(_) | Body::SaslAuthenticate(_), _) => {
                     let (reply, outcome) = self.sasl_step(decoded, sasl.as_mut(), peer);
@@ -341,7 +361,11 @@ impl KafkaServer {
                             continue;
                         }
                         SaslOutcome::Authenticated(user) => {
+                            if principal.is_some() {
+                                tracing::info!(%peer, listener = %self.config.name, %user, "SASL re-authentication succeeded");
+                            }
                             principal = Some(Arc::from(format!("User:{user}")));
+                            session_ends = session_length.map(|d| tokio::time::Instant::now() + d);
                             continue;
                         }
                         SaslOutcome::Close => break,
@@ -438,6 +462,11 @@ impl KafkaServer {
                             .with_auth_bytes(Bytes::from(step.response));
                         match step.authenticated {
                             Some(user) => {
+                                // v1+ tells the client when to re-authenticate (KIP-368).
+                                let lifetime = self.config.max_reauth.filter(|_| version >= 1);
+                                let resp = resp.with_session_lifetime_ms(
+                                    lifetime.map_or(0, |d| d.as_millis() as i64),
+                                );
                                 tracing::debug!(%peer, listener = %self.config.name, %user, "SASL authentication succeeded");
                                 (resp, SaslOutcome::Authenticated(user))
                             }

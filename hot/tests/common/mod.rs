@@ -42,6 +42,7 @@ pub async fn serve_kafka(broker: Arc<Broker>) -> (String, watch::Sender<bool>) {
             advertised_host: "127.0.0.1".into(),
             advertised_port: addr.port(),
             max_request_bytes: 1 << 20,
+            max_reauth: None,
             idle_timeout: Duration::from_secs(60),
             frame_timeout: Duration::from_millis(300),
         },

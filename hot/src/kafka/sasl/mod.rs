@@ -56,10 +56,17 @@ enum State {
     Finished,
 }
 
-/// One connection's SASL exchange.
+/// One connection's SASL exchange, and its re-authentications (KIP-368) when the listener
+/// allows them: the same mechanism, the same user.
 pub struct SaslSession {
     offered: Vec<Mechanism>,
     state: State,
+    /// Whether a finished exchange may start again (`connections_max_reauth` is set).
+    reauth: bool,
+    /// The mechanism chosen by the current exchange.
+    mechanism: Option<Mechanism>,
+    /// Who the connection authenticated as, once it has.
+    user: Option<String>,
 }
 
 /// A step of SaslAuthenticate: bytes for the client, and the user once authenticated.
@@ -73,6 +80,28 @@ impl SaslSession {
         SaslSession {
             offered,
             state: State::AwaitHandshake,
+            reauth: false,
+            mechanism: None,
+            user: None,
+        }
+    }
+
+    /// Allows re-authentication once an exchange has finished (KIP-368).
+    pub fn with_reauthentication(mut self, allowed: bool) -> SaslSession {
+        self.reauth = allowed;
+        self
+    }
+
+    /// Finishes an exchange as `user`: a re-authentication must be the same user.
+    fn finish(&mut self, user: String) -> Result<String, SaslFailure> {
+        match &self.user {
+            Some(before) if *before != user => Err(SaslFailure::AuthenticationFailed(format!(
+                "re-authentication as '{user}' on a connection of '{before}'"
+            ))),
+            _ => {
+                self.user = Some(user.clone());
+                Ok(user)
+            }
         }
     }
 
@@ -82,7 +111,13 @@ impl SaslSession {
     }
 
     pub fn handshake(&mut self, mechanism: &str) -> Result<(), SaslFailure> {
-        if !matches!(self.state, State::AwaitHandshake) {
+        let reauthenticating = matches!(self.state, State::Finished) && self.user.is_some();
+        if reauthenticating && !self.reauth {
+            return Err(SaslFailure::IllegalState(
+                "re-authentication is not enabled on this listener",
+            ));
+        }
+        if !matches!(self.state, State::AwaitHandshake) && !reauthenticating {
             return Err(SaslFailure::IllegalState(
                 "SaslHandshake after a mechanism was chosen",
             ));
@@ -90,6 +125,12 @@ impl SaslSession {
         let m = Mechanism::from_name(mechanism)
             .filter(|m| self.offered.contains(m))
             .ok_or(SaslFailure::UnsupportedMechanism)?;
+        if reauthenticating && self.mechanism != Some(m) {
+            return Err(SaslFailure::IllegalState(
+                "re-authentication must use the connection's first mechanism",
+            ));
+        }
+        self.mechanism = Some(m);
         self.state = match m {
             Mechanism::Plain => State::Plain,
             Mechanism::Scram(s) => State::Scram(Box::new(ScramServer::new(s))),
@@ -108,14 +149,14 @@ impl SaslSession {
                 "SaslAuthenticate before SaslHandshake",
             )),
             State::Finished => Err(SaslFailure::IllegalState(
-                "the exchange is over (re-authentication is not supported)",
+                "the exchange is over (re-authenticate with SaslHandshake first)",
             )),
             State::Plain => {
                 self.state = State::Finished;
                 let user = plain(bytes, credentials).map_err(failed)?;
                 Ok(Step {
                     response: Vec::new(),
-                    authenticated: Some(user),
+                    authenticated: Some(self.finish(user)?),
                 })
             }
             State::Scram(server) if server.awaits_client_first() => {
@@ -137,7 +178,7 @@ impl SaslSession {
                 let (response, user) = outcome.map_err(failed)?;
                 Ok(Step {
                     response,
-                    authenticated: Some(user),
+                    authenticated: Some(self.finish(user)?),
                 })
             }
         }
@@ -232,5 +273,52 @@ mod tests {
             s.handshake("SCRAM-SHA-512"),
             Err(SaslFailure::IllegalState(_))
         ));
+    }
+
+    /// Two users with the same password, for re-authentication as someone else.
+    struct Two(ScramCredential);
+    impl Credentials for Two {
+        fn scram(&self, user: &str, m: ScramMechanism) -> Option<ScramCredential> {
+            (["alice", "mallory"].contains(&user) && m == ScramMechanism::Sha512)
+                .then(|| self.0.clone())
+        }
+    }
+
+    #[test]
+    fn reauthentication_keeps_the_mechanism_and_the_user() {
+        let creds = Two(store().0);
+        let offered = vec![Mechanism::Plain, Mechanism::Scram(ScramMechanism::Sha512)];
+        // not enabled: a second exchange is refused
+        let mut s = SaslSession::new(offered.clone());
+        s.handshake("PLAIN").unwrap();
+        s.authenticate(b"\0alice\0pw", &creds).unwrap();
+        assert!(matches!(
+            s.handshake("PLAIN"),
+            Err(SaslFailure::IllegalState(_))
+        ));
+        // enabled: the same user again, as often as needed
+        let mut s = SaslSession::new(offered).with_reauthentication(true);
+        s.handshake("PLAIN").unwrap();
+        s.authenticate(b"\0alice\0pw", &creds).unwrap();
+        for _ in 0..2 {
+            s.handshake("PLAIN").unwrap();
+            let step = s.authenticate(b"\0alice\0pw", &creds).unwrap();
+            assert_eq!(step.authenticated.as_deref(), Some("alice"));
+        }
+        assert!(
+            matches!(
+                s.handshake("SCRAM-SHA-512"),
+                Err(SaslFailure::IllegalState(_))
+            ),
+            "another mechanism"
+        );
+        s.handshake("PLAIN").unwrap();
+        assert!(
+            matches!(
+                s.authenticate(b"\0mallory\0pw", &creds),
+                Err(SaslFailure::AuthenticationFailed(_))
+            ),
+            "another user on the same connection"
+        );
     }
 }
