@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../fuzz"
 seconds="${1:-60}"
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install --locked cargo-fuzz
 export RUSTC_BOOTSTRAP=1
-for target in request_decoder segment_recovery batch_header sasl_exchange; do
+for target in request_decoder segment_recovery batch_header sasl_exchange oauthbearer_message; do
   echo "== $target ($seconds s)"
   cargo fuzz run "$target" --sanitizer none -- -max_total_time="$seconds" -rss_limit_mb=4096
 done

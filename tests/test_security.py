@@ -540,3 +540,59 @@ def test_metrics_over_https_with_basic_auth(tmp_path):
         assert n.alive()
     finally:
         n.stop()
+
+
+def test_oauthbearer_tokens_checked_against_a_jwks(tmp_path):
+    """SASL/OAUTHBEARER: tokens signed by the identity provider's key (RS256, from a JWKS
+    file) with the right issuer and audience log in as their `sub`, with confluent-kafka and
+    kafka-python; an expired token, one signed by another key and one for another audience
+    fail with the client's authentication error, and the broker keeps serving."""
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from kafka import KafkaProducer
+    from kafka.net.sasl.oauth import AbstractTokenProvider
+
+    idp = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(idp.public_key()))
+    jwk.update(kid="idp-1", use="sig")
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [jwk]}))
+    n = SecureNode(tmp_path, '[auth]\nallow_everyone_if_no_acl_found = true\n'
+                             '[kafka.sasl]\nmechanisms = ["OAUTHBEARER", "SCRAM-SHA-512"]\n'
+                             'connections_max_reauth = "1h"\n'
+                             f'[kafka.sasl.oauthbearer]\njwks = "{tmp_path / "jwks.json"}"\n'
+                             'issuer = "https://idp.example"\naudience = "strata"\n')
+
+    def token(exp_in=300, key=idp, aud="strata", sub="order-service"):
+        now = int(time.time())
+        return jwt.encode({"sub": sub, "iss": "https://idp.example", "aud": aud, "iat": now,
+                           "exp": now + exp_in}, key, algorithm="RS256", headers={"kid": "idp-1"})
+
+    def conf(make):
+        return {"bootstrap.servers": n.bootstrap("SECURE"), "security.protocol": "SASL_SSL",
+                "sasl.mechanisms": "OAUTHBEARER", "ssl.ca.location": str(n.certs / "ca.pem"),
+                "oauth_cb": lambda _config: (make(), time.time() + 300)}
+
+    try:
+        n.cli("topic", "create", "ledger", "--bootstrap", n.bootstrap("PLAIN"))
+        rdkafka_roundtrip(conf(token), ["o-1", "o-2"])
+
+        class Provider(AbstractTokenProvider):
+            def token(self):
+                return token(sub="analyst")
+
+        kp = KafkaProducer(bootstrap_servers=n.bootstrap("SECURE"), security_protocol="SASL_SSL",
+                           sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=Provider(),
+                           ssl_cafile=str(n.certs / "ca.pem"), acks="all")
+        kp.send("ledger", b"o-3").get(timeout=30)
+        kp.close()
+        log = (tmp_path / "strata.log").read_text(errors="replace")
+
+        for bad in (lambda: token(exp_in=-120), lambda: token(key=stranger), lambda: token(aud="other")):
+            errors = auth_errors(conf(bad))
+            assert errors and errors[0].name() == "_AUTHENTICATION", errors
+        assert n.alive()
+        log = (tmp_path / "strata.log").read_text(errors="replace")
+        assert "invalid token" in log and "ExpiredSignature" in log, log[-3000:]
+    finally:
+        n.stop()

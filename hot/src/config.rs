@@ -218,6 +218,8 @@ pub struct SaslSection {
     /// long as their connection, and re-authentication is refused.
     #[serde(default, deserialize_with = "opt_duration")]
     pub connections_max_reauth: Option<Duration>,
+    /// How OAUTHBEARER tokens are checked; needed when `mechanisms` offers OAUTHBEARER.
+    pub oauthbearer: Option<crate::kafka::sasl::oauthbearer::OAuthSection>,
 }
 
 fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -233,6 +235,7 @@ impl Default for SaslSection {
                 "PLAIN".into(),
             ],
             connections_max_reauth: None,
+            oauthbearer: None,
         }
     }
 }
@@ -503,7 +506,7 @@ impl Default for TopicsSection {
     }
 }
 
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
     humantime::parse_duration(&text).map_err(|e| {
         serde::de::Error::custom(format!(
@@ -676,7 +679,15 @@ impl ServerConfig {
         {
             bail!("kafka.sasl.connections_max_reauth must be at least 1s");
         }
-        if listeners.iter().any(|l| l.protocol.sasl()) && self.sasl_mechanisms()?.is_empty() {
+        let mechanisms = self.sasl_mechanisms()?;
+        if mechanisms.contains(&crate::kafka::sasl::Mechanism::OAuthBearer) {
+            let section = self.kafka.sasl.oauthbearer.as_ref().context(
+                "kafka.sasl.mechanisms offers OAUTHBEARER but [kafka.sasl.oauthbearer] is missing (jwks, issuer, audience)",
+            )?;
+            crate::kafka::sasl::oauthbearer::Validator::load(section)
+                .context("invalid [kafka.sasl.oauthbearer]")?;
+        }
+        if listeners.iter().any(|l| l.protocol.sasl()) && mechanisms.is_empty() {
             bail!("a SASL listener needs at least one of kafka.sasl.mechanisms");
         }
         if self.topics.default_partitions == 0 {
@@ -895,11 +906,23 @@ impl ServerConfig {
         } else {
             Vec::new()
         };
+        let oauth = match &self.kafka.sasl.oauthbearer {
+            Some(section)
+                if sasl_mechanisms.contains(&crate::kafka::sasl::Mechanism::OAuthBearer) =>
+            {
+                Some(Arc::new(
+                    crate::kafka::sasl::oauthbearer::Validator::load(section)
+                        .context("invalid [kafka.sasl.oauthbearer]")?,
+                ))
+            }
+            _ => None,
+        };
         Ok(ListenerConfig {
             name: l.name.clone(),
             protocol: l.protocol,
             tls,
             sasl_mechanisms,
+            oauth,
             advertised_host: l
                 .advertised_host
                 .clone()
@@ -919,7 +942,7 @@ impl ServerConfig {
             .iter()
             .map(|m| {
                 crate::kafka::sasl::Mechanism::from_name(m).with_context(|| {
-                    format!("unknown SASL mechanism '{m}' in kafka.sasl.mechanisms (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+                    format!("unknown SASL mechanism '{m}' in kafka.sasl.mechanisms (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER)")
                 })
             })
             .collect()
@@ -1000,6 +1023,14 @@ mod tests {
             (
                 "[auth]\nsuper_users = [\"admin\"]\n".to_string(),
                 "User:name",
+            ),
+            (
+                listener("A", "SASL_PLAINTEXT") + "[kafka.sasl]\nmechanisms = [\"OAUTHBEARER\"]\n",
+                "[kafka.sasl.oauthbearer] is missing",
+            ),
+            (
+                "[kafka.sasl]\nconnections_max_reauth = \"10ms\"\n".to_string(),
+                "at least 1s",
             ),
         ] {
             let e = format!("{:#}", from_toml(&text).unwrap_err());

@@ -121,6 +121,8 @@ pub struct ListenerConfig {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// Mechanisms offered on SASL_PLAINTEXT and SASL_SSL.
     pub sasl_mechanisms: Vec<sasl::Mechanism>,
+    /// How OAUTHBEARER tokens are checked, when it is offered.
+    pub oauth: Option<Arc<sasl::oauthbearer::Validator>>,
     pub advertised_host: String,
     pub advertised_port: u16,
     /// Largest request frame accepted (Kafka's `socket.request.max.bytes`).
@@ -241,6 +243,7 @@ impl KafkaServer {
         let mut sasl = self.config.protocol.sasl().then(|| {
             sasl::SaslSession::new(self.config.sasl_mechanisms.clone())
                 .with_reauthentication(self.config.max_reauth.is_some())
+                .with_oauth(self.config.oauth.clone())
         });
         // Without SASL: the client certificate's subject, or anonymous; with SASL, its user.
         let mut principal: Option<Arc<str>> = (!self.config.protocol.sasl())
@@ -251,7 +254,6 @@ impl KafkaServer {
         let mut raw_tokens = false;
         // When the SASL session ends unless re-authenticated (KIP-368).
         let mut session_ends: Option<tokio::time::Instant> = None;
-        let session_length = self.config.max_reauth;
         let (tx, mut rx) = mpsc::channel::<Reply>(MAX_IN_FLIGHT);
         let writer = tokio::spawn(async move {
             while let Some(reply) = rx.recv().await {
@@ -316,7 +318,9 @@ impl KafkaServer {
                                 tracing::info!(%peer, listener = %self.config.name, %user, "SASL re-authentication succeeded");
                             }
                             principal = Some(Arc::from(format!("User:{user}")));
-                            session_ends = session_length.map(|d| tokio::time::Instant::now() + d);
+                            session_ends = self
+                                .session_length(step.expires_at)
+                                .map(|d| tokio::time::Instant::now() + d);
                             raw_tokens = false;
                         }
                         continue;
@@ -360,12 +364,12 @@ impl KafkaServer {
                             raw_tokens = true;
                             continue;
                         }
-                        SaslOutcome::Authenticated(user) => {
+                        SaslOutcome::Authenticated(user, session) => {
                             if principal.is_some() {
                                 tracing::info!(%peer, listener = %self.config.name, %user, "SASL re-authentication succeeded");
                             }
                             principal = Some(Arc::from(format!("User:{user}")));
-                            session_ends = session_length.map(|d| tokio::time::Instant::now() + d);
+                            session_ends = session.map(|d| tokio::time::Instant::now() + d);
                             continue;
                         }
                         SaslOutcome::Close => break,
@@ -398,6 +402,19 @@ impl KafkaServer {
         drop(tx);
         writer.await??;
         Ok(())
+    }
+
+    /// How long a session just authenticated lasts (KIP-368): `connections_max_reauth`, and
+    /// never past its credential's expiry; unbounded when re-authentication is off.
+    fn session_length(&self, expires_at: Option<u64>) -> Option<Duration> {
+        let max = self.config.max_reauth?;
+        let left = expires_at.map(|exp| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            Duration::from_secs(exp).saturating_sub(now)
+        });
+        Some(left.map_or(max, |l| l.min(max)))
     }
 
     /// Answers SaslHandshake and SaslAuthenticate (KIP-152) from the connection's session;
@@ -463,12 +480,14 @@ impl KafkaServer {
                         match step.authenticated {
                             Some(user) => {
                                 // v1+ tells the client when to re-authenticate (KIP-368).
-                                let lifetime = self.config.max_reauth.filter(|_| version >= 1);
+                                let session = self.session_length(step.expires_at);
                                 let resp = resp.with_session_lifetime_ms(
-                                    lifetime.map_or(0, |d| d.as_millis() as i64),
+                                    session
+                                        .filter(|_| version >= 1)
+                                        .map_or(0, |d| d.as_millis().max(1) as i64),
                                 );
                                 tracing::debug!(%peer, listener = %self.config.name, %user, "SASL authentication succeeded");
-                                (resp, SaslOutcome::Authenticated(user))
+                                (resp, SaslOutcome::Authenticated(user, session))
                             }
                             None => (resp, SaslOutcome::Continue),
                         }
@@ -619,7 +638,8 @@ enum SaslOutcome {
     Continue,
     /// A v0 handshake: bare SASL tokens follow.
     RawTokens,
-    Authenticated(String),
+    /// As this user, for this long (KIP-368) or for the connection's life.
+    Authenticated(String, Option<Duration>),
     Close,
 }
 

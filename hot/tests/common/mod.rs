@@ -39,6 +39,7 @@ pub async fn serve_kafka(broker: Arc<Broker>) -> (String, watch::Sender<bool>) {
             protocol: strata_hot::kafka::SecurityProtocol::Plaintext,
             tls: None,
             sasl_mechanisms: Vec::new(),
+            oauth: None,
             advertised_host: "127.0.0.1".into(),
             advertised_port: addr.port(),
             max_request_bytes: 1 << 20,

@@ -1,10 +1,14 @@
 //! SASL on a Kafka connection (KIP-152): SaslHandshake picks a mechanism, SaslAuthenticate
 //! carries its messages, and until it succeeds the connection may send nothing but
 //! ApiVersions and these two. Mechanisms: PLAIN (checked against the SCRAM credentials, so
-//! one credential store serves both) and SCRAM-SHA-256 / SCRAM-SHA-512. Pure logic: the
-//! listener feeds it requests and a credential lookup.
+//! one credential store serves both), SCRAM-SHA-256 / SCRAM-SHA-512, and OAUTHBEARER (a JWT
+//! checked against a JWKS). Pure logic: the listener feeds it requests and a credential
+//! lookup.
 
+pub mod oauthbearer;
 pub mod scram;
+
+use std::sync::Arc;
 
 use strata_controller::metadata::{ScramCredential, ScramMechanism};
 
@@ -15,6 +19,7 @@ use scram::{ScramError, ScramServer};
 pub enum Mechanism {
     Plain,
     Scram(ScramMechanism),
+    OAuthBearer,
 }
 
 impl Mechanism {
@@ -22,12 +27,14 @@ impl Mechanism {
         match self {
             Mechanism::Plain => "PLAIN",
             Mechanism::Scram(m) => m.name(),
+            Mechanism::OAuthBearer => "OAUTHBEARER",
         }
     }
 
     pub fn from_name(name: &str) -> Option<Mechanism> {
         match name {
             "PLAIN" => Some(Mechanism::Plain),
+            "OAUTHBEARER" => Some(Mechanism::OAuthBearer),
             other => ScramMechanism::from_name(other).map(Mechanism::Scram),
         }
     }
@@ -53,6 +60,7 @@ enum State {
     AwaitHandshake,
     Plain,
     Scram(Box<ScramServer>),
+    OAuth,
     Finished,
 }
 
@@ -67,12 +75,17 @@ pub struct SaslSession {
     mechanism: Option<Mechanism>,
     /// Who the connection authenticated as, once it has.
     user: Option<String>,
+    /// Checks OAUTHBEARER tokens, when the listener offers it.
+    oauth: Option<Arc<oauthbearer::Validator>>,
 }
 
 /// A step of SaslAuthenticate: bytes for the client, and the user once authenticated.
 pub struct Step {
     pub response: Vec<u8>,
     pub authenticated: Option<String>,
+    /// When the credential itself expires (an OAUTHBEARER token's `exp`, seconds since the
+    /// epoch): a session may not outlive it.
+    pub expires_at: Option<u64>,
 }
 
 impl SaslSession {
@@ -83,7 +96,14 @@ impl SaslSession {
             reauth: false,
             mechanism: None,
             user: None,
+            oauth: None,
         }
+    }
+
+    /// The token checks for OAUTHBEARER.
+    pub fn with_oauth(mut self, oauth: Option<Arc<oauthbearer::Validator>>) -> SaslSession {
+        self.oauth = oauth;
+        self
     }
 
     /// Allows re-authentication once an exchange has finished (KIP-368).
@@ -134,6 +154,8 @@ impl SaslSession {
         self.state = match m {
             Mechanism::Plain => State::Plain,
             Mechanism::Scram(s) => State::Scram(Box::new(ScramServer::new(s))),
+            Mechanism::OAuthBearer if self.oauth.is_some() => State::OAuth,
+            Mechanism::OAuthBearer => return Err(SaslFailure::UnsupportedMechanism),
         };
         Ok(())
     }
@@ -157,6 +179,25 @@ impl SaslSession {
                 Ok(Step {
                     response: Vec::new(),
                     authenticated: Some(self.finish(user)?),
+                    expires_at: None,
+                })
+            }
+            State::OAuth => {
+                self.state = State::Finished;
+                let validator = self
+                    .oauth
+                    .clone()
+                    .ok_or(SaslFailure::UnsupportedMechanism)?;
+                let token = oauthbearer::client_token(bytes).map_err(|e| {
+                    SaslFailure::AuthenticationFailed(format!("malformed OAUTHBEARER message: {e}"))
+                })?;
+                let (user, exp) = validator.validate(token).map_err(|e| {
+                    SaslFailure::AuthenticationFailed(format!("invalid token: {e}"))
+                })?;
+                Ok(Step {
+                    response: Vec::new(),
+                    authenticated: Some(self.finish(user)?),
+                    expires_at: Some(exp),
                 })
             }
             State::Scram(server) if server.awaits_client_first() => {
@@ -165,6 +206,7 @@ impl SaslSession {
                     Ok(response) => Ok(Step {
                         response,
                         authenticated: None,
+                        expires_at: None,
                     }),
                     Err(e) => {
                         self.state = State::Finished;
@@ -179,6 +221,7 @@ impl SaslSession {
                 Ok(Step {
                     response,
                     authenticated: Some(self.finish(user)?),
+                    expires_at: None,
                 })
             }
         }
