@@ -15,6 +15,7 @@ import time
 import pytest
 
 from conftest import free_port, kcat_bin, port_accepts, rdkafka_conf, strata_bin
+from test_internal_security import pb  # noqa: F401  (the gRPC stubs fixture)
 
 PASSWORD = "s3cret-Pw,=x"  # a comma and an equals sign: SCRAM escapes them
 
@@ -594,5 +595,71 @@ def test_oauthbearer_tokens_checked_against_a_jwks(tmp_path):
         assert n.alive()
         log = (tmp_path / "strata.log").read_text(errors="replace")
         assert "invalid token" in log and "ExpiredSignature" in log, log[-3000:]
+    finally:
+        n.stop()
+
+
+def test_the_native_grpc_client_with_a_bearer_token(tmp_path, pb):
+    """The gRPC data plane takes `authorization: Bearer <jwt>` from the identity provider
+    the brokers trust for OAUTHBEARER: the token's subject is the principal, held to the
+    Kafka ACLs; `strata produce --token-file` sends it."""
+    import grpc
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    idp = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(idp.public_key()))
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [jwk]}))
+    # SASL listeners authenticate: resources without ACLs are closed.
+    n = SecureNode(tmp_path, '[kafka.sasl]\nmechanisms = ["OAUTHBEARER", "SCRAM-SHA-512"]\n'
+                             f'[kafka.sasl.oauthbearer]\njwks = "{tmp_path / "jwks.json"}"\n'
+                             'issuer = "https://idp.example"\naudience = "strata"\n')
+
+    def token(sub, key=idp):
+        now = int(time.time())
+        return jwt.encode({"sub": sub, "iss": "https://idp.example", "aud": "strata", "exp": now + 300},
+                          key, algorithm="RS256")
+
+    def token_file(name, value):
+        path = tmp_path / f"{name}.token"
+        path.write_text(value + "\n")
+        path.chmod(0o600)
+        return str(path)
+
+    try:
+        controller = f"127.0.0.1:{n.controller}"
+        n.cli("topic", "create", "ledger", "--controller", controller)
+        n.cli("acl", "add", "--controller", controller, "--allow-principal", "User:order-service",
+              "--operation", "Write", "--operation", "Describe", "--topic", "ledger")
+        grpc_addr = f"127.0.0.1:{n.grpc}"
+
+        def produce(path):
+            return subprocess.run([n.bin, "produce", "--grpc", grpc_addr, "-t", "ledger", "--token-file", path],
+                                  input=b"nav 101.7\n", capture_output=True, timeout=60,
+                                  env=dict(os.environ, RUST_BACKTRACE="0"))
+
+        ok = produce(token_file("order", token("order-service")))
+        assert ok.returncode == 0, ok.stderr
+        denied = produce(token_file("mallory", token("mallory")))
+        assert denied.returncode != 0 and b"CLUSTER_AUTHORIZATION_FAILED" in denied.stderr, denied.stderr
+
+        stub = pb.broker_pb2_grpc.BrokerStub(grpc.insecure_channel(grpc_addr))
+        produce_req = pb.broker_pb2.ProduceRequest(topic="ledger", partition=0, acks=-1, timeout_ms=5000, records=b"")
+
+        def call(rpc, req, bearer):
+            md = [("authorization", f"Bearer {bearer}")] if bearer else []
+            return rpc(req, timeout=5, metadata=md)
+
+        for bearer, code in ((token("mallory"), grpc.StatusCode.PERMISSION_DENIED),
+                             (None, grpc.StatusCode.PERMISSION_DENIED),
+                             (token("order-service", key=stranger), grpc.StatusCode.UNAUTHENTICATED),
+                             ("not-a-jwt", grpc.StatusCode.UNAUTHENTICATED)):
+            with pytest.raises(grpc.RpcError) as e:
+                call(stub.Produce, produce_req, bearer)
+            assert e.value.code() == code, (bearer, e.value.details())
+        end = call(stub.ListOffsets, pb.broker_pb2.ListOffsetsRequest(topic="ledger", partition=0, timestamp=-1),
+                   token("order-service"))
+        assert end.offset == 1, "exactly the order service's record is in the log"
     finally:
         n.stop()

@@ -10,12 +10,11 @@ use strata_proto::v1::{
     DescribeScramCredentialsRequest, ScramCredentialInfo, ScramDeletion, ScramUpsertion,
     WatchRequest,
 };
-use tonic::transport::Channel;
 
 use crate::{ClientError, Result};
 
 pub struct ControllerAdmin {
-    client: ControllerClient<Channel>,
+    client: ControllerClient<crate::GrpcChannel>,
 }
 
 impl ControllerAdmin {

@@ -69,9 +69,42 @@ pub fn use_grpc_tls(tls: strata_proto::tls::GrpcTls) {
     let _ = GRPC_TLS.set(tls);
 }
 
+static GRPC_TOKEN: std::sync::OnceLock<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> =
+    std::sync::OnceLock::new();
+
+/// Makes every gRPC call this process makes afterwards carry `authorization: Bearer
+/// <token>` (a JWT the brokers check as they check OAUTHBEARER); the first call wins.
+pub fn use_grpc_token(token: &str) -> Result<()> {
+    let value = format!("Bearer {}", token.trim())
+        .parse()
+        .map_err(|_| ClientError::Protocol("the token is not printable ASCII".into()))?;
+    let _ = GRPC_TOKEN.set(value);
+    Ok(())
+}
+
+/// Adds the process's bearer token, if any, to every call.
+#[derive(Clone, Copy, Default)]
+pub struct BearerToken;
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut req: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = GRPC_TOKEN.get() {
+            req.metadata_mut().insert("authorization", token.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A gRPC channel with this process's TLS and bearer token.
+pub type GrpcChannel =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, BearerToken>;
+
 /// Opens a gRPC channel to `addr` (host:port), with a connect timeout.
-pub(crate) async fn grpc_channel(addr: &str) -> Result<tonic::transport::Channel> {
-    strata_proto::tls::endpoint(addr, GRPC_TLS.get())
+pub(crate) async fn grpc_channel(addr: &str) -> Result<GrpcChannel> {
+    let channel = strata_proto::tls::endpoint(addr, GRPC_TLS.get())
         .map_err(|e| ClientError::Protocol(e.to_string()))?
         .connect_timeout(Duration::from_secs(5))
         .connect()
@@ -79,7 +112,11 @@ pub(crate) async fn grpc_channel(addr: &str) -> Result<tonic::transport::Channel
         .map_err(|e| ClientError::Connect {
             addr: addr.to_string(),
             source: std::io::Error::other(e),
-        })
+        })?;
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        channel,
+        BearerToken,
+    ))
 }
 
 impl From<tonic::Status> for ClientError {

@@ -16,7 +16,6 @@ use strata_proto::v1::{
     ClusterMetadataRequest, FetchRequest, InitProducerIdRequest, ListOffsetsRequest, ProduceRequest,
 };
 use tokio::sync::{mpsc, oneshot, Mutex};
-use tonic::transport::Channel;
 
 use crate::{ClientError, Result};
 
@@ -92,10 +91,10 @@ pub struct Cluster {
 struct ClusterState {
     grpc_addr: HashMap<i32, String>,
     leaders: HashMap<String, Vec<Option<i32>>>,
-    channels: HashMap<String, BrokerClient<Channel>>,
+    channels: HashMap<String, BrokerClient<crate::GrpcChannel>>,
 }
 
-async fn connect(addr: &str) -> Result<BrokerClient<Channel>> {
+async fn connect(addr: &str) -> Result<BrokerClient<crate::GrpcChannel>> {
     let channel = crate::grpc_channel(addr).await?;
     Ok(BrokerClient::new(channel).max_decoding_message_size(64 << 20))
 }
@@ -111,7 +110,11 @@ impl Cluster {
         Ok(cluster)
     }
 
-    async fn channel(&self, state: &mut ClusterState, addr: &str) -> Result<BrokerClient<Channel>> {
+    async fn channel(
+        &self,
+        state: &mut ClusterState,
+        addr: &str,
+    ) -> Result<BrokerClient<crate::GrpcChannel>> {
         if let Some(c) = state.channels.get(addr) {
             return Ok(c.clone());
         }
@@ -202,7 +205,11 @@ impl Cluster {
     }
 
     /// A client for the current leader of a partition.
-    async fn leader(&self, topic: &str, partition: u32) -> Result<BrokerClient<Channel>> {
+    async fn leader(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<BrokerClient<crate::GrpcChannel>> {
         let mut state = self.state.lock().await;
         let leader = state
             .leaders
@@ -223,7 +230,7 @@ impl Cluster {
     }
 
     /// A client for broker `id` (by its gRPC address in the metadata).
-    pub(crate) async fn broker(&self, id: i32) -> Result<BrokerClient<Channel>> {
+    pub(crate) async fn broker(&self, id: i32) -> Result<BrokerClient<crate::GrpcChannel>> {
         let known = self.state.lock().await.grpc_addr.get(&id).cloned();
         let addr = match known {
             Some(a) => a,
@@ -243,7 +250,7 @@ impl Cluster {
     }
 
     /// A client for any reachable broker.
-    pub(crate) async fn any(&self) -> Result<BrokerClient<Channel>> {
+    pub(crate) async fn any(&self) -> Result<BrokerClient<crate::GrpcChannel>> {
         let mut state = self.state.lock().await;
         let mut candidates: Vec<String> = state.grpc_addr.values().cloned().collect();
         candidates.extend(self.bootstrap.iter().cloned());

@@ -4,8 +4,10 @@
 //! the answers.
 //!
 //! Every call is authorized with the same ACLs as the Kafka listener. The caller's principal
-//! is its TLS client certificate's (`User:CN=...`) when the port uses mTLS, and
-//! `User:ANONYMOUS` otherwise; a refusal is `PERMISSION_DENIED` naming Kafka's error.
+//! is the subject of a bearer token (`authorization: Bearer <jwt>`, checked as OAUTHBEARER
+//! tokens are: `User:<sub>`), else its TLS client certificate's (`User:CN=...`) when the
+//! port uses mTLS, else `User:ANONYMOUS`. A bad token is `UNAUTHENTICATED`; a refusal is
+//! `PERMISSION_DENIED` naming Kafka's error.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,24 +28,12 @@ use tonic::{Request, Response, Status};
 
 use crate::broker::{Broker, ProduceError, Route};
 use crate::kafka::codes;
+use crate::kafka::sasl::oauthbearer::Validator;
 
 /// Who made a call, as ACLs name them.
 struct Caller {
     principal: String,
     host: String,
-}
-
-impl Caller {
-    fn of<T>(req: &Request<T>) -> Caller {
-        Caller {
-            principal: Peer::of(req)
-                .principal()
-                .unwrap_or_else(|| crate::kafka::ANONYMOUS.to_string()),
-            host: req
-                .remote_addr()
-                .map_or_else(String::new, |a| a.ip().to_string()),
-        }
-    }
 }
 
 /// Longest long poll a fetch may ask for.
@@ -53,11 +43,17 @@ pub struct GrpcService {
     broker: Arc<Broker>,
     /// This broker's own endpoint, for single-node metadata.
     me: BrokerEndpoint,
+    /// Checks bearer tokens (`[kafka.sasl.oauthbearer]`); `None`: tokens are refused.
+    oauth: Option<Arc<Validator>>,
 }
 
 impl GrpcService {
-    pub fn server(broker: Arc<Broker>, me: BrokerEndpoint) -> BrokerServer<GrpcService> {
-        BrokerServer::new(GrpcService { broker, me })
+    pub fn server(
+        broker: Arc<Broker>,
+        me: BrokerEndpoint,
+        oauth: Option<Arc<Validator>>,
+    ) -> BrokerServer<GrpcService> {
+        BrokerServer::new(GrpcService { broker, me, oauth })
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20)
     }
@@ -80,6 +76,38 @@ impl GrpcService {
             },
             leader,
         }
+    }
+
+    /// Who makes a call: a bearer token's subject, else the client certificate's, else
+    /// anonymous.
+    fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+        let host = req
+            .remote_addr()
+            .map_or_else(String::new, |a| a.ip().to_string());
+        let Some(auth) = req.metadata().get("authorization") else {
+            let principal = Peer::of(req)
+                .principal()
+                .unwrap_or_else(|| crate::kafka::ANONYMOUS.to_string());
+            return Ok(Caller { principal, host });
+        };
+        let token = auth
+            .to_str()
+            .ok()
+            .and_then(|a| a.strip_prefix("Bearer "))
+            .ok_or_else(|| Status::unauthenticated("authorization is not 'Bearer <token>'"))?;
+        let validator = self.oauth.as_ref().ok_or_else(|| {
+            Status::unauthenticated(
+                "this broker takes no bearer tokens ([kafka.sasl.oauthbearer] is not configured)",
+            )
+        })?;
+        let (user, _) = validator.validate(token.trim()).map_err(|e| {
+            tracing::info!(%host, reason = %e, "gRPC bearer token refused");
+            Status::unauthenticated(format!("invalid token: {e}"))
+        })?;
+        Ok(Caller {
+            principal: format!("User:{user}"),
+            host,
+        })
     }
 
     fn permits(&self, c: &Caller, op: Operation, rt: ResourceType, name: &str) -> bool {
@@ -262,7 +290,7 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<ClusterMetadataRequest>,
     ) -> Result<Response<ClusterMetadataResponse>, Status> {
-        let caller = Caller::of(&req);
+        let caller = self.caller(&req)?;
         let req = req.into_inner();
         let brokers = match self.broker.cluster() {
             Some(link) => {
@@ -358,7 +386,7 @@ impl BrokerApi for GrpcService {
         req: Request<ProduceRequest>,
     ) -> Result<Response<ProduceResponse>, Status> {
         let started = std::time::Instant::now();
-        let caller = Caller::of(&req);
+        let caller = self.caller(&req)?;
         self.allow(
             &caller,
             Operation::Write,
@@ -376,7 +404,7 @@ impl BrokerApi for GrpcService {
     async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
         use std::sync::atomic::Ordering::Relaxed;
         let started = std::time::Instant::now();
-        let caller = Caller::of(&req);
+        let caller = self.caller(&req)?;
         self.allow(
             &caller,
             Operation::Read,
@@ -398,7 +426,7 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<ListOffsetsRequest>,
     ) -> Result<Response<ListOffsetsResponse>, Status> {
-        let caller = Caller::of(&req);
+        let caller = self.caller(&req)?;
         self.allow(
             &caller,
             Operation::Describe,
@@ -433,7 +461,7 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<FindCoordinatorRequest>,
     ) -> Result<Response<FindCoordinatorResponse>, Status> {
-        let caller = Caller::of(&req);
+        let caller = self.caller(&req)?;
         self.allow(
             &caller,
             Operation::Describe,
@@ -459,7 +487,7 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<GroupJoinRequest>,
     ) -> Result<Response<GroupJoinResponse>, Status> {
-        let caller = Caller::of(&req);
+        let caller = self.caller(&req)?;
         self.allow(
             &caller,
             Operation::Read,
@@ -513,7 +541,7 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<GroupHeartbeatRequest>,
     ) -> Result<Response<GroupHeartbeatResponse>, Status> {
-        let caller = Caller::of(&req);
+        let caller = self.caller(&req)?;
         self.allow(
             &caller,
             Operation::Read,
@@ -534,7 +562,7 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<GroupLeaveRequest>,
     ) -> Result<Response<GroupLeaveResponse>, Status> {
-        let caller = Caller::of(&req);
+        let caller = self.caller(&req)?;
         self.allow(
             &caller,
             Operation::Read,
@@ -555,7 +583,7 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<CommitOffsetsRequest>,
     ) -> Result<Response<CommitOffsetsResponse>, Status> {
-        let caller = Caller::of(&req);
+        let caller = self.caller(&req)?;
         let r = req.into_inner();
         self.allow(&caller, Operation::Read, ResourceType::Group, &r.group)?;
         for o in &r.offsets {
@@ -604,7 +632,7 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<FetchOffsetsRequest>,
     ) -> Result<Response<FetchOffsetsResponse>, Status> {
-        let caller = Caller::of(&req);
+        let caller = self.caller(&req)?;
         let r = req.into_inner();
         self.allow(&caller, Operation::Describe, ResourceType::Group, &r.group)?;
         for t in &r.partitions {
@@ -647,7 +675,7 @@ impl BrokerApi for GrpcService {
         req: Request<InitProducerIdRequest>,
     ) -> Result<Response<InitProducerIdResponse>, Status> {
         // Kafka (KIP-679): IdempotentWrite on the cluster, or Write on any topic.
-        let caller = Caller::of(&req);
+        let caller = self.caller(&req)?;
         let may_write =
             self.permits(
                 &caller,

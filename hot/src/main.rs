@@ -27,6 +27,32 @@ struct Args {
     /// This client's private key (PEM, mode 600). Also STRATA_TLS_KEY.
     #[arg(long, global = true)]
     tls_key: Option<PathBuf>,
+    /// A file whose first line is a bearer token (a JWT from the identity provider the
+    /// brokers trust for OAUTHBEARER), sent with every gRPC call of produce / consume.
+    /// Mode 600. Also STRATA_TOKEN_FILE.
+    #[arg(long, global = true)]
+    token_file: Option<PathBuf>,
+}
+
+/// The bearer token of the native-client commands, from --token-file or the environment.
+fn client_token(args: &Args) -> anyhow::Result<()> {
+    let Some(path) = args
+        .token_file
+        .clone()
+        .or_else(|| std::env::var_os("STRATA_TOKEN_FILE").map(PathBuf::from))
+    else {
+        return Ok(());
+    };
+    strata_hot::kafka::tls::check_private(&path)?;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading the token in {}", path.display()))?;
+    let token = text.lines().next().unwrap_or_default().trim();
+    anyhow::ensure!(
+        !token.is_empty(),
+        "{} holds no token on its first line",
+        path.display()
+    );
+    strata_client::use_grpc_token(token).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// The mTLS settings of the client commands, from the flags or the environment.
@@ -158,6 +184,7 @@ fn main() -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let env = std::env::vars();
     client_tls(&args)?;
+    client_token(&args)?;
     match args.command {
         Command::Dev {
             data_dir,

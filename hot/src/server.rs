@@ -131,7 +131,16 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
             grpc_port: u32::from(grpc_port.unwrap_or(0)),
         };
         tracing::info!(grpc = %grpc.local_addr()?, "serving the gRPC data plane");
-        let service = GrpcService::server(broker.clone(), me);
+        let oauth = config
+            .kafka
+            .sasl
+            .oauthbearer
+            .as_ref()
+            .map(crate::kafka::sasl::oauthbearer::Validator::load)
+            .transpose()
+            .context("invalid [kafka.sasl.oauthbearer]")?
+            .map(Arc::new);
+        let service = GrpcService::server(broker.clone(), me, oauth);
         let replica_broker = broker.clone();
         let mut stop = listener_stop_rx.clone();
         let mut builder = tonic::transport::Server::builder();

@@ -32,7 +32,7 @@ async fn start() -> (String, Arc<Broker>, tempfile::TempDir) {
         kafka_port: 0,
         grpc_port: u32::from(addr.port()),
     };
-    let service = GrpcService::server(broker.clone(), me);
+    let service = GrpcService::server(broker.clone(), me, None);
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(service)

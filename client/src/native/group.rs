@@ -13,7 +13,6 @@ use strata_proto::v1::{
     CommitOffsetsRequest, FetchOffsetsRequest, FindCoordinatorRequest, GroupHeartbeatRequest,
     GroupJoinRequest, GroupLeaveRequest, ListOffsetsRequest, PartitionOffset, TopicPartitions,
 };
-use tonic::transport::Channel;
 
 use super::{broker_error, fetch_records, Cluster, Consumed};
 use crate::{ClientError, Result};
@@ -64,7 +63,7 @@ impl Default for GroupConsumerConfig {
 pub struct GroupConsumer {
     cluster: Arc<Cluster>,
     config: GroupConsumerConfig,
-    coordinator: Option<BrokerClient<Channel>>,
+    coordinator: Option<BrokerClient<crate::GrpcChannel>>,
     member_id: String,
     generation: i32,
     /// Next offset to read of each assigned partition.
@@ -113,7 +112,7 @@ impl GroupConsumer {
         &self.member_id
     }
 
-    async fn coordinator(&mut self) -> Result<BrokerClient<Channel>> {
+    async fn coordinator(&mut self) -> Result<BrokerClient<crate::GrpcChannel>> {
         if let Some(c) = &self.coordinator {
             return Ok(c.clone());
         }
@@ -215,7 +214,7 @@ impl GroupConsumer {
     /// Committed offsets of the assignment, or the reset position where none.
     async fn starting_positions(
         &mut self,
-        coordinator: &mut BrokerClient<Channel>,
+        coordinator: &mut BrokerClient<crate::GrpcChannel>,
         asked: &[TopicPartitions],
         assigned: &[(String, u32)],
     ) -> Result<BTreeMap<(String, u32), i64>> {
