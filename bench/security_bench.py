@@ -2,7 +2,9 @@
 """What TLS and SASL cost: produce throughput and ack latency over a PLAINTEXT listener and
 over a SASL_SSL (SCRAM-SHA-512) listener of the same `strata dev` node, same client
 (librdkafka via confluent-kafka), same topic, runs interleaved so machine noise hits both.
-Prints figures and ratios; asserts nothing about speed.
+Prints figures and ratios; asserts nothing about speed. Client and broker share the
+machine's cores, so it also prints CPU seconds per GB acknowledged, for the broker (from
+/proc) and for the client process: the broker's own TLS cost, apart from the client's.
 
     cargo build --release --bin strata
     STRATA_BIN=target/release/strata python3 bench/security_bench.py [--seconds 10] [--rounds 2]
@@ -25,6 +27,16 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cpu_seconds(pid=None):
+    """User + system CPU seconds of process `pid` (its threads included), or of this one
+    (the client: librdkafka's threads run inside it)."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main():
@@ -85,7 +97,11 @@ def main():
         for _ in range(args.rounds):
             for name, (bootstrap, extra) in variants.items():
                 for kind, rate, linger in (("max", 0, 5), ("rate", args.rate, 0)):
+                    broker0, client0 = cpu_seconds(proc.pid), cpu_seconds()
                     r = run(bootstrap, "bench", args.seconds, rate, args.record_bytes, linger, extra)
+                    gb = r["acked"] * args.record_bytes / 1e9
+                    r["broker_cpu_s_per_gb"] = (cpu_seconds(proc.pid) - broker0) / gb
+                    r["client_cpu_s_per_gb"] = (cpu_seconds() - client0) / gb
                     if r["errors"]:
                         sys.exit(f"{name} {kind}: {r['errors']} messages failed")
                     results[name][kind].append(r)
@@ -95,6 +111,12 @@ def main():
                   f"{best(name, 'max', 'mb_per_s', max):>6.1f} MB/s; at {args.rate} msgs/s ack p50 "
                   f"{best(name, 'rate', 'p50_ms', min):.2f} ms p99 {best(name, 'rate', 'p99_ms', min):.2f} ms "
                   f"(best of {args.rounds}, {args.record_bytes} B records, acks=all, idempotent)")
+        for name in variants:
+            print(f"{name:>9}: at max throughput, CPU per GB acknowledged: broker "
+                  f"{best(name, 'max', 'broker_cpu_s_per_gb', min):.2f} s, client (librdkafka + Python) "
+                  f"{best(name, 'max', 'client_cpu_s_per_gb', min):.2f} s")
+        broker = best("SASL_SSL", "max", "broker_cpu_s_per_gb", min) / best("PLAINTEXT", "max", "broker_cpu_s_per_gb", min)
+        print(f"SASL_SSL / PLAINTEXT: broker CPU per byte {broker:.2f}x (the broker's share of the TLS cost)")
         ratio = best("SASL_SSL", "max", "msgs_per_s", max) / best("PLAINTEXT", "max", "msgs_per_s", max)
         p99 = best("SASL_SSL", "rate", "p99_ms", min) / best("PLAINTEXT", "rate", "p99_ms", min)
         print(f"SASL_SSL / PLAINTEXT: throughput {ratio:.2f}x (cost {100 * (1 - ratio):.0f}%), p99 ack {p99:.2f}x")

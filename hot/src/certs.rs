@@ -30,7 +30,8 @@ pub struct CertsArgs {
     pub days: u32,
 }
 
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+/// Writes a secret file readable by its owner only (mode 600).
+pub(crate) fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()

@@ -110,6 +110,19 @@ impl GrpcService {
         })
     }
 
+    /// The caller, if it may do `op` on the resource.
+    fn require<T>(
+        &self,
+        req: &Request<T>,
+        op: Operation,
+        rt: ResourceType,
+        name: &str,
+    ) -> Result<Caller, Status> {
+        let caller = self.caller(req)?;
+        self.allow(&caller, op, rt, name)?;
+        Ok(caller)
+    }
+
     fn permits(&self, c: &Caller, op: Operation, rt: ResourceType, name: &str) -> bool {
         self.broker.authorize(&c.principal, &c.host, op, rt, name)
     }
@@ -386,9 +399,8 @@ impl BrokerApi for GrpcService {
         req: Request<ProduceRequest>,
     ) -> Result<Response<ProduceResponse>, Status> {
         let started = std::time::Instant::now();
-        let caller = self.caller(&req)?;
-        self.allow(
-            &caller,
+        self.require(
+            &req,
             Operation::Write,
             ResourceType::Topic,
             &req.get_ref().topic,
@@ -404,9 +416,8 @@ impl BrokerApi for GrpcService {
     async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchResponse>, Status> {
         use std::sync::atomic::Ordering::Relaxed;
         let started = std::time::Instant::now();
-        let caller = self.caller(&req)?;
-        self.allow(
-            &caller,
+        self.require(
+            &req,
             Operation::Read,
             ResourceType::Topic,
             &req.get_ref().topic,
@@ -426,9 +437,8 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<ListOffsetsRequest>,
     ) -> Result<Response<ListOffsetsResponse>, Status> {
-        let caller = self.caller(&req)?;
-        self.allow(
-            &caller,
+        self.require(
+            &req,
             Operation::Describe,
             ResourceType::Topic,
             &req.get_ref().topic,
@@ -461,9 +471,8 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<FindCoordinatorRequest>,
     ) -> Result<Response<FindCoordinatorResponse>, Status> {
-        let caller = self.caller(&req)?;
-        self.allow(
-            &caller,
+        self.require(
+            &req,
             Operation::Describe,
             ResourceType::Group,
             &req.get_ref().group,
@@ -487,9 +496,8 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<GroupJoinRequest>,
     ) -> Result<Response<GroupJoinResponse>, Status> {
-        let caller = self.caller(&req)?;
-        self.allow(
-            &caller,
+        self.require(
+            &req,
             Operation::Read,
             ResourceType::Group,
             &req.get_ref().group,
@@ -541,9 +549,8 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<GroupHeartbeatRequest>,
     ) -> Result<Response<GroupHeartbeatResponse>, Status> {
-        let caller = self.caller(&req)?;
-        self.allow(
-            &caller,
+        self.require(
+            &req,
             Operation::Read,
             ResourceType::Group,
             &req.get_ref().group,
@@ -562,9 +569,8 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<GroupLeaveRequest>,
     ) -> Result<Response<GroupLeaveResponse>, Status> {
-        let caller = self.caller(&req)?;
-        self.allow(
-            &caller,
+        self.require(
+            &req,
             Operation::Read,
             ResourceType::Group,
             &req.get_ref().group,

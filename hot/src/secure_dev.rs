@@ -4,7 +4,7 @@
 //! password is in `admin.password` (mode 600). The Kafka listener speaks SASL_SSL with
 //! SCRAM, the gRPC ports mTLS, and nothing is allowed that no ACL allows except to `admin`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 
@@ -20,19 +20,6 @@ pub const ADMIN: &str = "admin";
 pub struct SecureDev {
     pub certs: PathBuf,
     pub password_file: PathBuf,
-}
-
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    f.write_all(text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Turns a `strata dev` config into a secure one, making the certificates and the admin
@@ -62,7 +49,7 @@ pub fn secure(config: &mut ServerConfig) -> anyhow::Result<SecureDev> {
             &base64::engine::general_purpose::URL_SAFE_NO_PAD,
             scram::random_bytes(18),
         );
-        write_private(&password_file, &format!("{password}\n"))?;
+        crate::certs::write_private(&password_file, &format!("{password}\n"))?;
     }
     let password = std::fs::read_to_string(&password_file)
         .with_context(|| format!("reading {}", password_file.display()))?
