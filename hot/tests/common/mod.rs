@@ -30,15 +30,30 @@ pub fn broker_config(dir: &Path) -> BrokerConfig {
 /// stops it (dropping it stops it too).
 #[allow(dead_code)] // not every test file serves Kafka
 pub async fn serve_kafka(broker: Arc<Broker>) -> (String, watch::Sender<bool>) {
+    serve_kafka_as(
+        broker,
+        strata_hot::kafka::SecurityProtocol::Plaintext,
+        Vec::new(),
+    )
+    .await
+}
+
+/// [`serve_kafka`] with another protocol and SASL mechanisms.
+#[allow(dead_code)]
+pub async fn serve_kafka_as(
+    broker: Arc<Broker>,
+    protocol: strata_hot::kafka::SecurityProtocol,
+    sasl_mechanisms: Vec<strata_hot::kafka::sasl::Mechanism>,
+) -> (String, watch::Sender<bool>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = KafkaServer::new(
         broker,
         ListenerConfig {
             name: "kafka".into(),
-            protocol: strata_hot::kafka::SecurityProtocol::Plaintext,
+            protocol,
             tls: None,
-            sasl_mechanisms: Vec::new(),
+            sasl_mechanisms,
             oauth: None,
             advertised_host: "127.0.0.1".into(),
             advertised_port: addr.port(),
