@@ -680,13 +680,12 @@ impl ServerConfig {
             bail!("kafka.sasl.connections_max_reauth must be at least 1s");
         }
         let mechanisms = self.sasl_mechanisms()?;
-        if mechanisms.contains(&crate::kafka::sasl::Mechanism::OAuthBearer) {
-            let section = self.kafka.sasl.oauthbearer.as_ref().context(
-                "kafka.sasl.mechanisms offers OAUTHBEARER but [kafka.sasl.oauthbearer] is missing (jwks, issuer, audience)",
-            )?;
-            crate::kafka::sasl::oauthbearer::Validator::load(section)
-                .context("invalid [kafka.sasl.oauthbearer]")?;
+        if mechanisms.contains(&crate::kafka::sasl::Mechanism::OAuthBearer)
+            && self.kafka.sasl.oauthbearer.is_none()
+        {
+            bail!("kafka.sasl.mechanisms offers OAUTHBEARER but [kafka.sasl.oauthbearer] is missing (jwks, issuer, audience)");
         }
+        self.oauth_validator()?;
         if listeners.iter().any(|l| l.protocol.sasl()) && mechanisms.is_empty() {
             bail!("a SASL listener needs at least one of kafka.sasl.mechanisms");
         }
@@ -892,7 +891,14 @@ impl ServerConfig {
 
     /// A listener's runtime settings, once bound (an advertised port defaults to the bound
     /// one). Builds its TLS acceptor, so bad certificate files fail here.
-    pub fn listener(&self, l: &NamedListener, bound: SocketAddr) -> anyhow::Result<ListenerConfig> {
+    /// `oauth`: the OAUTHBEARER token checks ([`ServerConfig::oauth_validator`]), read once
+    /// for every listener and the gRPC data plane.
+    pub fn listener(
+        &self,
+        l: &NamedListener,
+        bound: SocketAddr,
+        oauth: Option<Arc<crate::kafka::sasl::oauthbearer::Validator>>,
+    ) -> anyhow::Result<ListenerConfig> {
         let tls = match (l.protocol.tls(), &self.kafka.tls) {
             (false, _) => None,
             (true, None) => bail!("listener '{}' uses TLS but [kafka.tls] is missing", l.name),
@@ -906,17 +912,9 @@ impl ServerConfig {
         } else {
             Vec::new()
         };
-        let oauth = match &self.kafka.sasl.oauthbearer {
-            Some(section)
-                if sasl_mechanisms.contains(&crate::kafka::sasl::Mechanism::OAuthBearer) =>
-            {
-                Some(Arc::new(
-                    crate::kafka::sasl::oauthbearer::Validator::load(section)
-                        .context("invalid [kafka.sasl.oauthbearer]")?,
-                ))
-            }
-            _ => None,
-        };
+        // only where OAUTHBEARER is offered
+        let oauth =
+            oauth.filter(|_| sasl_mechanisms.contains(&crate::kafka::sasl::Mechanism::OAuthBearer));
         Ok(ListenerConfig {
             name: l.name.clone(),
             protocol: l.protocol,
@@ -933,6 +931,23 @@ impl ServerConfig {
             idle_timeout: self.kafka.idle_timeout,
             frame_timeout: self.kafka.frame_timeout,
         })
+    }
+
+    /// The OAUTHBEARER token checks, when `[kafka.sasl.oauthbearer]` is given (its JWKS is
+    /// read here).
+    pub fn oauth_validator(
+        &self,
+    ) -> anyhow::Result<Option<Arc<crate::kafka::sasl::oauthbearer::Validator>>> {
+        self.kafka
+            .sasl
+            .oauthbearer
+            .as_ref()
+            .map(|section| {
+                crate::kafka::sasl::oauthbearer::Validator::load(section)
+                    .context("invalid [kafka.sasl.oauthbearer]")
+                    .map(Arc::new)
+            })
+            .transpose()
     }
 
     fn sasl_mechanisms(&self) -> anyhow::Result<Vec<crate::kafka::sasl::Mechanism>> {

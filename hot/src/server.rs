@@ -46,6 +46,7 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 /// Runs the broker role until a shutdown signal arrives, then closes it cleanly.
 async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> anyhow::Result<()> {
     let tls = config.grpc_tls()?;
+    let oauth = config.oauth_validator()?;
     let mut listeners = Vec::new();
     for l in config.kafka_listeners() {
         let bound_listener = TcpListener::bind(l.listen).await.with_context(|| {
@@ -55,7 +56,11 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
             )
         })?;
         let bound = bound_listener.local_addr()?;
-        listeners.push((bound_listener, bound, config.listener(&l, bound)?));
+        listeners.push((
+            bound_listener,
+            bound,
+            config.listener(&l, bound, oauth.clone())?,
+        ));
     }
     let (bound, listener_config) = listeners
         .first()
@@ -131,16 +136,7 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
             grpc_port: u32::from(grpc_port.unwrap_or(0)),
         };
         tracing::info!(grpc = %grpc.local_addr()?, "serving the gRPC data plane");
-        let oauth = config
-            .kafka
-            .sasl
-            .oauthbearer
-            .as_ref()
-            .map(crate::kafka::sasl::oauthbearer::Validator::load)
-            .transpose()
-            .context("invalid [kafka.sasl.oauthbearer]")?
-            .map(Arc::new);
-        let service = GrpcService::server(broker.clone(), me, oauth);
+        let service = GrpcService::server(broker.clone(), me, oauth.clone());
         let replica_broker = broker.clone();
         let mut stop = listener_stop_rx.clone();
         let mut builder = tonic::transport::Server::builder();

@@ -126,7 +126,7 @@ impl Peer {
     /// verified it against the CA already, so that cannot happen) names a user nobody is.
     pub fn from_der(der: &[u8]) -> Peer {
         let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
-            return Peer::User("User:<unparsable certificate>".into());
+            return Peer::User(UNPARSABLE.into());
         };
         let subject = cert.subject();
         let cn = subject
@@ -143,7 +143,7 @@ impl Peer {
                 }
             }
         }
-        Peer::User(format!("User:{subject}"))
+        Peer::User(subject_principal(subject))
     }
 
     /// The principal ACLs and `super_users` name: `User:CN=broker-1` for a node.
@@ -166,6 +166,21 @@ impl std::fmt::Display for Peer {
             Peer::User(p) => f.write_str(p),
         }
     }
+}
+
+const UNPARSABLE: &str = "User:<unparsable certificate>";
+
+/// `User:` and the subject's distinguished name, as Kafka's default
+/// `ssl.principal.mapping.rules` give it (`User:CN=alice,O=Funds`).
+fn subject_principal(subject: &x509_parser::x509::X509Name<'_>) -> String {
+    format!("User:{subject}")
+}
+
+/// The principal of a certificate (DER) by its subject alone, as the Kafka listener names
+/// clients; `None` when it does not parse.
+pub fn certificate_principal(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    Some(subject_principal(cert.subject()))
 }
 
 /// Digits only: `broker-01` or `broker-+1` are users, not broker 1.

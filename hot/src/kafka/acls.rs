@@ -16,14 +16,10 @@ use strata_controller::metadata::acl::{
     AclBinding, AclFilter, Operation, PatternType, Permission, ResourceType,
 };
 
-use super::{codes, Request};
+use super::{codes, s, Request};
 
 const ANY: i8 = 1;
 const MATCH: i8 = 2;
-
-fn s(v: &str) -> StrBytes {
-    StrBytes::from_string(v.to_string())
-}
 
 fn pattern_from_code(code: i8) -> Option<PatternType> {
     [PatternType::Literal, PatternType::Prefixed]

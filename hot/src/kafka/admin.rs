@@ -21,10 +21,9 @@ use kafka_protocol::messages::{
     DescribeConfigsResponse, IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse,
     MetadataRequest, MetadataResponse, TopicName,
 };
-use kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
 
-use super::{codes, Request};
+use super::{codes, s, Request};
 use crate::broker::{validate_topic_name, AdminError, ConfigSource, NewTopic, Topic};
 
 const RESOURCE_TOPIC: i8 = 2;
@@ -40,10 +39,6 @@ const TYPE_INT: i8 = 3;
 const TYPE_LONG: i8 = 5;
 const TYPE_DOUBLE: i8 = 6;
 const TYPE_LIST: i8 = 7;
-
-fn s(v: impl Into<String>) -> StrBytes {
-    StrBytes::from_string(v.into())
-}
 
 fn topic_metadata(topic: &Topic, live: &dyn Fn(i32) -> bool) -> MetadataResponseTopic {
     let ids = |v: &[i32]| v.iter().map(|b| BrokerId(*b)).collect::<Vec<_>>();

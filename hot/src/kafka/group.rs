@@ -26,7 +26,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use strata_controller::metadata::acl::{Operation, ResourceType};
 
-use super::{codes, Request};
+use super::{codes, s, Request};
 use crate::group::coordinator::{Commit, Coordinator, GROUP_ID_NOT_FOUND};
 use crate::group::state::{codes as group_codes, GroupState, Join};
 
@@ -35,10 +35,6 @@ const INVALID_GROUP_ID: i16 = 24;
 const OFFSET_METADATA_TOO_LARGE: i16 = 12;
 /// Kafka's `offset.metadata.max.bytes`.
 const MAX_METADATA_BYTES: usize = 4096;
-
-fn s(v: impl Into<String>) -> StrBytes {
-    StrBytes::from_string(v.into())
-}
 
 /// The group's coordinator here, once the principal may do `operation` on the group.
 fn coordinator(

@@ -75,6 +75,11 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
+/// A protocol string (what every handler builds its answers' names and messages with).
+fn s(v: impl Into<String>) -> StrBytes {
+    StrBytes::from_string(v.into())
+}
+
 /// Largest bare SASL token accepted after a v0 SaslHandshake.
 const MAX_RAW_SASL_TOKEN: i32 = 64 << 10;
 

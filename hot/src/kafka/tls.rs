@@ -107,8 +107,7 @@ pub fn acceptor(t: &TlsSection, client_auth: ClientAuth) -> anyhow::Result<TlsAc
 /// The principal of a verified client certificate: `User:` and its subject's distinguished
 /// name, as Kafka's default `ssl.principal.mapping.rules` give it (e.g. `User:CN=alice`).
 pub fn principal(cert: &CertificateDer<'_>) -> Option<String> {
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    Some(format!("User:{}", parsed.subject()))
+    strata_proto::tls::certificate_principal(cert.as_ref())
 }
 
 #[cfg(test)]

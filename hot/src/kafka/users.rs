@@ -17,17 +17,12 @@ use kafka_protocol::messages::{
     AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse,
     DescribeUserScramCredentialsRequest, DescribeUserScramCredentialsResponse,
 };
-use kafka_protocol::protocol::StrBytes;
 use strata_controller::metadata::acl::Operation;
 use strata_controller::metadata::{ScramMechanism, MAX_SCRAM_ITERATIONS, MIN_SCRAM_ITERATIONS};
 use strata_proto::v1::{ScramDeletion, ScramUpsertion};
 
 use super::sasl::scram;
-use super::{codes, Request};
-
-fn s(v: &str) -> StrBytes {
-    StrBytes::from_string(v.to_string())
-}
+use super::{codes, s, Request};
 
 /// Kafka's ScramMechanism codes.
 fn mechanism(code: i8) -> Option<ScramMechanism> {
@@ -76,7 +71,7 @@ pub(super) fn describe(
             ),
             _ => result
                 .with_error_code(codes::RESOURCE_NOT_FOUND)
-                .with_error_message(Some(s(&format!("user '{user}' has no SCRAM credential")))),
+                .with_error_message(Some(s(format!("user '{user}' has no SCRAM credential")))),
         }
     };
     let results = match req.users.filter(|u| !u.is_empty()) {
@@ -99,7 +94,7 @@ pub(super) fn describe(
                         DescribeUserScramCredentialsResult::default()
                             .with_user(s(u))
                             .with_error_code(codes::DUPLICATE_RESOURCE)
-                            .with_error_message(Some(s(&format!(
+                            .with_error_message(Some(s(format!(
                                 "user '{u}' is named more than once"
                             ))))
                     } else {
