@@ -24,7 +24,7 @@ use strata_controller::metadata::{
 use strata_hot::replication::leader::Assignment;
 use uuid::Uuid;
 
-use replica::{FetchError, Phase, ProduceOutcome, Rec, Refusal, Replica, Role};
+use replica::{FetchError, Following, Phase, ProduceOutcome, Rec, Refusal, Replica, Role};
 use rng::Rng;
 
 const TOPIC: &str = "settlements";
@@ -134,6 +134,7 @@ enum Event {
     Slow,
     Tier,
     StallMetadata,
+    PowerLoss,
 }
 
 /// Counts across a run, to show the simulation exercised what it claims.
@@ -147,6 +148,8 @@ struct Stats {
     crashes: u64,
     /// Laggards that rejoined the ISR, after which the rest of it failed (`laggard.rs`).
     laggard_rejoins: u64,
+    /// Answers that reached a fetcher of an earlier role.
+    stale_fetcher_answers: u64,
 }
 
 struct World {
@@ -356,7 +359,7 @@ impl World {
             (40, Event::Deliver),
             (10, Event::Produce),
             (10, Event::Flush),
-            (1, Event::Roll),
+            (4, Event::Roll),
             (12, Event::Follower),
             (6, Event::IsrTick),
             (6, Event::Metadata),
@@ -368,6 +371,7 @@ impl World {
             (1, Event::Slow),
             (3, Event::Tier),
             (1, Event::StallMetadata),
+            (1, Event::PowerLoss),
         ]);
         let due: Vec<i32> = self
             .doomed
@@ -394,7 +398,13 @@ impl World {
             Event::Produce => self.producer_act(),
             Event::Flush => {
                 if self.replicas[&b].alive {
-                    self.replicas.get_mut(&b).expect("broker").flush();
+                    let r = self.replicas.get_mut(&b).expect("broker");
+                    let before = r.published;
+                    if let Some(end) = r.flush() {
+                        if end > before {
+                            trace!(self, "b{b} publishes durable end {end}");
+                        }
+                    }
                 }
             }
             Event::Roll => {
@@ -435,6 +445,18 @@ impl World {
                 let r = &self.replicas[&b];
                 if let Some(line) = self.tier.act(r, &mut self.rng) {
                     trace!(self, "b{b} {line}");
+                }
+            }
+            Event::PowerLoss => {
+                // Every broker loses power at once (a rack or a zone): each keeps only what
+                // it fsynced, and whatever was counted as durable had better be.
+                if self.rng.chance(40) && !self.laggard_playing() {
+                    trace!(self, "POWER LOSS");
+                    for b in self.brokers.clone() {
+                        if self.replicas[&b].alive {
+                            self.crash(b);
+                        }
+                    }
                 }
             }
             Event::StallMetadata => {
@@ -810,7 +832,7 @@ impl World {
             return;
         }
         let end = r.end();
-        let durable = r.durable as u64;
+        let durable = r.published;
         let latest = r.epochs.latest().map(|e| e.epoch);
         let Role::Follower {
             leader,
@@ -860,16 +882,29 @@ impl World {
         self.send(Node::Broker(b), Node::Broker(leader), msg);
     }
 
-    /// Whether `b` follows and waits for the answer `req`; clears the wait.
-    fn take_awaited(&mut self, b: i32, req: u64) -> bool {
+    /// The fetcher of `b` waiting for the answer `req`, and whether it is the current one
+    /// (else a fetcher of an earlier role whose task has not noticed yet); clears the wait.
+    fn take_awaited(&mut self, b: i32, req: u64) -> Option<(Following, bool)> {
         let r = self.replicas.get_mut(&b).expect("broker");
-        match &mut r.role {
-            Role::Follower { awaiting, .. } if awaiting.is_some_and(|(q, _)| q == req) => {
+        if let Role::Follower {
+            leader,
+            epoch,
+            awaiting,
+            ..
+        } = &mut r.role
+        {
+            if awaiting.is_some_and(|(q, _)| q == req) {
                 *awaiting = None;
-                true
+                let at = Following {
+                    leader: *leader,
+                    epoch: *epoch,
+                };
+                return Some((at, true));
             }
-            _ => false,
         }
+        let i = r.stale_fetchers.iter().position(|(q, _)| *q == req)?;
+        self.stats.stale_fetcher_answers += 1;
+        Some((r.stale_fetchers.swap_remove(i).1, false))
     }
 
     fn set_phase(&mut self, b: i32, to: Phase) {
@@ -885,24 +920,38 @@ impl World {
         asked: i32,
         result: Result<Option<(i32, u64)>, FetchError>,
     ) {
-        if !self.take_awaited(b, req) {
+        let Some((at, current)) = self.take_awaited(b, req) else {
             return;
-        }
+        };
         let Ok(answer) = result else {
             return; // refused: ask again
         };
         let r = self.replicas.get_mut(&b).expect("broker");
         let before = r.end();
-        let again = r.on_epoch_answer(answer);
+        let Some(again) = r.on_epoch_answer(at, answer) else {
+            trace!(
+                self,
+                "b{b}'s fetcher of {at:?} got its epoch answer after the role changed: no cut"
+            );
+            return;
+        };
         let after = r.end();
         if after < before {
             self.stats.truncations += 1;
         }
         trace!(
             self,
-            "b{b} asked epoch {asked}, leader answered {answer:?}: log {before} -> {after}{}",
-            if again { ", asking again" } else { "" }
+            "b{b} asked epoch {asked}, leader answered {answer:?}: log {before} -> {after}{}{}",
+            if again { ", asking again" } else { "" },
+            if current {
+                ""
+            } else {
+                " (a fetcher of an earlier role)"
+            }
         );
+        if !current {
+            return; // that fetcher's task ends here
+        }
         if !again {
             self.set_phase(b, Phase::Fetching);
         }
@@ -924,40 +973,61 @@ impl World {
         offset: u64,
         result: Result<(Vec<Rec>, u64), FetchError>,
     ) {
-        if !self.take_awaited(b, req) {
+        let Some((at, current)) = self.take_awaited(b, req) else {
             return;
-        }
+        };
+        let r = self.replicas.get_mut(&b).expect("broker");
         match result {
             Ok((recs, hw)) => {
-                let r = self.replicas.get_mut(&b).expect("broker");
-                if r.append_replicated(offset, &recs).is_err() {
-                    self.set_phase(b, Phase::Truncating);
-                    return;
+                match r.append_replicated(at, offset, &recs) {
+                    Ok(()) => {}
+                    Err(true) => {
+                        trace!(
+                            self,
+                            "b{b}'s fetcher of {at:?} got {} records at {offset} after the role changed: not written",
+                            recs.len()
+                        );
+                        return;
+                    }
+                    Err(false) => {
+                        if current {
+                            self.set_phase(b, Phase::Truncating);
+                        }
+                        return;
+                    }
                 }
-                r.set_follower_hw(hw);
-                if !recs.is_empty() {
+                r.set_follower_hw(at, hw);
+                if !recs.is_empty() || !current {
                     trace!(
                         self,
-                        "b{b} replicated {} records at {offset}, hw {hw}",
-                        recs.len()
+                        "b{b} replicated {} records at {offset}, hw {hw}{}",
+                        recs.len(),
+                        if current {
+                            ""
+                        } else {
+                            " (a fetcher of an earlier role)"
+                        }
                     );
                 }
             }
             Err(FetchError::OutOfRange { leader_end }) if offset > leader_end => {
                 // Past the leader's end: cut there, then truncate by epochs again.
+                if r.cut_as(at, leader_end).is_none() {
+                    return;
+                }
                 trace!(
                     self,
-                    "b{b} fetch at {offset} is past the leader's end {leader_end}"
+                    "b{b} fetch at {offset} is past the leader's end {leader_end}: cut there"
                 );
-                self.replicas
-                    .get_mut(&b)
-                    .expect("broker")
-                    .truncate_to(leader_end);
-                self.set_phase(b, Phase::Truncating);
+                if current {
+                    self.set_phase(b, Phase::Truncating);
+                }
             }
             Err(e) => {
                 trace!(self, "b{b} fetch at {offset} refused: {e:?}");
-                self.set_phase(b, Phase::Truncating);
+                if current {
+                    self.set_phase(b, Phase::Truncating);
+                }
             }
         }
     }
@@ -1120,6 +1190,25 @@ impl World {
                 ));
             }
         }
+        // 8. No broker trusts a torn record when it opens its log.
+        if let Some(e) = self.replicas.values().find_map(|r| r.corrupt.clone()) {
+            return Err(e);
+        }
+        // 7. No broker publishes a durable end past what it fsynced: a follower reports its
+        //    log end only once durable, and a leader counts itself up to it.
+        if let Some(r) = self
+            .replicas
+            .values()
+            .find(|r| r.alive && r.published > r.durable as u64)
+        {
+            return Err(format!(
+                "b{} published durable end {} past its fsynced prefix {} (log end {})",
+                r.id,
+                r.published,
+                r.durable,
+                r.end()
+            ));
+        }
         // 6. The cold tier is a prefix of the elected leader's log once it claimed the
         //    manifest (with or without unclean elections).
         if let Some(l) = self.acting_leader() {
@@ -1224,7 +1313,7 @@ fn replication_survives_seeded_faults() {
         }
         return;
     }
-    let seeds = env_u64("SIM_SEEDS").unwrap_or(2_000);
+    let seeds = env_u64("SIM_SEEDS").unwrap_or(5_000);
     let first = env_u64("SIM_FIRST_SEED").unwrap_or(0);
     let mut total = Stats::default();
     for seed in first..first + seeds {
@@ -1237,6 +1326,7 @@ fn replication_survives_seeded_faults() {
                 total.lost_isr_answers += s.lost_isr_answers;
                 total.crashes += s.crashes;
                 total.laggard_rejoins += s.laggard_rejoins;
+                total.stale_fetcher_answers += s.stale_fetcher_answers;
             }
             Err(e) => {
                 let (again, trace) = run(seed, true);
@@ -1264,7 +1354,8 @@ fn replication_survives_seeded_faults() {
         total.truncations > 0
             && total.lost_isr_answers > 0
             && total.crashes > 0
-            && total.laggard_rejoins > 0,
+            && total.laggard_rejoins > 0
+            && total.stale_fetcher_answers > 0,
         "{total:?}"
     );
 }

@@ -6,7 +6,7 @@
 //! The glue mirrors `broker/partition.rs`, `replication/follower.rs` and `broker/isr.rs`:
 //! what those do on each event, this does on the same event, and nothing more.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use strata_core::batch::BatchHeader;
 use strata_hot::log::producer_state::{ProducerStateTable, SequenceCheck};
@@ -58,6 +58,22 @@ pub enum Refusal {
     Invalid,
     /// A stale partition epoch, a deposed leader, or no answer: it may have been committed.
     Unknown,
+}
+
+/// Whom a fetcher follows (`broker::partition::Following`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Following {
+    pub leader: i32,
+    pub epoch: i32,
+}
+
+/// A sync handed to the flusher: the log end it covers, the cut count when it was handed
+/// out, and the recovery point it writes once done.
+#[derive(Debug, Clone, Copy)]
+pub struct Sync {
+    pub end: u64,
+    pub cuts: u64,
+    pub recovery_point: Option<u64>,
 }
 
 /// An acks=all produce waiting for the HW.
@@ -115,8 +131,33 @@ pub struct Replica {
     /// Bumped at every restart: replies to an older incarnation's requests are lost.
     pub incarnation: u32,
     pub log: Vec<Rec>,
-    /// The fsynced prefix.
+    /// The fsynced prefix: what a crash keeps.
     pub durable: usize,
+    /// The durable end the broker published (`Progress::durable_end`): what the fetcher
+    /// waits for before it reports its log end, and what the leader counts as its own.
+    /// It must never pass `durable`.
+    pub published: u64,
+    /// The flusher's sync in flight (`SyncWork`).
+    pub sync: Option<Sync>,
+    /// Truncations so far (`Partition::cuts`).
+    pub cuts: u64,
+    /// The segments' base offsets.
+    pub segments: BTreeSet<u64>,
+    /// The `recovery-point` file: segments wholly below it are trusted by the next open
+    /// without a CRC scan.
+    pub recovery_point: u64,
+    /// The recovery point the next sync writes (the base of the newest roll).
+    pub pending_recovery_point: Option<u64>,
+    /// A record a crash left torn (garbage on disk), until the next open finds it.
+    pub torn: Option<u64>,
+    /// An open that trusted a torn record: the log serves garbage from then on.
+    pub corrupt: Option<String>,
+    /// Fetchers of earlier roles with a request in flight: (request, leader, epoch). A
+    /// fetcher task learns of a role change only when it next looks, so the answer to its
+    /// last request may still reach it and it writes what it got (`Partition`'s writes
+    /// then check, under the role lock, that this replica still follows that leader and
+    /// epoch).
+    pub stale_fetchers: Vec<(u64, Following)>,
     /// The leader-epoch checkpoint (written at every change, so it survives crashes).
     pub epochs: LeaderEpochCache,
     pub producers: ProducerStateTable,
@@ -151,6 +192,15 @@ impl Replica {
             incarnation: 0,
             log: Vec::new(),
             durable: 0,
+            published: 0,
+            sync: None,
+            cuts: 0,
+            segments: BTreeSet::from([0]),
+            recovery_point: 0,
+            pending_recovery_point: None,
+            torn: None,
+            corrupt: None,
+            stale_fetchers: Vec::new(),
             epochs: LeaderEpochCache::default(),
             producers: ProducerStateTable::default(),
             snapshots: BTreeMap::new(),
@@ -177,6 +227,34 @@ impl Replica {
         }
     }
 
+    /// Whom this replica follows now.
+    pub fn following(&self) -> Option<Following> {
+        match self.role {
+            Role::Follower { leader, epoch, .. } => Some(Following { leader, epoch }),
+            _ => None,
+        }
+    }
+
+    /// The role is about to change: a fetcher with a request in flight lives on until its
+    /// answer arrives.
+    fn retire_fetcher(&mut self) {
+        if let Role::Follower {
+            leader,
+            epoch,
+            awaiting: Some((req, _)),
+            ..
+        } = self.role
+        {
+            self.stale_fetchers.push((req, Following { leader, epoch }));
+        }
+    }
+
+    /// `Partition::following`: writes of a fetcher of `at` go through only while this
+    /// replica follows `at`.
+    fn follows(&self, at: Following) -> bool {
+        self.following() == Some(at)
+    }
+
     /// `Partition::become_leader`.
     pub fn become_leader(&mut self, epoch: i32, assignment: Assignment, now: i64) {
         if let Role::Leader {
@@ -193,14 +271,8 @@ impl Replica {
         if self.epochs.latest().is_none_or(|l| l.epoch < epoch) {
             self.epochs.assign(epoch, self.end());
         }
-        let state = LeaderState::new(
-            assignment,
-            self.end(),
-            self.durable as u64,
-            self.hw,
-            POLICY,
-            now,
-        );
+        self.retire_fetcher();
+        let state = LeaderState::new(assignment, self.end(), self.published, self.hw, POLICY, now);
         self.hw = self.hw.max(state.high_watermark());
         self.role = Role::Leader {
             epoch,
@@ -216,6 +288,7 @@ impl Replica {
         {
             return false;
         }
+        self.retire_fetcher();
         self.role = Role::Follower {
             leader,
             epoch,
@@ -228,6 +301,7 @@ impl Replica {
     }
 
     pub fn become_idle(&mut self) {
+        self.retire_fetcher();
         self.role = Role::Idle;
     }
 
@@ -269,19 +343,47 @@ impl Replica {
         })
     }
 
-    /// The flusher's fsync completes: everything written so far is durable.
-    pub fn flush(&mut self) {
-        self.durable = self.log.len();
-        let end = self.end();
+    /// One step of the flusher (`Partition::run_flusher`): with no sync in flight, take the
+    /// work (`PartitionLog::take_sync_work`: the log end, the cut count and the pending
+    /// recovery point) and fsync (the log as it is now becomes durable); with one, finish
+    /// it unless the log was cut meanwhile (then what it synced may be gone and what follows
+    /// the cut is not covered: the next step syncs again): `SyncWork::run` writes the
+    /// recovery point, and the flusher publishes the durable end under the log lock.
+    /// Returns the end published.
+    pub fn flush(&mut self) -> Option<u64> {
+        let Some(sync) = self.sync.take() else {
+            self.sync = Some(Sync {
+                end: self.end(),
+                cuts: self.cuts,
+                recovery_point: self.pending_recovery_point.take(),
+            });
+            self.durable = self.log.len();
+            return None;
+        };
+        if sync.cuts != self.cuts {
+            return None;
+        }
+        if let Some(rp) = sync.recovery_point {
+            self.recovery_point = rp;
+        }
+        let end = sync.end;
+        self.published = self.published.max(end);
         if let Role::Leader { state, .. } = &mut self.role {
             let hw = state.on_leader_durable(end);
             self.publish_hw(hw);
         }
+        Some(end)
     }
 
-    /// A segment roll: a producer snapshot is written at the log end.
+    /// A segment roll (`PartitionLog::roll`): a new segment at the log end, a producer
+    /// snapshot there, and the next sync's recovery point.
     pub fn roll(&mut self) {
         let end = self.end();
+        if self.segments.last().is_some_and(|b| *b >= end) {
+            return; // the active segment is empty
+        }
+        self.segments.insert(end);
+        self.pending_recovery_point = Some(end);
         self.snapshots.insert(end, self.producers.clone());
         while self.snapshots.len() > SNAPSHOTS_KEPT {
             let oldest = *self.snapshots.keys().next().expect("non-empty");
@@ -338,13 +440,23 @@ impl Replica {
         }
     }
 
-    /// A follower's truncation round was answered; returns true when another round is needed.
-    pub fn on_epoch_answer(&mut self, answer: Option<(i32, u64)>) -> bool {
+    /// A truncation round of a fetcher of `at` was answered; returns true when another
+    /// round is needed (`None`: this replica no longer follows `at`, nothing was cut).
+    pub fn on_epoch_answer(&mut self, at: Following, answer: Option<(i32, u64)>) -> Option<bool> {
         let round = truncation_round(&self.epochs, self.end(), self.hw, answer);
         if round.truncate_to < self.end() || round.again {
-            self.truncate_to(round.truncate_to);
+            self.cut_as(at, round.truncate_to)?;
         }
-        round.again
+        Some(round.again)
+    }
+
+    /// `Partition::truncate_to`: a fetcher of `at` cuts the log.
+    pub fn cut_as(&mut self, at: Following, to: u64) -> Option<()> {
+        if !self.follows(at) {
+            return None;
+        }
+        self.truncate_to(to);
+        Some(())
     }
 
     /// `PartitionLog::truncate_to` (and `Partition::after_cut`).
@@ -354,8 +466,17 @@ impl Replica {
             self.epochs.truncate_from_end(to);
             return;
         }
+        // `PartitionLog::lower_recovery_point`, before any file changes: the segment being
+        // rewritten must be CRC-scanned by the next open
+        let holder = self.holder(to);
+        self.cuts += 1;
+        self.pending_recovery_point = self.pending_recovery_point.filter(|rp| *rp <= holder);
+        self.recovery_point = self.recovery_point.min(holder);
+        self.segments.retain(|b| *b <= to);
         self.log.truncate(to as usize);
         self.durable = self.durable.min(to as usize);
+        // `Partition::after_cut`
+        self.published = self.published.min(to);
         self.epochs.truncate_from_end(to);
         self.snapshots.retain(|o, _| *o <= to);
         self.producers = self.rebuilt_producers();
@@ -377,10 +498,19 @@ impl Replica {
         table
     }
 
-    /// Appends records fetched from the leader; `Err` when they do not continue the log.
-    pub fn append_replicated(&mut self, offset: u64, recs: &[Rec]) -> Result<(), ()> {
+    /// Appends records a fetcher of `at` got from the leader; `Err(false)` when they do not
+    /// continue the log, `Err(true)` when this replica no longer follows `at`.
+    pub fn append_replicated(
+        &mut self,
+        at: Following,
+        offset: u64,
+        recs: &[Rec],
+    ) -> Result<(), bool> {
+        if !self.follows(at) {
+            return Err(true);
+        }
         if offset != self.end() {
-            return Err(());
+            return Err(false);
         }
         for rec in recs {
             let at = self.end();
@@ -393,9 +523,13 @@ impl Replica {
         Ok(())
     }
 
-    /// `Partition::set_follower_hw`.
-    pub fn set_follower_hw(&mut self, leader_hw: u64) {
+    /// `Partition::set_follower_hw`: false when this replica no longer follows `at`.
+    pub fn set_follower_hw(&mut self, at: Following, leader_hw: u64) -> bool {
+        if !self.follows(at) {
+            return false;
+        }
         self.hw = leader_hw.min(self.end());
+        true
     }
 
     /// The ISR change to propose now (`broker/isr.rs` tick), when no call is in flight.
@@ -444,22 +578,58 @@ impl Replica {
         self.publish_hw(hw);
     }
 
-    /// The process dies: what was not fsynced may be lost, any part of it.
+    /// The base of the segment holding `offset`.
+    fn holder(&self, offset: u64) -> u64 {
+        *self.segments.range(..=offset).next_back().unwrap_or(&0)
+    }
+
+    /// The process dies: what was not fsynced may be lost, any part of it, and one unsynced
+    /// record kept may be torn (garbage on disk: pages reach the disk in any order).
     pub fn crash(&mut self, rng: &mut Rng) {
-        let torn = rng.below((self.log.len() - self.durable) as u64 + 1) as usize;
-        self.log.truncate(self.durable + torn);
+        let kept = rng.below((self.log.len() - self.durable) as u64 + 1) as usize;
+        self.log.truncate(self.durable + kept);
+        if kept > 0 && rng.chance(500) {
+            self.torn = Some((self.durable as u64) + rng.below(kept as u64));
+        }
+        let end = self.end();
+        self.segments.retain(|b| *b <= end);
+        self.pending_recovery_point = None;
         self.alive = false;
         self.role = Role::Idle;
         self.waiters.clear();
         self.producers = ProducerStateTable::default();
+        self.sync = None;
+        self.stale_fetchers.clear();
     }
 
     /// The process starts again: `PartitionLog::open` and a fresh `Partition`.
     pub fn restart(&mut self) {
+        // Segments wholly below the recovery point are trusted; the others are CRC-scanned,
+        // and the log is cut at the first bad record.
+        if let Some(t) = self.torn.take() {
+            let holder = self.holder(t);
+            let next = self.segments.range(holder + 1..).next().copied();
+            if next.is_some_and(|n| n <= self.recovery_point) {
+                self.corrupt = Some(format!(
+                    "b{} trusted the torn record at offset {t} on restart: its segment [{holder}, {}) lies below the recovery point {}, so it was not CRC-scanned",
+                    self.id,
+                    next.unwrap_or_default(),
+                    self.recovery_point
+                ));
+            } else {
+                self.log.truncate(t as usize);
+                self.segments.retain(|b| *b <= t);
+            }
+        }
+        // A recovery point past the last segment's base was left by a truncation that a
+        // crash interrupted: lowered.
+        let last = *self.segments.last().unwrap_or(&0);
+        self.recovery_point = self.recovery_point.min(last);
         self.alive = true;
         self.incarnation += 1;
         self.durable = self.log.len();
         let end = self.end();
+        self.published = end;
         self.epochs.truncate_from_end(end);
         self.snapshots.retain(|o, _| *o <= end);
         self.producers = self.rebuilt_producers();
