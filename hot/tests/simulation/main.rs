@@ -11,6 +11,7 @@
 //! `cargo test -p strata-hot --test simulation` runs `SIM_SEEDS` seeds (default 2000) from
 //! `SIM_FIRST_SEED` (default 0); `SIM_SEED=N` runs one seed and prints its whole trace.
 
+mod manifest;
 mod replica;
 mod rng;
 mod tier;
@@ -1358,4 +1359,45 @@ fn replication_survives_seeded_faults() {
             && total.stale_fetcher_answers > 0,
         "{total:?}"
     );
+}
+
+#[test]
+fn manifest_writers_survive_seeded_interleavings() {
+    if let Some(seed) = env_u64("SIM_SEED") {
+        let (result, trace) = manifest::run(seed);
+        for line in &trace {
+            println!("{line}");
+        }
+        match result {
+            Ok(acks) => println!("manifest seed {seed} passed: {acks} acknowledged updates"),
+            Err(e) => panic!("manifest seed {seed} failed: {e}"),
+        }
+        return;
+    }
+    let seeds = env_u64("SIM_SEEDS").unwrap_or(5_000);
+    let first = env_u64("SIM_FIRST_SEED").unwrap_or(0);
+    let mut acks = 0;
+    for seed in first..first + seeds {
+        match manifest::run(seed) {
+            (Ok(n), _) => acks += n,
+            (Err(e), trace) => {
+                assert_eq!(
+                    manifest::run(seed).0.err().as_ref(),
+                    Some(&e),
+                    "a seed replays its failure"
+                );
+                let tail = trace.len().saturating_sub(80);
+                for line in &trace[tail..] {
+                    println!("{line}");
+                }
+                panic!(
+                    "manifest seed {seed} failed: {e}\n(last {} of {} trace lines above; replay it with SIM_SEED={seed} cargo test -p strata-hot --test simulation manifest -- --nocapture)",
+                    trace.len() - tail,
+                    trace.len()
+                );
+            }
+        }
+    }
+    println!("manifest: {seeds} seeds from {first}: {acks} acknowledged updates");
+    assert!(acks > seeds * 10, "too few acknowledged updates: {acks}");
 }
