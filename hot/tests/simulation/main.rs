@@ -25,7 +25,9 @@ use strata_controller::metadata::{
 use strata_hot::replication::leader::Assignment;
 use uuid::Uuid;
 
-use replica::{FetchError, Following, Phase, ProduceOutcome, Rec, Refusal, Replica, Role};
+use replica::{
+    FetchError, Following, Phase, ProduceOutcome, Rec, Refusal, Replica, Role, COMMIT_PID,
+};
 use rng::Rng;
 
 const TOPIC: &str = "settlements";
@@ -46,6 +48,8 @@ const PRODUCE_TIMEOUT_MS: i64 = 3_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Node {
     Producer,
+    /// A consumer group's member, committing offsets to the group coordinator.
+    Consumer,
     Controller,
     Broker(i32),
 }
@@ -80,6 +84,16 @@ enum Msg {
         req: u64,
         asked: i32,
         result: Result<Option<(i32, u64)>, FetchError>,
+    },
+    /// OffsetCommit: the group's next committed offset.
+    Commit {
+        req: u64,
+        value: u64,
+    },
+    CommitReply {
+        req: u64,
+        value: u64,
+        result: Result<(), &'static str>,
     },
     AlterIsr {
         req: u64,
@@ -118,6 +132,16 @@ struct Producer {
     acked: BTreeMap<i32, u64>,
 }
 
+/// A consumer group member committing offsets 1, 2, 3, ..., one at a time: the next only
+/// once the last was acknowledged; an error or a timeout sends it again.
+struct Consumer {
+    next: u64,
+    /// The request in flight and when it was sent.
+    in_flight: Option<(u64, i64)>,
+    /// The highest offset whose commit was acknowledged.
+    acked: u64,
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Event {
     Deliver,
@@ -136,6 +160,8 @@ enum Event {
     Tier,
     StallMetadata,
     PowerLoss,
+    Commit,
+    Coordinator,
 }
 
 /// Counts across a run, to show the simulation exercised what it claims.
@@ -151,6 +177,8 @@ struct Stats {
     laggard_rejoins: u64,
     /// Answers that reached a fetcher of an earlier role.
     stale_fetcher_answers: u64,
+    /// Offset commits acknowledged.
+    commits: u64,
 }
 
 struct World {
@@ -174,6 +202,7 @@ struct World {
     /// Since when each broker has not heartbeated (crashed or isolated).
     silent_since: BTreeMap<i32, i64>,
     producer: Producer,
+    consumer: Consumer,
     net: Vec<Envelope>,
     sent: u64,
     next_req: u64,
@@ -230,6 +259,11 @@ impl World {
                 unacked: BTreeSet::new(),
                 in_flight: BTreeMap::new(),
                 acked: BTreeMap::new(),
+            },
+            consumer: Consumer {
+                next: 1,
+                in_flight: None,
+                acked: 0,
             },
             net: Vec::new(),
             sent: 0,
@@ -373,6 +407,8 @@ impl World {
             (3, Event::Tier),
             (1, Event::StallMetadata),
             (1, Event::PowerLoss),
+            (3, Event::Commit),
+            (4, Event::Coordinator),
         ]);
         let due: Vec<i32> = self
             .doomed
@@ -397,6 +433,25 @@ impl World {
         match event {
             Event::Deliver => self.deliver(),
             Event::Produce => self.producer_act(),
+            Event::Commit => self.consumer_act(),
+            Event::Coordinator => {
+                // a broker with commits queued (a closed coordinator's among them)
+                let busy: Vec<i32> = self
+                    .replicas
+                    .values()
+                    .filter(|r| {
+                        r.alive
+                            && r.coordinators
+                                .values()
+                                .any(|q| q.front().is_some_and(|(_, _, at)| *at <= self.now))
+                    })
+                    .map(|r| r.id)
+                    .collect();
+                if !busy.is_empty() {
+                    let b = busy[self.rng.below(busy.len() as u64) as usize];
+                    self.coordinator_act(b);
+                }
+            }
             Event::Flush => {
                 if self.replicas[&b].alive {
                     let r = self.replicas.get_mut(&b).expect("broker");
@@ -571,6 +626,30 @@ impl World {
                         );
                     }
                 }
+            }
+            (Node::Broker(b), Msg::Commit { req, value }) => {
+                let now = self.now;
+                let r = self.replicas.get_mut(&b).expect("broker");
+                match r.accept_commit(req, value, &mut self.rng, now) {
+                    Ok(epoch) => {
+                        trace!(
+                            self,
+                            "b{b}'s coordinator of epoch {epoch} queues commit {value}"
+                        )
+                    }
+                    Err(why) => self.send(
+                        Node::Broker(b),
+                        Node::Consumer,
+                        Msg::CommitReply {
+                            req,
+                            value,
+                            result: Err(why),
+                        },
+                    ),
+                }
+            }
+            (Node::Consumer, Msg::CommitReply { req, value, result }) => {
+                self.on_commit_reply(req, value, result)
             }
             (Node::Producer, Msg::ProduceReply { req, seq, result }) => {
                 self.on_produce_reply(req, seq, result)
@@ -752,6 +831,81 @@ impl World {
         }
     }
 
+    fn consumer_act(&mut self) {
+        let Some(leader) = self.partition().leader else {
+            return;
+        };
+        if self
+            .consumer
+            .in_flight
+            .is_some_and(|(_, at)| self.now - at <= PRODUCE_TIMEOUT_MS + 500)
+        {
+            return;
+        }
+        let req = self.req();
+        let value = self.consumer.next;
+        self.consumer.in_flight = Some((req, self.now));
+        self.send(
+            Node::Consumer,
+            Node::Broker(leader),
+            Msg::Commit { req, value },
+        );
+    }
+
+    fn on_commit_reply(&mut self, req: u64, value: u64, result: Result<(), &'static str>) {
+        if self.consumer.in_flight.is_none_or(|(r, _)| r != req) {
+            return;
+        }
+        self.consumer.in_flight = None;
+        match result {
+            Ok(()) => {
+                trace!(self, "consumer: offset {value} COMMITTED");
+                self.stats.commits += 1;
+                self.consumer.acked = self.consumer.acked.max(value);
+                self.consumer.next = value + 1;
+            }
+            Err(why) => trace!(self, "consumer: commit of {value} failed ({why})"),
+        }
+    }
+
+    /// A group coordinator on `b` handles its next queued commit.
+    fn coordinator_act(&mut self, b: i32) {
+        let now = self.now;
+        let r = self.replicas.get_mut(&b).expect("broker");
+        if !r.alive {
+            return;
+        }
+        let Some((req, value, epoch, outcome)) = r.coordinator_step(&mut self.rng, now) else {
+            return;
+        };
+        match outcome {
+            Ok(w) => {
+                let current = r.leader_epoch();
+                trace!(
+                    self,
+                    "b{b}'s coordinator of epoch {epoch} appends commit {value} at {} (leading at {current:?})",
+                    w.base
+                );
+                self.replicas.get_mut(&b).expect("broker").waiters.push(w);
+            }
+            Err(why) => {
+                trace!(
+                    self,
+                    "b{b}'s coordinator of epoch {epoch} refuses commit {value}: {why}"
+                );
+                self.send(
+                    Node::Broker(b),
+                    Node::Consumer,
+                    Msg::CommitReply {
+                        req,
+                        value,
+                        result: Err(why),
+                    },
+                );
+            }
+        }
+    }
+
     fn on_produce_reply(&mut self, req: u64, seq: i32, result: Result<u64, &'static str>) {
         match result {
             Ok(offset) => {
@@ -811,16 +965,18 @@ impl World {
                 } else {
                     return true;
                 };
-                replies.push((r.id, w.req, w.seq, result));
+                replies.push((r.id, w.req, w.seq, w.commit, result));
                 false
             });
         }
-        for (b, req, seq, result) in replies {
-            self.send(
-                Node::Broker(b),
-                Node::Producer,
-                Msg::ProduceReply { req, seq, result },
-            );
+        for (b, req, seq, commit, result) in replies {
+            let (to, msg) = if commit {
+                let (value, result) = (seq as u64, result.map(|_| ()));
+                (Node::Consumer, Msg::CommitReply { req, value, result })
+            } else {
+                (Node::Producer, Msg::ProduceReply { req, seq, result })
+            };
+            self.send(Node::Broker(b), to, msg);
         }
     }
 
@@ -1237,6 +1393,19 @@ impl World {
                 "idempotent retry written twice: seq {seq} acknowledged at {first} and again at {again}"
             ));
         }
+        // 9. The group's committed offset never goes back: the last commit in the elected
+        //    leader's log is at least the highest one acknowledged.
+        if let Some(l) = self.acting_leader() {
+            let acked = self.consumer.acked;
+            let last = l.log.iter().rev().find(|r| r.pid == COMMIT_PID);
+            if acked > 0 && last.is_none_or(|r| (r.seq as u64) < acked) {
+                return Err(format!(
+                    "the group's committed offset went back: leader b{} holds {:?} last, and {acked} was acknowledged",
+                    l.id,
+                    last.map(|r| r.seq)
+                ));
+            }
+        }
         // 1. No acknowledged record is missing from the elected leader.
         if let Some(l) = self.acting_leader() {
             for (seq, offset) in &self.producer.acked {
@@ -1254,6 +1423,9 @@ impl World {
             // 3. No record is written twice below the HW.
             let mut seen = [None; RECORDS as usize];
             for (o, rec) in r.log.iter().take(r.hw as usize).enumerate() {
+                if rec.pid != PID {
+                    continue;
+                }
                 if let Some(first) = seen[rec.seq as usize].replace(o) {
                     return Err(format!(
                         "b{} holds seq {} twice below its HW {}: at {first} and {o}",
@@ -1328,6 +1500,7 @@ fn replication_survives_seeded_faults() {
                 total.crashes += s.crashes;
                 total.laggard_rejoins += s.laggard_rejoins;
                 total.stale_fetcher_answers += s.stale_fetcher_answers;
+                total.commits += s.commits;
             }
             Err(e) => {
                 let (again, trace) = run(seed, true);
@@ -1356,7 +1529,8 @@ fn replication_survives_seeded_faults() {
             && total.lost_isr_answers > 0
             && total.crashes > 0
             && total.laggard_rejoins > 0
-            && total.stale_fetcher_answers > 0,
+            && total.stale_fetcher_answers > 0
+            && total.commits > seeds / 8,
         "{total:?}"
     );
 }

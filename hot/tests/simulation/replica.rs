@@ -6,7 +6,7 @@
 //! The glue mirrors `broker/partition.rs`, `replication/follower.rs` and `broker/isr.rs`:
 //! what those do on each event, this does on the same event, and nothing more.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use strata_core::batch::BatchHeader;
 use strata_hot::log::producer_state::{ProducerStateTable, SequenceCheck};
@@ -42,6 +42,9 @@ pub fn header(rec: &Rec, offset: u64) -> BatchHeader {
         record_count: 1,
     }
 }
+
+/// The producer id of offset-commit records (the group coordinator writes without one).
+pub const COMMIT_PID: i64 = -1;
 
 pub const POLICY: Policy = Policy {
     min_insync_replicas: 2,
@@ -85,6 +88,8 @@ pub struct Waiter {
     pub end: u64,
     pub epoch: i32,
     pub since: i64,
+    /// A group's offset commit (`seq` holds the committed offset), not a produce.
+    pub commit: bool,
 }
 
 /// An AlterIsr call to the controllers in flight.
@@ -158,6 +163,9 @@ pub struct Replica {
     /// then check, under the role lock, that this replica still follows that leader and
     /// epoch).
     pub stale_fetchers: Vec<(u64, Following)>,
+    /// The group coordinators on this broker by the leader epoch they were loaded at, and
+    /// the commits each has queued: (request, offset, not before).
+    pub coordinators: BTreeMap<i32, VecDeque<(u64, u64, i64)>>,
     /// The leader-epoch checkpoint (written at every change, so it survives crashes).
     pub epochs: LeaderEpochCache,
     pub producers: ProducerStateTable,
@@ -201,6 +209,7 @@ impl Replica {
             torn: None,
             corrupt: None,
             stale_fetchers: Vec::new(),
+            coordinators: BTreeMap::new(),
             epochs: LeaderEpochCache::default(),
             producers: ProducerStateTable::default(),
             snapshots: BTreeMap::new(),
@@ -340,7 +349,89 @@ impl Replica {
             end: base + 1,
             epoch,
             since: now,
+            commit: false,
         })
+    }
+
+    /// A consumer's offset commit reaches this broker: the group coordinator, which exists
+    /// while it leads the offsets partition, queues it (it serves a group's requests in
+    /// order). The coordinator may stall on it for seconds (a slow disk, a long pause).
+    pub fn accept_commit(
+        &mut self,
+        req: u64,
+        value: u64,
+        rng: &mut Rng,
+        now: i64,
+    ) -> Result<i32, &'static str> {
+        let Role::Leader { epoch, .. } = self.role else {
+            return Err("NOT_COORDINATOR");
+        };
+        let stall = if rng.chance(100) {
+            1_000 + rng.below(15_000) as i64
+        } else {
+            0
+        };
+        self.coordinators
+            .entry(epoch)
+            .or_default()
+            .push_back((req, value, now + stall));
+        Ok(epoch)
+    }
+
+    /// One of this broker's coordinators (the current one, or one closed by a leadership
+    /// change that still has requests queued) appends its next commit
+    /// (`PartitionOffsets::append`, through `Partition::append_in_epoch`: refused unless the
+    /// partition is still led at the coordinator's epoch, checked inside the append).
+    /// Returns (req, value, epoch, what happened).
+    pub fn coordinator_step(
+        &mut self,
+        rng: &mut Rng,
+        now: i64,
+    ) -> Option<(u64, u64, i32, Result<Waiter, &'static str>)> {
+        let current = self.leader_epoch();
+        self.coordinators
+            .retain(|e, q| !q.is_empty() || Some(*e) == current);
+        let ready: Vec<i32> = self
+            .coordinators
+            .iter()
+            .filter(|(_, q)| q.front().is_some_and(|(_, _, at)| *at <= now))
+            .map(|(e, _)| *e)
+            .collect();
+        let e = *ready.get(rng.below(ready.len().max(1) as u64) as usize)?;
+        let (req, value, _) = self.coordinators.get_mut(&e)?.pop_front()?;
+        let Role::Leader { epoch, state, .. } = &self.role else {
+            return Some((req, value, e, Err("NOT_COORDINATOR")));
+        };
+        if *epoch != e {
+            return Some((req, value, e, Err("NOT_COORDINATOR")));
+        }
+        if state.check_acks_all().is_err() {
+            return Some((req, value, e, Err("NOT_ENOUGH_REPLICAS")));
+        }
+        let rec = Rec {
+            epoch: *epoch,
+            pid: COMMIT_PID,
+            seq: value as i32,
+        };
+        let base = self.end();
+        if self.epochs.latest().is_none_or(|l| l.epoch < rec.epoch) {
+            self.epochs.assign(rec.epoch, base);
+        }
+        self.log.push(rec);
+        Some((
+            req,
+            value,
+            e,
+            Ok(Waiter {
+                req,
+                seq: value as i32,
+                base,
+                end: base + 1,
+                epoch: e,
+                since: now,
+                commit: true,
+            }),
+        ))
     }
 
     /// One step of the flusher (`Partition::run_flusher`): with no sync in flight, take the
@@ -600,6 +691,7 @@ impl Replica {
         self.producers = ProducerStateTable::default();
         self.sync = None;
         self.stale_fetchers.clear();
+        self.coordinators.clear();
     }
 
     /// The process starts again: `PartitionLog::open` and a fresh `Partition`.
