@@ -464,9 +464,8 @@ impl World {
                 }
             }
             Event::Roll => {
-                if self.replicas[&b].alive {
+                if self.replicas[&b].alive && self.replicas.get_mut(&b).expect("broker").roll() {
                     trace!(self, "b{b} rolls a segment at {}", self.replicas[&b].end());
-                    self.replicas.get_mut(&b).expect("broker").roll();
                 }
             }
             Event::Follower => self.follower_act(b),

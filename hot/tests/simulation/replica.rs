@@ -468,10 +468,10 @@ impl Replica {
 
     /// A segment roll (`PartitionLog::roll`): a new segment at the log end, a producer
     /// snapshot there, and the next sync's recovery point.
-    pub fn roll(&mut self) {
+    pub fn roll(&mut self) -> bool {
         let end = self.end();
         if self.segments.last().is_some_and(|b| *b >= end) {
-            return; // the active segment is empty
+            return false; // the active segment is empty
         }
         self.segments.insert(end);
         self.pending_recovery_point = Some(end);
@@ -480,6 +480,7 @@ impl Replica {
             let oldest = *self.snapshots.keys().next().expect("non-empty");
             self.snapshots.remove(&oldest);
         }
+        true
     }
 
     /// `Partition::replica_fetch` as leader.
