@@ -1472,35 +1472,31 @@ fn env_u64(name: &str) -> Option<u64> {
     )
 }
 
-#[test]
-fn replication_survives_seeded_faults() {
+/// Runs the seeds the environment asks for: one, traced (`SIM_SEED`), or `SIM_SEEDS` from
+/// `SIM_FIRST_SEED`, each passing run's figures handed to `add`; a failure is replayed from
+/// its seed, its trace's tail printed, and the test fails. Returns how many seeds ran (0 for
+/// one traced seed, which checks nothing more).
+fn sweep<T: std::fmt::Debug>(
+    test: &str,
+    run: impl Fn(u64, bool) -> (Result<T, String>, Vec<String>),
+    mut add: impl FnMut(T),
+) -> u64 {
     if let Some(seed) = env_u64("SIM_SEED") {
         let (result, trace) = run(seed, true);
         for line in &trace {
             println!("{line}");
         }
         match result {
-            Ok(stats) => println!("seed {seed} passed: {stats:?}"),
-            Err(e) => panic!("seed {seed} failed: {e}"),
+            Ok(figures) => println!("{test}: seed {seed} passed: {figures:?}"),
+            Err(e) => panic!("{test}: seed {seed} failed: {e}"),
         }
-        return;
+        return 0;
     }
     let seeds = env_u64("SIM_SEEDS").unwrap_or(5_000);
     let first = env_u64("SIM_FIRST_SEED").unwrap_or(0);
-    let mut total = Stats::default();
     for seed in first..first + seeds {
         match run(seed, false).0 {
-            Ok(s) => {
-                total.acked += s.acked;
-                total.elections += s.elections;
-                total.truncations += s.truncations;
-                total.isr_changes += s.isr_changes;
-                total.lost_isr_answers += s.lost_isr_answers;
-                total.crashes += s.crashes;
-                total.laggard_rejoins += s.laggard_rejoins;
-                total.stale_fetcher_answers += s.stale_fetcher_answers;
-                total.commits += s.commits;
-            }
+            Ok(figures) => add(figures),
             Err(e) => {
                 let (again, trace) = run(seed, true);
                 assert_eq!(again.err().as_ref(), Some(&e), "a seed replays its failure");
@@ -1509,14 +1505,35 @@ fn replication_survives_seeded_faults() {
                     println!("{line}");
                 }
                 panic!(
-                    "seed {seed} failed: {e}\n(last {} of {} trace lines above; replay it with SIM_SEED={seed} cargo test -p strata-hot --test simulation -- --nocapture)",
+                    "{test}: seed {seed} failed: {e}\n(last {} of {} trace lines above; replay it with SIM_SEED={seed} cargo test -p strata-hot --test simulation {test} -- --nocapture)",
                     trace.len() - tail,
                     trace.len()
                 );
             }
         }
     }
-    println!("{seeds} seeds from {first}: {total:?}");
+    println!("{test}: {seeds} seeds from {first}");
+    seeds
+}
+
+#[test]
+fn replication_survives_seeded_faults() {
+    let mut total = Stats::default();
+    let seeds = sweep("replication_survives_seeded_faults", run, |s: Stats| {
+        total.acked += s.acked;
+        total.elections += s.elections;
+        total.truncations += s.truncations;
+        total.isr_changes += s.isr_changes;
+        total.lost_isr_answers += s.lost_isr_answers;
+        total.crashes += s.crashes;
+        total.laggard_rejoins += s.laggard_rejoins;
+        total.stale_fetcher_answers += s.stale_fetcher_answers;
+        total.commits += s.commits;
+    });
+    if seeds == 0 {
+        return;
+    }
+    println!("{total:?}");
     // The run must have exercised what it claims to.
     assert!(
         total.acked > seeds * (RECORDS as u64) / 20,
@@ -1536,41 +1553,15 @@ fn replication_survives_seeded_faults() {
 
 #[test]
 fn manifest_writers_survive_seeded_interleavings() {
-    if let Some(seed) = env_u64("SIM_SEED") {
-        let (result, trace) = manifest::run(seed);
-        for line in &trace {
-            println!("{line}");
-        }
-        match result {
-            Ok(acks) => println!("manifest seed {seed} passed: {acks} acknowledged updates"),
-            Err(e) => panic!("manifest seed {seed} failed: {e}"),
-        }
+    let mut acks = 0;
+    let seeds = sweep(
+        "manifest_writers_survive_seeded_interleavings",
+        |seed, _| manifest::run(seed),
+        |n| acks += n,
+    );
+    if seeds == 0 {
         return;
     }
-    let seeds = env_u64("SIM_SEEDS").unwrap_or(5_000);
-    let first = env_u64("SIM_FIRST_SEED").unwrap_or(0);
-    let mut acks = 0;
-    for seed in first..first + seeds {
-        match manifest::run(seed) {
-            (Ok(n), _) => acks += n,
-            (Err(e), trace) => {
-                assert_eq!(
-                    manifest::run(seed).0.err().as_ref(),
-                    Some(&e),
-                    "a seed replays its failure"
-                );
-                let tail = trace.len().saturating_sub(80);
-                for line in &trace[tail..] {
-                    println!("{line}");
-                }
-                panic!(
-                    "manifest seed {seed} failed: {e}\n(last {} of {} trace lines above; replay it with SIM_SEED={seed} cargo test -p strata-hot --test simulation manifest -- --nocapture)",
-                    trace.len() - tail,
-                    trace.len()
-                );
-            }
-        }
-    }
-    println!("manifest: {seeds} seeds from {first}: {acks} acknowledged updates");
+    println!("{acks} acknowledged manifest updates");
     assert!(acks > seeds * 10, "too few acknowledged updates: {acks}");
 }
