@@ -26,7 +26,8 @@ use strata_hot::replication::leader::Assignment;
 use uuid::Uuid;
 
 use replica::{
-    FetchError, Following, Phase, ProduceOutcome, Rec, Refusal, Replica, Role, COMMIT_PID,
+    commit_ready, FetchError, Following, NotWritten, Phase, ProduceOutcome, Rec, Refusal, Replica,
+    Role, COMMIT_PID,
 };
 use rng::Rng;
 
@@ -440,10 +441,7 @@ impl World {
                     .replicas
                     .values()
                     .filter(|r| {
-                        r.alive
-                            && r.coordinators
-                                .values()
-                                .any(|q| q.front().is_some_and(|(_, _, at)| *at <= self.now))
+                        r.alive && r.coordinators.values().any(|q| commit_ready(q, self.now))
                     })
                     .map(|r| r.id)
                     .collect();
@@ -636,15 +634,7 @@ impl World {
                             "b{b}'s coordinator of epoch {epoch} queues commit {value}"
                         )
                     }
-                    Err(why) => self.send(
-                        Node::Broker(b),
-                        Node::Consumer,
-                        Msg::CommitReply {
-                            req,
-                            value,
-                            result: Err(why),
-                        },
-                    ),
+                    Err(why) => self.refuse_commit(b, req, value, why),
                 }
             }
             (Node::Consumer, Msg::CommitReply { req, value, result }) => {
@@ -867,6 +857,12 @@ impl World {
         }
     }
 
+    fn refuse_commit(&mut self, b: i32, req: u64, value: u64, why: &'static str) {
+        let result = Err(why);
+        let msg = Msg::CommitReply { req, value, result };
+        self.send(Node::Broker(b), Node::Consumer, msg);
+    }
+
     /// A group coordinator on `b` handles its next queued commit.
     fn coordinator_act(&mut self, b: i32) {
         let now = self.now;
@@ -892,15 +888,7 @@ impl World {
                     self,
                     "b{b}'s coordinator of epoch {epoch} refuses commit {value}: {why}"
                 );
-                self.send(
-                    Node::Broker(b),
-                    Node::Consumer,
-                    Msg::CommitReply {
-                        req,
-                        value,
-                        result: Err(why),
-                    },
-                );
+                self.refuse_commit(b, req, value, why);
             }
         }
     }
@@ -1137,7 +1125,7 @@ impl World {
             Ok((recs, hw)) => {
                 match r.append_replicated(at, offset, &recs) {
                     Ok(()) => {}
-                    Err(true) => {
+                    Err(NotWritten::NotFollowing) => {
                         trace!(
                             self,
                             "b{b}'s fetcher of {at:?} got {} records at {offset} after the role changed: not written",
@@ -1145,7 +1133,7 @@ impl World {
                         );
                         return;
                     }
-                    Err(false) => {
+                    Err(NotWritten::Gap) => {
                         if current {
                             self.set_phase(b, Phase::Truncating);
                         }

@@ -63,6 +63,20 @@ pub enum Refusal {
     Unknown,
 }
 
+/// Whether a coordinator's queue has a commit it can work on at `now`.
+pub fn commit_ready(queue: &VecDeque<(u64, u64, i64)>, now: i64) -> bool {
+    queue.front().is_some_and(|(_, _, at)| *at <= now)
+}
+
+/// Why a fetcher's records were not written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotWritten {
+    /// This replica no longer follows the leader and epoch the fetcher fetched from.
+    NotFollowing,
+    /// They do not continue the log.
+    Gap,
+}
+
 /// Whom a fetcher follows (`broker::partition::Following`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Following {
@@ -325,15 +339,7 @@ impl Replica {
         }
         let rec = Rec { epoch, pid, seq };
         let base = match self.producers.check(&header(&rec, 0)) {
-            SequenceCheck::Append => {
-                let base = self.end();
-                if self.epochs.latest().is_none_or(|l| l.epoch < epoch) {
-                    self.epochs.assign(epoch, base);
-                }
-                self.log.push(rec);
-                self.producers.record(&header(&rec, base));
-                base
-            }
+            SequenceCheck::Append => self.push(rec),
             SequenceCheck::Duplicate(w) => w.base_offset,
             SequenceCheck::FencedEpoch { .. } => {
                 return ProduceOutcome::Refused("INVALID_PRODUCER_EPOCH")
@@ -394,7 +400,7 @@ impl Replica {
         let ready: Vec<i32> = self
             .coordinators
             .iter()
-            .filter(|(_, q)| q.front().is_some_and(|(_, _, at)| *at <= now))
+            .filter(|(_, q)| commit_ready(q, now))
             .map(|(e, _)| *e)
             .collect();
         let e = *ready.get(rng.below(ready.len().max(1) as u64) as usize)?;
@@ -413,11 +419,7 @@ impl Replica {
             pid: COMMIT_PID,
             seq: value as i32,
         };
-        let base = self.end();
-        if self.epochs.latest().is_none_or(|l| l.epoch < rec.epoch) {
-            self.epochs.assign(rec.epoch, base);
-        }
-        self.log.push(rec);
+        let base = self.push(rec);
         Some((
             req,
             value,
@@ -590,29 +592,36 @@ impl Replica {
         table
     }
 
-    /// Appends records a fetcher of `at` got from the leader; `Err(false)` when they do not
-    /// continue the log, `Err(true)` when this replica no longer follows `at`.
+    /// Appends records a fetcher of `at` got from the leader.
     pub fn append_replicated(
         &mut self,
         at: Following,
         offset: u64,
         recs: &[Rec],
-    ) -> Result<(), bool> {
+    ) -> Result<(), NotWritten> {
         if !self.follows(at) {
-            return Err(true);
+            return Err(NotWritten::NotFollowing);
         }
         if offset != self.end() {
-            return Err(false);
+            return Err(NotWritten::Gap);
         }
         for rec in recs {
-            let at = self.end();
-            if self.epochs.latest().is_none_or(|l| l.epoch < rec.epoch) {
-                self.epochs.assign(rec.epoch, at);
-            }
-            self.log.push(*rec);
-            self.producers.record(&header(rec, at));
+            self.push(*rec);
         }
         Ok(())
+    }
+
+    /// Appends `rec` at the log end (`PartitionLog`'s append): a new epoch starts in the
+    /// epoch history, and the producer state records it (commits have no producer).
+    /// Returns its offset.
+    fn push(&mut self, rec: Rec) -> u64 {
+        let at = self.end();
+        if self.epochs.latest().is_none_or(|l| l.epoch < rec.epoch) {
+            self.epochs.assign(rec.epoch, at);
+        }
+        self.log.push(rec);
+        self.producers.record(&header(&rec, at));
+        at
     }
 
     /// `Partition::set_follower_hw`: false when this replica no longer follows `at`.
