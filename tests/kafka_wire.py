@@ -69,3 +69,15 @@ class KafkaWire:
         index, error, base_offset, _append_time = struct.unpack_from(">ihqq", resp, at + 4)
         assert index == partition
         return error, base_offset
+
+    def latest_offset(self, topic, partition):
+        """(error code, high watermark) from ListOffsets v1 at `latest` (-1), as a consumer asks."""
+        name = topic.encode()
+        body = (struct.pack(">ii", -1, 1) + struct.pack(">h", len(name)) + name
+                + struct.pack(">iiq", 1, partition, -1))
+        resp = self.call(2, 1, body)
+        (name_len,) = struct.unpack_from(">h", resp, 4)
+        at = 6 + name_len + 4
+        index, error, _ts, offset = struct.unpack_from(">ihqq", resp, at)
+        assert index == partition
+        return error, offset

@@ -140,3 +140,66 @@ def test_unknown_topic_fails_bounded(broker):
     ), reports[0]
     # The broker is still fine afterwards.
     assert broker.running()
+
+
+def test_pipelined_async_commits_apply_in_request_order(broker):
+    """Issue 16, item 7 (librdkafka's 0030_offset_commit). Fifty async OffsetCommits of one
+    partition go out pipelined on one connection; each is applied once durable, so without
+    ordering an older one could land last. The committed offset must be the last one sent."""
+    topic = "ck-commit-order"
+    broker.create_topic(topic, 1)
+    done = []
+    consumer = Consumer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "group.id": "commit-order",
+                                      "enable.auto.commit": False,
+                                      "on_commit": lambda err, parts: done.append(err)}))
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    try:
+        for round_ in range(5):
+            done.clear()
+            last = (round_ + 1) * 50
+            for offset in range(round_ * 50 + 1, last + 1):
+                consumer.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=True)
+            deadline = time.monotonic() + 30
+            while len(done) < 50 and time.monotonic() < deadline:
+                consumer.poll(0.05)
+            assert len(done) == 50 and not any(done), f"round {round_}: {len(done)} commit answers, errors {[e for e in done if e]}"
+            [committed] = consumer.committed([tp], timeout=10)
+            assert committed.offset == last, f"round {round_}: committed {committed.offset}, the last commit sent was {last}"
+    finally:
+        consumer.close()
+
+
+def test_a_fetch_never_exceeds_its_max_bytes(broker):
+    """Issue 16, item 8 (librdkafka's 0082_fetch_max_bytes). Two partitions each hold one
+    ~900 KB batch and the consumer allows 1,000,000 bytes per fetch: only the first
+    non-empty partition may go over by one batch (KIP-74), so one response carries one of
+    them. Two would exceed receive.message.max.bytes; librdkafka drops such a response
+    ("Invalid response size") and retries it forever."""
+    topic = "ck-fetch-max"
+    broker.create_topic(topic, 2)
+    producer = Producer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "acks": "all",
+                                      "message.max.bytes": 1_000_000}))
+    for p in (0, 1):
+        producer.produce(topic, value=bytes([65 + p]) * 900_000, partition=p)
+    assert producer.flush(30) == 0
+    consumer = Consumer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "group.id": "fetch-max",
+                                      "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                                      "fetch.max.bytes": 1_000_000, "max.partition.fetch.bytes": 1_000_000,
+                                      "receive.message.max.bytes": 1_000_512}))
+    consumer.assign([TopicPartition(topic, 0, 0), TopicPartition(topic, 1, 0)])
+    got = {}
+    errors = []
+    try:
+        deadline = time.monotonic() + 20
+        while len(got) < 2 and time.monotonic() < deadline:
+            m = consumer.poll(0.2)
+            if m is None:
+                continue
+            if m.error():
+                errors.append(str(m.error()))
+                continue
+            got[m.partition()] = len(m.value())
+    finally:
+        consumer.close()
+    assert got == {0: 900_000, 1: 900_000}, f"read {got} within 20 s; consumer errors: {errors[:3]}"

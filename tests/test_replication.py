@@ -673,3 +673,84 @@ def test_a_failover_in_the_middle_of_idempotent_retries_writes_nothing_twice(clu
     values = [v for _, _, v in out[0]]
     assert values == [0, 2, 1], f"log holds {values}; resent seq 0 got {first}, seq 1 got {second}"
     assert first[1] == 0 and second == (0, 2), (first, second)
+
+
+@pytest.mark.parametrize("cluster", [15], indirect=True)
+def test_a_consumer_at_the_log_end_is_not_told_of_a_truncation_at_a_failover(cluster):
+    """Issue 16, item 1, through librdkafka. A consumer reads the last records the moment
+    they are acknowledged; the leader is SIGKILLed before the followers' next fetch brings
+    them the new high watermark, and the one follower that could complete it is stopped, so
+    the new leader's high watermark stays below the consumer's position for a while. The
+    consumer validates its position with OffsetForLeaderEpoch (KIP-320); the answer must be
+    where the epoch ends in the log, not the new leader's high watermark, or librdkafka takes
+    it for a truncation (here, with auto.offset.reset=error, an error; with a reset policy it
+    rewinds and drops what it had prefetched)."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from kafka_wire import KafkaWire
+
+    topic = "at-the-end"
+    create_topic(cluster, topic, partitions=1)
+    wait_full_isr(cluster, topic)
+    leader = partition_leaders(cluster, topic)[0]
+    successor, stopped = [i for i in (1, 2, 3) if i != leader]
+    producer = Producer(rdkafka_conf({"bootstrap.servers": bootstrap(cluster), "acks": "all",
+                                      "enable.idempotence": True, "linger.ms": 0}))
+    consumer = Consumer(rdkafka_conf({"bootstrap.servers": bootstrap(cluster), "group.id": "at-the-end",
+                                      "enable.auto.commit": False, "auto.offset.reset": "error",
+                                      "fetch.wait.max.ms": 100, "topic.metadata.refresh.interval.ms": 500}))
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    seen = []
+    errors = []
+
+    def consume_until(n, timeout):
+        deadline = time.monotonic() + timeout
+        while len(seen) < n and time.monotonic() < deadline:
+            m = consumer.poll(0.05)
+            if m is None:
+                continue
+            if m.error():
+                errors.append(str(m.error()))
+                continue
+            seen.append(m.offset())
+
+    def produce(n):
+        for _ in range(n):
+            producer.produce(topic, value=b"x" * 100, partition=0)
+        assert producer.flush(30) == 0
+
+    try:
+        produce(100)
+        consume_until(100, 30)
+        assert seen == list(range(100)), f"read {len(seen)} of 100 before the failover; errors: {errors}"
+        # the followers' fetches that complete these records park for 500 ms with the old
+        # high watermark: stop one follower, kill the leader, both inside that time
+        produce(10)
+        consume_until(110, 5)
+        cluster.procs[f"broker-{stopped}"].send_signal(signal.SIGSTOP)
+        cluster.kill(f"broker-{leader}")
+        assert seen == list(range(110)), f"read {len(seen)} of 110 before the kill; errors: {errors}"
+        # the stopped follower stays in the ISR (it is not fenced within the 15 s lease), so
+        # the successor's high watermark cannot pass 100 until it drops it for lag
+        cluster.wait_for(lambda m: m["topics"][topic]["partitions"][0]["leader"] == successor,
+                         "the successor leads", timeout=10)
+        wire = KafkaWire(cluster.broker_ports[successor])
+        deadline = time.monotonic() + 5
+        while (answer := wire.latest_offset(topic, 0))[0] != 0 and time.monotonic() < deadline:
+            time.sleep(0.02)  # until the successor's own metadata says it leads
+        wire.close()
+        error, hw = answer
+        assert error == 0 and hw < 110, (
+            f"premise broken: the new leader's high watermark is {hw} (error {error}), "
+            "not below the consumer's position 110")
+        consume_until(111, LAG_S + 4)  # validation happens now; nothing new to read yet
+        assert not errors, f"the consumer was told its log was truncated: {errors}"
+        cluster.procs[f"broker-{stopped}"].send_signal(signal.SIGCONT)
+        produce(10)
+        consume_until(120, 30)
+        assert not errors, f"the consumer was told its log was truncated: {errors}"
+        assert seen == list(range(120)), (
+            f"the consumer did not read every record once, in order: {len(seen)} read, "
+            f"offsets after 100: {seen[100:]}")
+    finally:
+        consumer.close()

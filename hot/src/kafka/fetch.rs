@@ -180,8 +180,17 @@ fn read_all(
                         }
                     };
                     let budget = t.max_bytes.min(max_bytes.saturating_sub(total));
+                    let first = total == 0;
                     let (records, progress, error) =
-                        read_one(p, t.offset, budget, total == 0, t.remote.as_ref());
+                        read_one(p, t.offset, budget, first, t.remote.as_ref());
+                    // Only the first non-empty partition may exceed the budget, by its
+                    // first batch (KIP-74); any other keeps to it, even if that leaves it
+                    // empty this time.
+                    let records = if first {
+                        records
+                    } else {
+                        within(records, budget)
+                    };
                     total += records.len();
                     any_error |= error != codes::NONE;
                     data.with_error_code(error)
@@ -199,6 +208,19 @@ fn read_all(
     (responses, total, any_error)
 }
 
+/// The longest run of whole batches at the front of `records` that fits in `budget` bytes.
+fn within(records: Bytes, budget: usize) -> Bytes {
+    if records.len() <= budget {
+        return records;
+    }
+    let end = strata_core::batch::BatchIter::new(&records)
+        .map_while(|b| b.ok().map(|(_, range)| range.end))
+        .take_while(|&end| end <= budget)
+        .last()
+        .unwrap_or(0);
+    records.slice(..end)
+}
+
 /// The partition's first offset across both tiers.
 fn log_start(
     progress: &Progress,
@@ -210,7 +232,8 @@ fn log_start(
 }
 
 /// Reads one partition. `first` lets the first non-empty partition exceed the request's byte
-/// budget by one batch, so a large batch never blocks a consumer (KIP-74).
+/// budget by one batch, so a large batch never blocks a consumer (KIP-74); the caller cuts
+/// any other partition's answer to its budget.
 fn read_one(
     p: &Partition,
     offset: i64,
@@ -310,15 +333,17 @@ pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListO
 }
 
 /// OffsetForLeaderEpoch: for each partition, the largest leader epoch not above the one asked
-/// about and the offset where it ended. Followers use it to find where to truncate; consumers
-/// (replica id -1) to detect that the log they read was truncated (KIP-320), so their answer
-/// never goes past the high watermark.
+/// about and the offset where it ended in this log (the next epoch's start, or the log end
+/// for the current epoch). Consumers (KIP-320) compare it with their position to detect a
+/// truncation, so it is never cut to the high watermark: just after a failover the new
+/// leader's high watermark may still lag records a consumer read from the old leader, and
+/// an answer below its position would make it drop them as truncated (Kafka's
+/// `Partition.lastOffsetForLeaderEpoch` answers from the log alone too).
 pub(super) async fn offsets_for_leader_epoch(
     ctx: Request,
     req: OffsetForLeaderEpochRequest,
 ) -> OffsetForLeaderEpochResponse {
     let broker = ctx.broker().clone();
-    let from_consumer = req.replica_id.0 < 0;
     let topics = req
         .topics
         .into_iter()
@@ -342,11 +367,9 @@ pub(super) async fn offsets_for_leader_epoch(
                             Ok(part) => part,
                             Err(code) => return resp.with_error_code(code),
                         };
-                    let hw = part.progress().high_watermark;
                     let found = part.lock().epoch_end_offset(p.leader_epoch);
                     match found {
                         Some((epoch, end)) => {
-                            let end = if from_consumer { end.min(hw) } else { end };
                             resp.with_leader_epoch(epoch).with_end_offset(end as i64)
                         }
                         None => resp,

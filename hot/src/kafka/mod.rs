@@ -259,6 +259,7 @@ impl KafkaServer {
         let mut raw_tokens = false;
         // When the SASL session ends unless re-authenticated (KIP-368).
         let mut session_ends: Option<tokio::time::Instant> = None;
+        let mut commits = CommitTurns::default();
         let (tx, mut rx) = mpsc::channel::<Reply>(MAX_IN_FLIGHT);
         let writer = tokio::spawn(async move {
             while let Some(reply) = rx.recv().await {
@@ -386,6 +387,7 @@ impl KafkaServer {
                         peer,
                         host.clone(),
                         principal.clone().unwrap_or_else(|| Arc::from(ANONYMOUS)),
+                        &mut commits,
                     ),
                 (_, None) => {
                     tracing::warn!(%peer, listener = %self.config.name, api = ?decoded.key, "request before SASL authentication; closing connection");
@@ -523,13 +525,15 @@ impl KafkaServer {
         }
     }
 
-    /// Routes one decoded request. Appends happen here, in request order.
+    /// Routes one decoded request. Appends happen here, in request order; offset commits
+    /// take their turn in `commits`.
     fn dispatch(
         self: &Arc<Self>,
         decoded: Decoded,
         peer: std::net::SocketAddr,
         host: Arc<str>,
         principal: Arc<str>,
+        commits: &mut CommitTurns,
     ) -> Result<Reply, Refusal> {
         let Decoded {
             key,
@@ -574,7 +578,9 @@ impl KafkaServer {
             Body::SyncGroup(req) => ctx.later(group::sync(ctx.clone(), req)),
             Body::Heartbeat(req) => ctx.respond_now(&group::heartbeat(&ctx, req)),
             Body::LeaveGroup(req) => ctx.respond_now(&group::leave(&ctx, req)),
-            Body::OffsetCommit(req) => ctx.later(group::offset_commit(ctx.clone(), req)),
+            Body::OffsetCommit(req) => {
+                ctx.later(commits.in_turn(group::offset_commit(ctx.clone(), req)))
+            }
             Body::OffsetFetch(req) => ctx.later(group::offset_fetch(ctx.clone(), req)),
             Body::ListGroups(req) => ctx.respond_now(&group::list_groups(&ctx, req)),
             Body::DescribeGroups(req) => ctx.respond_now(&group::describe_groups(&ctx, req)),
@@ -589,6 +595,38 @@ impl KafkaServer {
                 what: "SASL request",
                 error: anyhow::anyhow!("SASL request outside the connection's exchange"),
             }),
+        }
+    }
+}
+
+/// Runs a connection's offset commits one after another, in request order. Each commit
+/// runs in its own task and is applied when its write is durable, so two pipelined commits
+/// of one partition (librdkafka's async commits) could otherwise be applied in the other
+/// order, an older offset overwriting a newer one. Kafka serves a connection's requests one
+/// at a time; Strata keeps other requests pipelined and chains only the commits.
+#[derive(Default)]
+pub(crate) struct CommitTurns {
+    /// Closed (sent or dropped) when the last commit handed out has finished.
+    last: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl CommitTurns {
+    /// `commit`, started only once the previous commit of this connection has finished.
+    fn in_turn<F: std::future::Future>(
+        &mut self,
+        commit: F,
+    ) -> impl std::future::Future<Output = F::Output> {
+        let (done, turn) = tokio::sync::oneshot::channel::<()>();
+        let before = self.last.replace(turn);
+        async move {
+            if let Some(before) = before {
+                // an error means the previous commit's task ended without sending: its turn
+                // is over all the same
+                let _ = before.await;
+            }
+            let out = commit.await;
+            drop(done);
+            out
         }
     }
 }
