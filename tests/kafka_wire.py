@@ -81,3 +81,43 @@ class KafkaWire:
         index, error, _ts, offset = struct.unpack_from(">ihqq", resp, at)
         assert index == partition
         return error, offset
+
+    def partition_leaders(self, topic):
+        """{partition: leader id (-1: none)} for `topic` from Metadata v0, as this broker answers."""
+        name = topic.encode()
+        resp = self.call(3, 0, struct.pack(">ih", 1, len(name)) + name)
+        at = 0
+        (n_brokers,) = struct.unpack_from(">i", resp, at)
+        at += 4
+        for _ in range(n_brokers):
+            at += 4
+            (host_len,) = struct.unpack_from(">h", resp, at)
+            at += 2 + host_len + 4
+        (n_topics,) = struct.unpack_from(">i", resp, at)
+        at += 4
+        leaders = {}
+        for _ in range(n_topics):
+            _error, name_len = struct.unpack_from(">hh", resp, at)
+            at += 4 + name_len
+            (n_parts,) = struct.unpack_from(">i", resp, at)
+            at += 4
+            for _ in range(n_parts):
+                _perror, index, leader = struct.unpack_from(">hii", resp, at)
+                at += 10
+                for _list in range(2):  # replicas, isr
+                    (n,) = struct.unpack_from(">i", resp, at)
+                    at += 4 + 4 * n
+                leaders[index] = leader
+        return leaders
+
+    def broker_ids(self):
+        """The broker ids a Metadata v0 answer (for no topic) lists."""
+        resp = self.call(3, 0, struct.pack(">i", 0))
+        (n_brokers,) = struct.unpack_from(">i", resp, 0)
+        at, ids = 4, []
+        for _ in range(n_brokers):
+            (node,) = struct.unpack_from(">i", resp, at)
+            (host_len,) = struct.unpack_from(">h", resp, at + 4)
+            at += 4 + 2 + host_len + 4
+            ids.append(node)
+        return ids

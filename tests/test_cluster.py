@@ -349,10 +349,18 @@ def test_kafka_clients_through_any_bootstrap_broker(cluster):
     assert errors == [None], errors
 
 
-def test_losing_the_controller_majority_stops_metadata_changes_not_data(cluster):
+def test_losing_the_controller_majority_stops_metadata_at_once_and_leadership_after_the_lease(cluster):
+    """Without a controller majority nobody can renew a broker's lease. Metadata changes stop
+    at once; each broker goes on leading until its own lease runs out, then stops (Metadata
+    names no leader, produce is refused with NOT_LEADER_OR_FOLLOWER), because a majority it
+    cannot reach could by then have fenced it and elected another leader (issue 16, item 4).
+    With a majority again, leases are renewed and writes resume without restarting anything."""
     from confluent_kafka import Producer
 
     from conftest import consume_partitions, rdkafka_conf, record_value
+    from kafka_wire import KafkaWire
+
+    NOT_LEADER_OR_FOLLOWER = 6
 
     cluster.cli("topic", "create", "steady", "-p", "3", "--replication-factor", "1")
     cluster.wait_for(lambda m: "steady" in m["topics"], "topic steady")
@@ -360,30 +368,49 @@ def test_losing_the_controller_majority_stops_metadata_changes_not_data(cluster)
     # give the brokers time to pick the topic up from the metadata stream
     time.sleep(1)
 
+    layout = {i: p["leader"] for i, p in enumerate(cluster.metadata()["topics"]["steady"]["partitions"])}
     leader = cluster.leader()
     survivor = next(i for i in (1, 2, 3) if i != leader)
     for i in (1, 2, 3):
         if i != survivor:
             cluster.kill(f"controller-{i}")
+    lost_at = time.monotonic()
 
     # Metadata changes stop with a clear error...
     refused = cluster.cli("topic", "create", "blocked", "-p", "1", controller=cluster.controller_addr(survivor), check=False)
     assert refused.returncode != 0
     assert "leader" in refused.stderr or "unavailable" in refused.stderr.lower(), refused.stderr
 
-    # ...while existing leaders keep taking writes and serving reads.
-    acked = []
-    p = Producer(rdkafka_conf({"bootstrap.servers": broker, "acks": "all"}))
-    for i in range(1000):
-        p.produce("steady", record_value(i).encode(), on_delivery=lambda e, m: acked.append(e is None))
-    assert p.flush(30) == 0 and all(acked) and len(acked) == 1000
-    out, _ = consume_partitions(broker, "steady", 3, time.monotonic() + 30)
-    assert sorted(v for recs in out.values() for _, _, v in recs) == list(range(1000))
+    # ...and once the lease has run out, no broker acts as a leader.
+    time.sleep(max(0.0, lost_at + LEASE_S + 0.5 - time.monotonic()))
+    for b in (1, 2, 3):
+        wire = KafkaWire(cluster.broker_ports[b])
+        named = wire.partition_leaders("steady")
+        own = [i for i, led in layout.items() if led == b]
+        assert all(named[i] == -1 for i in own), (
+            f"broker {b} still names itself the leader of {own} ({named}) {LEASE_S} s after the controllers were lost")
+        for i in own:
+            error, _ = wire.latest_offset("steady", i)
+            assert error == NOT_LEADER_OR_FOLLOWER, f"broker {b} answered ListOffsets for partition {i} with {error}"
+        wire.close()
+    refused_acks = []
+    p = Producer(rdkafka_conf({"bootstrap.servers": broker, "acks": "all", "message.timeout.ms": 2000}))
+    for i in range(10):
+        p.produce("steady", b"refused", partition=i % 3, on_delivery=lambda e, m: refused_acks.append(e))
+    p.flush(10)
+    assert len(refused_acks) == 10 and all(e is not None for e in refused_acks), refused_acks
 
-    # A majority again: a leader is elected and metadata changes resume.
+    # A majority again: a leader is elected, leases renewed, writes resume.
     cluster.start(f"controller-{leader}")
     cluster.leader(timeout=20)
     cluster.cli("topic", "create", "unblocked", "-p", "1", controller=cluster.controller_addr(survivor))
+    acked = []
+    p = Producer(rdkafka_conf({"bootstrap.servers": broker, "acks": "all", "message.timeout.ms": 30000}))
+    for i in range(1000):
+        p.produce("steady", record_value(i).encode(), on_delivery=lambda e, m: acked.append(e is None))
+    assert p.flush(45) == 0 and all(acked) and len(acked) == 1000
+    out, _ = consume_partitions(broker, "steady", 3, time.monotonic() + 30)
+    assert sorted(v for recs in out.values() for _, _, v in recs) == list(range(1000))
 
 
 def test_rust_client_over_grpc_agrees_with_kafka_clients(cluster):
@@ -436,3 +463,62 @@ def test_rust_client_over_grpc_agrees_with_kafka_clients(cluster):
         p.produce("native", b"x", key.encode(), on_delivery=lambda e, m: librdkafka.__setitem__(m.key().decode(), m.partition()))
     assert p.flush(30) == 0
     assert {k: rust_partition[k] for k in librdkafka} == librdkafka
+
+
+def test_brokers_all_fenced_for_silence_keep_clients_and_recover(cluster):
+    """Issue 16, items 3 and 5. Every broker goes silent to the controllers (failpoint: its
+    heartbeats stop) while clients still reach it: the controllers fence all three and each
+    stops leading when its own lease runs out. Metadata must still list the broker that
+    answers (an empty list made librdkafka forget every broker and one producer never sent
+    again); when the heartbeats resume, the same producer, never restarted, delivers
+    everything it was given."""
+    from confluent_kafka import Producer
+
+    from conftest import rdkafka_conf, record_value
+    from kafka_wire import KafkaWire
+
+    cluster.cli("topic", "create", "wedge", "-p", "3", "--replication-factor", "3",
+                "--config", "min.insync.replicas=2")
+    cluster.wait_for(lambda m: "wedge" in m["topics"], "topic wedge")
+    time.sleep(1)
+    bootstrap = ",".join(f"127.0.0.1:{cluster.broker_ports[i]}" for i in (1, 2, 3))
+    acked, failed = [], []
+    p = Producer(rdkafka_conf({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                               "message.timeout.ms": 120000, "metadata.max.age.ms": 1000,
+                               "topic.metadata.refresh.interval.ms": 1000}))
+
+    def on_delivery(err, msg):
+        (failed if err else acked).append(err or msg.value())
+
+    sent = 0
+
+    def produce_for(seconds):
+        nonlocal sent
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            p.produce("wedge", record_value(sent).encode(), on_delivery=on_delivery)
+            sent += 1
+            p.poll(0.02)
+
+    produce_for(2)
+    assert acked, "nothing acknowledged before the fault"
+    for i in (1, 2, 3):
+        cluster.arm(f"broker-{i}-silent-to-controllers")
+    try:
+        cluster.wait_for(lambda m: all(b["fenced"] for b in m["brokers"].values()),
+                         "every broker fenced", timeout=LEASE_S * 4)
+        produce_for(3)  # the producer keeps going into the outage
+        for i in (1, 2, 3):
+            wire = KafkaWire(cluster.broker_ports[i])
+            listed = wire.broker_ids()
+            wire.close()
+            assert i in listed, f"broker {i}, fenced but reachable, answers Metadata listing only {listed}"
+    finally:
+        for i in (1, 2, 3):
+            cluster.disarm(f"broker-{i}-silent-to-controllers")
+    healed = time.monotonic()
+    produce_for(2)
+    remaining = p.flush(60)
+    print(f"all {sent} records acknowledged {time.monotonic() - healed:.1f} s after the heal")
+    assert remaining == 0 and not failed, f"{remaining} unsent, {len(failed)} failed: {failed[:3]}"
+    assert len(acked) == sent

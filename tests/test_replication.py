@@ -78,6 +78,7 @@ class Load:
         self.rate = rate
         self.acked = acked if acked is not None else {}  # value -> (partition, offset)
         self.failed = {}  # value -> error
+        self.ack_times = {}  # partition -> [monotonic time of each acknowledgement]
         self.first = first
         self.sent = first
         self.stop_event = threading.Event()
@@ -98,6 +99,7 @@ class Load:
         v = parse_value(msg.value())
         if err is None:
             self.acked[v] = (msg.partition(), msg.offset())
+            self.ack_times.setdefault(msg.partition(), []).append(time.monotonic())
         else:
             self.failed[v] = err
 
@@ -121,6 +123,15 @@ class Load:
 
     def acked_count(self):
         return len(self.acked)
+
+    def longest_gap(self, start, end):
+        """The longest time in [start, end] that some partition went without an
+        acknowledgement (the partition's unavailability to acks=all writes)."""
+        longest = 0.0
+        for times in self.ack_times.values():
+            inside = [start] + [t for t in times if start <= t <= end] + [end]
+            longest = max(longest, max(b - a for a, b in zip(inside, inside[1:])))
+        return longest
 
     def wait_acked(self, at_least, timeout=60):
         deadline = time.monotonic() + timeout
@@ -754,3 +765,56 @@ def test_a_consumer_at_the_log_end_is_not_told_of_a_truncation_at_a_failover(clu
             f"offsets after 100: {seen[100:]}")
     finally:
         consumer.close()
+
+
+@pytest.mark.parametrize("which", ["raft-leader", "brokers-controller"])
+def test_a_paused_controller_fences_no_broker_and_writes_go_on(cluster, which):
+    """Issue 16, items 2 and 3. SIGSTOP of the Raft-leader controller, or of the follower
+    controller the brokers talk to (the first in their list), for three broker leases: the
+    brokers move their heartbeats to a live controller within the lease (per-call deadlines,
+    keepalive), the new active controller does not fence them, and acks=all writes to every
+    partition go on. Before: every broker was fenced 8-10 s into the pause and every
+    partition left leaderless."""
+    create_topic(cluster)
+    wait_full_isr(cluster)
+    load = Load(cluster).start()
+    load.wait_acked(1000)
+    leader = cluster.leader()
+    if which == "brokers-controller" and leader == 1:
+        # brokers start with the first controller in their list: make it a follower, so
+        # pausing it pauses the controller that forwards their heartbeats
+        cluster.procs["controller-1"].send_signal(signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 10
+            while (cluster.quorum(cluster.controller_addr(2)) or {}).get("leader_id") in (None, 1):
+                assert time.monotonic() < deadline, "no other controller took over"
+                time.sleep(0.1)
+        finally:
+            cluster.procs["controller-1"].send_signal(signal.SIGCONT)
+        time.sleep(2)
+        leader = cluster.leader()
+    victim = leader if which == "raft-leader" else 1
+    assert which == "raft-leader" or victim != leader, "controller 1 leads again"
+    observer = cluster.controller_addr(next(i for i in (1, 2, 3) if i != victim))
+    proc = cluster.procs[f"controller-{victim}"]
+    paused_at = time.monotonic()
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(LEASE_S * 3)
+        m = cluster.metadata(controller=observer)
+        window_end = time.monotonic()
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    fenced = sorted(b for b, v in m["brokers"].items() if v["fenced"])
+    leaderless = [p for p in m["topics"][TOPIC]["partitions"] if p["leader"] is None]
+    gap = load.longest_gap(paused_at, window_end)
+    print(f"paused {which} controller {victim} for {window_end - paused_at:.1f} s: longest partition "
+          f"without an ack {gap * 1000:.0f} ms; fenced brokers {fenced}")
+    assert not fenced, f"brokers {fenced} were fenced while controller {victim} ({which}) was paused"
+    assert not leaderless, f"partitions left leaderless: {leaderless}"
+    assert gap <= 2 * LEASE_S, f"a partition went {gap:.1f} s without an acknowledgement"
+    load.wait_acked(load.acked_count() + 1000)
+    load.finish()
+    assert not load.failed, f"{len(load.failed)} produce failures, e.g. {list(load.failed.items())[:3]}"
+    verify(cluster, load)
+    assert_replicas_identical(cluster)

@@ -75,7 +75,7 @@ impl PeerClient {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let endpoint = strata_proto::tls::endpoint(&self.addr, self.tls.as_deref())
+        let endpoint = strata_proto::tls::live_endpoint(&self.addr, self.tls.as_deref())
             .map_err(|e| Unreachable::new(&e))?;
         let channel = endpoint.connect().await.map_err(|e| Unreachable::new(&e))?;
         let client = RaftClient::new(channel);

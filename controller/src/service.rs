@@ -62,7 +62,13 @@ pub struct Controller {
     raft: Raft,
     state: StateMachine,
     leases: Mutex<Leases>,
+    /// The channel to the Raft leader that forwarded calls use, kept across calls.
+    leader_channel: Mutex<Option<(NodeId, Channel)>>,
 }
+
+/// How long a call forwarded to the Raft leader may take: a paused or cut-off leader must
+/// not hold a broker's heartbeat (the broker gives up sooner and asks another controller).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -152,6 +158,7 @@ impl Controller {
             .with_context(|| format!("binding the controller listener on {}", config.listen))?;
         let controller = Arc::new(Controller {
             leases: Mutex::new(Leases::new(config.broker_lease.as_millis() as i64)),
+            leader_channel: Mutex::new(None),
             config,
             raft,
             state,
@@ -239,8 +246,16 @@ impl Controller {
 
     /// Proposes a command and waits for it to be applied; a refusal comes back as an error.
     pub async fn propose(&self, cmd: Command) -> Result<Applied, Status> {
+        self.propose_at(cmd).await.map(|(applied, _)| applied)
+    }
+
+    /// `propose`, also giving the metadata version (log index) the command was applied at.
+    async fn propose_at(&self, cmd: Command) -> Result<(Applied, u64), Status> {
         match self.raft.client_write(cmd).await {
-            Ok(resp) => resp.data.0.map_err(|e| status(&e)),
+            Ok(resp) => {
+                let index = resp.log_id.index;
+                resp.data.0.map(|a| (a, index)).map_err(|e| status(&e))
+            }
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 Err(Status::unavailable(format!(
                     "controller {} is not the leader (leader: {:?}); retry",
@@ -264,24 +279,72 @@ impl Controller {
             self.config.voters.get(&leader).ok_or_else(|| {
                 Status::unavailable(format!("leader {leader} is not a known voter"))
             })?;
-        let channel = strata_proto::tls::endpoint(addr, self.config.tls.as_deref())
-            .map_err(|e| Status::internal(e.to_string()))?
-            .connect()
-            .await
-            .map_err(|e| {
-                Status::unavailable(format!("cannot reach the controller leader at {addr}: {e}"))
-            })?;
+        let cached = {
+            let kept = self
+                .leader_channel
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            kept.as_ref()
+                .filter(|(id, _)| *id == leader)
+                .map(|(_, c)| c.clone())
+        };
+        let channel = match cached {
+            Some(c) => c,
+            None => {
+                // Keepalive drops the connection to a leader that went silent, and every
+                // call has a deadline, so a paused leader cannot hold a forwarded call.
+                let c = strata_proto::tls::live_endpoint(addr, self.config.tls.as_deref())
+                    .map_err(|e| Status::internal(e.to_string()))?
+                    .timeout(FORWARD_TIMEOUT)
+                    .connect()
+                    .await
+                    .map_err(|e| {
+                        Status::unavailable(format!(
+                            "cannot reach the controller leader at {addr}: {e}"
+                        ))
+                    })?;
+                *self
+                    .leader_channel
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some((leader, c.clone()));
+                c
+            }
+        };
         Ok(Some(ControllerClient::new(channel)))
     }
 
+    /// This controller's address as the voters list (and so the brokers' config) gives it.
+    fn own_addr(&self) -> String {
+        self.config
+            .voters
+            .get(&self.config.node_id)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// On the leader: grants leases on taking over, then fences brokers whose lease ran out.
+    ///
+    /// Brokers are fenced only for their own silence. A leader that was itself unable to
+    /// listen (paused, starved: its ticks came late) grants every lease afresh, as on
+    /// taking over, because the heartbeats it missed say nothing about the brokers; and a
+    /// fencing is a Raft write, so a leader that lost its quorum cannot fence at all.
     async fn lease_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(self.config.broker_lease / 4);
+        let period = self.config.broker_lease / 4;
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut leading = false;
+        let mut last = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.wait_for(|s| *s) => return,
+            }
+            let now_instant = tokio::time::Instant::now();
+            let gap = now_instant - last;
+            last = now_instant;
+            if gap > period * 2 {
+                tracing::warn!(gap_ms = gap.as_millis() as u64, "controller was not running for a while (paused or starved); renewing every broker's lease before judging any");
+                leading = false;
             }
             if !self.is_leader() {
                 leading = false;
@@ -460,19 +523,27 @@ impl ControllerApi for ControllerService {
                 HeartbeatError::UnknownBroker(_) => Status::not_found(e.to_string()),
                 HeartbeatError::StaleEpoch { .. } => Status::failed_precondition(e.to_string()),
             })?;
+        let mut lead_from_version = 0;
         if fenced {
             tracing::info!(
                 broker = r.broker_id,
                 "fenced broker is heartbeating again; unfencing"
             );
-            self.0
-                .propose(Command::UnfenceBroker {
+            let (_, index) = self
+                .0
+                .propose_at(Command::UnfenceBroker {
                     id: r.broker_id,
                     epoch: r.broker_epoch,
                 })
                 .await?;
+            // Its leaderships moved while it was fenced: it must see that before leading.
+            lead_from_version = index;
         }
-        Ok(Response::new(HeartbeatResponse { fenced: false }))
+        Ok(Response::new(HeartbeatResponse {
+            fenced: false,
+            leader_addr: self.0.own_addr(),
+            lead_from_version,
+        }))
     }
 
     async fn controlled_shutdown(

@@ -51,13 +51,45 @@ pub struct ClusterLink {
     epoch: watch::Sender<Option<u64>>,
     /// The newest metadata seen, with its version.
     metadata: watch::Sender<Arc<ClusterMetadata>>,
+    /// How long this broker may still act as a leader, by its own clock.
+    lease: std::sync::Mutex<Lease>,
+    /// The active controller's address, as the last heartbeat's answer named it.
+    active: watch::Sender<Option<String>>,
+}
+
+/// The broker's own view of its lease (see `holds_lease`).
+#[derive(Debug, Default, Clone, Copy)]
+struct Lease {
+    /// When the lease runs out: the last renewal's send time plus the lease, less a margin
+    /// for clock-rate drift.
+    until: Option<tokio::time::Instant>,
+    /// The metadata version this broker must have seen before it leads again (after an
+    /// unfencing: the leaderships it lost meanwhile are in it).
+    lead_from_version: u64,
 }
 
 const RETRY: Duration = Duration::from_millis(300);
 /// How long an admin call keeps trying other controllers.
 const CALL_DEADLINE: Duration = Duration::from_secs(15);
+/// How long one unary call to a controller may take before another controller is tried.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// A client for unary calls and the metadata watch: keepalive notices a silent controller,
+/// and every unary call has a deadline.
 async fn connect(addr: &str, tls: Option<&GrpcTls>) -> Option<ControllerClient<Channel>> {
+    let endpoint = strata_proto::tls::live_endpoint(addr, tls)
+        .ok()?
+        .timeout(ATTEMPT_TIMEOUT);
+    endpoint.connect().await.ok().map(ControllerClient::new)
+}
+
+/// A client for the session stream: no keepalive, so this broker never closes a session
+/// because its controller is slow. The controllers fence a broker whose session closes, so
+/// only the death of this process (or its own deliberate re-registration) may close one.
+async fn connect_for_session(
+    addr: &str,
+    tls: Option<&GrpcTls>,
+) -> Option<ControllerClient<Channel>> {
     let endpoint = strata_proto::tls::endpoint(addr, tls)
         .ok()?
         .connect_timeout(Duration::from_secs(2));
@@ -76,9 +108,12 @@ impl ClusterLink {
             incarnation: Uuid::new_v4(),
             epoch: watch::channel(None).0,
             metadata: watch::channel(Arc::new(ClusterMetadata::default())).0,
+            lease: std::sync::Mutex::new(Lease::default()),
+            active: watch::channel(None).0,
         });
         let membership = tokio::spawn(link.clone().membership_loop(shutdown.clone()));
         tokio::spawn(link.clone().session_loop(shutdown.clone()));
+        tokio::spawn(link.clone().lease_watch(shutdown.clone()));
         tokio::spawn(link.clone().watch_loop(shutdown));
         (link, membership)
     }
@@ -89,6 +124,57 @@ impl ClusterLink {
 
     pub fn epoch(&self) -> Option<u64> {
         *self.epoch.borrow()
+    }
+
+    /// Whether this broker may act as a leader now: its lease, renewed by heartbeats, has
+    /// not run out by its own clock, and after an unfencing it has seen the metadata that
+    /// says which leaderships it lost.
+    ///
+    /// The lease counts from when a heartbeat was *sent*; the active controller counts its
+    /// own from when it *received* one, which is later. So a broker cut off from the
+    /// controllers stops leading before they can fence it and elect another leader: two
+    /// brokers lead one partition at once only if their clocks run at rates more than the
+    /// margin (1% of the lease) apart.
+    pub fn holds_lease(&self) -> bool {
+        let lease = *self.lease.lock().unwrap_or_else(|e| e.into_inner());
+        lease
+            .until
+            .is_some_and(|until| tokio::time::Instant::now() < until)
+            && self.metadata.borrow().version >= lease.lead_from_version
+    }
+
+    fn renew_lease(&self, sent: tokio::time::Instant, lease: Duration, lead_from_version: u64) {
+        let mut l = self.lease.lock().unwrap_or_else(|e| e.into_inner());
+        let until = sent + lease - lease / 100;
+        if l.until.is_none_or(|u| u < until) {
+            l.until = Some(until);
+        }
+        l.lead_from_version = l.lead_from_version.max(lead_from_version);
+    }
+
+    /// Says when this broker stops and starts acting as a leader by its lease.
+    async fn lease_watch(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut held = false;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+            let now = self.holds_lease();
+            if now == held {
+                continue;
+            }
+            held = now;
+            if now {
+                tracing::info!(broker = self.config.broker_id, "lease renewed: acting as the leader of the partitions the metadata gives this broker");
+            } else if self.epoch().is_some() {
+                tracing::warn!(broker = self.config.broker_id, "lease ran out (no controller renewed it): not acting as a leader until one does; producers and consumers are told NOT_LEADER_OR_FOLLOWER");
+            }
+        }
+    }
+
+    fn drop_lease(&self) {
+        self.lease.lock().unwrap_or_else(|e| e.into_inner()).until = None;
     }
 
     pub fn cluster_id(&self) -> &str {
@@ -110,8 +196,12 @@ impl ClusterLink {
                 .map_err(|_| tonic::Status::unavailable("no controller reachable"))?;
             match call(client).await {
                 Ok(resp) => return Ok(resp.into_inner()),
+                // unreachable, leaderless, or silent past the attempt's deadline
                 Err(e)
-                    if e.code() == Code::Unavailable && tokio::time::Instant::now() < deadline =>
+                    if matches!(
+                        e.code(),
+                        Code::Unavailable | Code::Cancelled | Code::DeadlineExceeded
+                    ) && tokio::time::Instant::now() < deadline =>
                 {
                     which += 1;
                     tokio::time::sleep(RETRY).await;
@@ -363,19 +453,29 @@ impl ClusterLink {
             if *shutdown.borrow() {
                 break;
             }
+            // A heartbeat that takes longer than this is abandoned for another controller:
+            // a paused or cut-off controller (or one forwarding to such a leader) must not
+            // cost this broker its lease.
+            let patience = (lease / 4).clamp(Duration::from_millis(250), Duration::from_secs(2));
             let Some(epoch) = self.epoch() else {
-                match self.register(&mut client).await {
-                    Ok((epoch, l)) => {
+                let sent = tokio::time::Instant::now();
+                match tokio::time::timeout(patience * 2, self.register(&mut client)).await {
+                    Ok(Ok((epoch, l))) => {
                         lease = l;
                         self.epoch.send_replace(Some(epoch));
+                        self.renew_lease(sent, lease, 0);
                         tracing::info!(
                             broker = self.config.broker_id,
                             epoch,
                             "registered with the controllers"
                         );
                     }
-                    Err(e) => {
-                        tracing::warn!(broker = self.config.broker_id, error = %e.message(), "registration failed; retrying");
+                    failed => {
+                        let why = match failed {
+                            Ok(Err(e)) => e.message().to_string(),
+                            _ => "no answer in time".to_string(),
+                        };
+                        tracing::warn!(broker = self.config.broker_id, error = %why, "registration failed; retrying");
                         tokio::time::sleep(RETRY).await;
                         which += 1;
                         client = self.any_controller(&mut which).await;
@@ -383,21 +483,43 @@ impl ClusterLink {
                 }
                 continue;
             };
-            let beat = client
-                .heartbeat(HeartbeatRequest {
+            if self.silent_while_a_test_asks() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            let sent = tokio::time::Instant::now();
+            let beat = tokio::time::timeout(
+                patience,
+                client.heartbeat(HeartbeatRequest {
                     broker_id: self.config.broker_id,
                     broker_epoch: epoch,
-                })
-                .await;
+                }),
+            )
+            .await;
             match beat {
-                Ok(_) => {}
-                Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
+                Ok(Ok(resp)) => {
+                    let resp = resp.into_inner();
+                    self.renew_lease(sent, lease, resp.lead_from_version);
+                    if !resp.leader_addr.is_empty() {
+                        self.active.send_if_modified(|a| {
+                            let changed = a.as_deref() != Some(resp.leader_addr.as_str());
+                            *a = Some(resp.leader_addr.clone());
+                            changed
+                        });
+                    }
+                }
+                Ok(Err(e)) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
                     tracing::warn!(broker = self.config.broker_id, epoch, error = %e.message(), "controllers no longer know this registration; registering again");
+                    self.drop_lease();
                     self.epoch.send_replace(None);
                     continue;
                 }
-                Err(e) => {
-                    tracing::debug!(error = %e.message(), "heartbeat failed; trying another controller");
+                failed => {
+                    let why = match failed {
+                        Ok(Err(e)) => e.message().to_string(),
+                        _ => format!("no answer within {} ms", patience.as_millis()),
+                    };
+                    tracing::debug!(error = %why, "heartbeat failed; trying another controller");
                     which += 1;
                     client = self.any_controller(&mut which).await;
                     continue;
@@ -429,9 +551,16 @@ impl ClusterLink {
     /// Keeps a session stream open with the active controller while registered, so that the
     /// controllers fence this broker the moment its process dies (the kernel closes the
     /// connection) rather than when its lease runs out.
+    ///
+    /// This broker never closes a session while it lives and keeps its registration: a
+    /// close reads as its death. When the heartbeats name another active controller (the
+    /// session's one went silent and lost the leadership), a session is opened with that
+    /// one and the old stream is left open until its controller ends it on noticing it no
+    /// longer leads.
     async fn session_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut which = 0usize;
         let mut epochs = self.epoch.subscribe();
+        let mut active = self.active.subscribe();
         loop {
             if *shutdown.borrow() {
                 return;
@@ -443,7 +572,14 @@ impl ClusterLink {
                 }
                 continue;
             };
-            let mut client = self.any_controller(&mut which).await;
+            let named = active.borrow_and_update().clone();
+            let (mut client, addr) = match &named {
+                Some(addr) => match connect_for_session(addr, self.config.tls.as_deref()).await {
+                    Some(c) => (c, addr.clone()),
+                    None => self.any_controller_for_session(&mut which).await,
+                },
+                None => self.any_controller_for_session(&mut which).await,
+            };
             let opened = client
                 .session(SessionRequest {
                     broker_id: self.config.broker_id,
@@ -453,15 +589,29 @@ impl ClusterLink {
             match opened {
                 Ok(stream) => {
                     let mut stream = stream.into_inner();
+                    let (ended_tx, ended) = tokio::sync::oneshot::channel::<()>();
+                    let holder = tokio::spawn(async move {
+                        while let Ok(Some(_)) = stream.message().await {}
+                        let _ = ended_tx.send(());
+                    });
+                    let moved = active.clone();
+                    let session_addr = addr.clone();
                     tokio::select! {
-                        _ = async { while let Ok(Some(_)) = stream.message().await {} } => {}
-                        _ = epochs.wait_for(|e| *e != Some(epoch)) => {}
+                        _ = ended => {
+                            tracing::debug!(broker = self.config.broker_id, controller = %addr, "controller session ended; opening another");
+                        }
+                        _ = epochs.wait_for(|e| *e != Some(epoch)) => {
+                            // a new registration: the old one's session may close
+                            holder.abort();
+                        }
+                        _ = async move {
+                            let mut moved = moved;
+                            let _ = moved.wait_for(|a| a.as_ref().is_some_and(|a| *a != session_addr)).await;
+                        } => {
+                            tracing::info!(broker = self.config.broker_id, "the active controller moved; opening a session with it");
+                        }
                         _ = shutdown.wait_for(|s| *s) => return,
                     }
-                    tracing::debug!(
-                        broker = self.config.broker_id,
-                        "controller session ended; opening another"
-                    );
                 }
                 Err(e) => {
                     tracing::debug!(error = %e.message(), "controller session refused; trying another controller");
@@ -469,6 +619,24 @@ impl ClusterLink {
                     tokio::time::sleep(RETRY / 3).await;
                 }
             }
+        }
+    }
+
+    /// Any reachable controller for a session, trying them in turn from `start`.
+    async fn any_controller_for_session(
+        &self,
+        start: &mut usize,
+    ) -> (ControllerClient<Channel>, String) {
+        loop {
+            let n = self.config.controllers.len();
+            for i in 0..n {
+                let addr = &self.config.controllers[(*start + i) % n];
+                if let Some(c) = connect_for_session(addr, self.config.tls.as_deref()).await {
+                    *start = (*start + i) % n;
+                    return (c, addr.clone());
+                }
+            }
+            tokio::time::sleep(RETRY).await;
         }
     }
 
@@ -508,6 +676,15 @@ impl ClusterLink {
             }
             None => Err("empty metadata update".into()),
         }
+    }
+
+    /// Failpoint `broker-<id>-silent-to-controllers`: a test stops this broker's heartbeats
+    /// (as when it is cut off from the controllers while clients still reach it).
+    fn silent_while_a_test_asks(&self) -> bool {
+        strata_controller::failpoint::armed(&format!(
+            "broker-{}-silent-to-controllers",
+            self.config.broker_id
+        ))
     }
 
     /// Failpoint `broker-<id>-hold-metadata`: a test makes this broker's view of the metadata

@@ -99,6 +99,28 @@ pub fn endpoint(addr: &str, tls: Option<&GrpcTls>) -> Result<Endpoint, tonic::tr
     }
 }
 
+/// How often an idle internal connection proves its peer is alive (HTTP/2 PING), and how
+/// long an unanswered PING may wait before the connection is dropped: a paused or cut-off
+/// node is noticed within about three seconds instead of when TCP gives up (minutes).
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `endpoint`, for a connection that must notice a silent peer: HTTP/2 keepalive (PINGs
+/// even while idle), TCP keepalive, and a 2 s connect timeout. Calls still need their own
+/// deadlines; this covers streams and connections between calls.
+pub fn live_endpoint(
+    addr: &str,
+    tls: Option<&GrpcTls>,
+) -> Result<Endpoint, tonic::transport::Error> {
+    Ok(endpoint(addr, tls)?
+        .connect_timeout(std::time::Duration::from_secs(2))
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
+        .tcp_keepalive(Some(std::time::Duration::from_secs(10)))
+        .tcp_nodelay(true))
+}
+
 /// Who sent a request, as its TLS client certificate proves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Peer {

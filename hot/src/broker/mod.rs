@@ -553,9 +553,20 @@ impl Broker {
             return Route::UnknownTopicOrPartition;
         };
         match (&t.partitions[i], t.layout[i].leader) {
-            (Some(p), Some(leader)) if leader == self.config.node_id => Route::Leader(p.clone()),
+            (Some(p), Some(leader)) if leader == self.config.node_id && self.holds_lease() => {
+                Route::Leader(p.clone())
+            }
             _ => Route::NotLeader,
         }
+    }
+
+    /// Whether this broker may act as the leader of the partitions the metadata gives it:
+    /// always on a single node without controllers; in a cluster, while its lease holds
+    /// (`ClusterLink::holds_lease`). A broker cut off from the controllers for longer than
+    /// its lease answers NOT_LEADER_OR_FOLLOWER and names no leader for its partitions,
+    /// before the controllers elect other leaders for them.
+    pub fn holds_lease(&self) -> bool {
+        self.cluster.as_ref().is_none_or(|link| link.holds_lease())
     }
 
     /// All topics, sorted by name.

@@ -40,7 +40,13 @@ const TYPE_LONG: i8 = 5;
 const TYPE_DOUBLE: i8 = 6;
 const TYPE_LIST: i8 = 7;
 
-fn topic_metadata(topic: &Topic, live: &dyn Fn(i32) -> bool) -> MetadataResponseTopic {
+/// A topic's Metadata entry. `leader` maps the metadata's leader to the one to name: a
+/// broker whose lease lapsed does not name itself.
+fn topic_metadata(
+    topic: &Topic,
+    live: &dyn Fn(i32) -> bool,
+    leader: &dyn Fn(Option<i32>) -> Option<i32>,
+) -> MetadataResponseTopic {
     let ids = |v: &[i32]| v.iter().map(|b| BrokerId(*b)).collect::<Vec<_>>();
     MetadataResponseTopic::default()
         .with_name(Some(TopicName(s(topic.spec.name.clone()))))
@@ -54,15 +60,16 @@ fn topic_metadata(topic: &Topic, live: &dyn Fn(i32) -> bool) -> MetadataResponse
                 .map(|(i, p)| {
                     let offline: Vec<i32> =
                         p.replicas.iter().copied().filter(|r| !live(*r)).collect();
+                    let named = leader(p.leader);
                     MetadataResponsePartition::default()
                         .with_partition_index(i as i32)
                         // An offline partition says so instead of vanishing.
-                        .with_error_code(if p.leader.is_some() {
+                        .with_error_code(if named.is_some() {
                             codes::NONE
                         } else {
                             codes::LEADER_NOT_AVAILABLE
                         })
-                        .with_leader_id(BrokerId(p.leader.unwrap_or(-1)))
+                        .with_leader_id(BrokerId(named.unwrap_or(-1)))
                         .with_leader_epoch(p.leader_epoch)
                         .with_replica_nodes(ids(&p.replicas))
                         .with_isr_nodes(ids(&p.isr))
@@ -78,6 +85,8 @@ pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResp
     let endpoints = ctx.endpoints();
     let live_ids: Vec<i32> = endpoints.iter().map(|(id, _, _)| *id).collect();
     let live = move |id: i32| live_ids.contains(&id);
+    let leads = broker.holds_lease();
+    let leader = move |l: Option<i32>| l.filter(|l| *l != node || leads);
     // Kafka clients use the controller id only for admin requests, which every broker
     // serves (forwarding to the controllers in cluster mode): name this broker.
     let mut resp = MetadataResponse::default()
@@ -106,7 +115,7 @@ pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResp
             .topics()
             .iter()
             .filter(|t| ctx.permits(Operation::Describe, ResourceType::Topic, &t.spec.name))
-            .map(|t| topic_metadata(t, &live))
+            .map(|t| topic_metadata(t, &live, &leader))
             .collect();
         return resp;
     };
@@ -126,7 +135,7 @@ pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResp
         };
         if let Some(topic) = found {
             if ctx.may_topic(Operation::Describe, &topic.spec.name) {
-                resp.topics.push(topic_metadata(&topic, &live));
+                resp.topics.push(topic_metadata(&topic, &live, &leader));
             } else {
                 resp.topics.push(
                     MetadataResponseTopic::default()
@@ -170,7 +179,7 @@ pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResp
             )
             .await;
         match created.ok().and_then(|_| broker.topic(&n)) {
-            Some(topic) => resp.topics.push(topic_metadata(&topic, &live)),
+            Some(topic) => resp.topics.push(topic_metadata(&topic, &live, &leader)),
             None => resp.topics.push(unknown),
         }
     }

@@ -838,17 +838,25 @@ impl Request {
     }
 
     /// Live brokers' Kafka endpoints (id, host, port); on a single node, this listener.
+    /// The brokers a Metadata answer lists: the unfenced ones, and always this one. A
+    /// client is talking to it, so it is reachable; were every broker fenced (the
+    /// controllers silent), an empty list would leave the client nowhere to go, and
+    /// librdkafka forgets the brokers a Metadata answer leaves out.
     pub fn endpoints(&self) -> Vec<(i32, String, u16)> {
         let broker = self.broker();
-        broker
+        let me = broker.config().node_id;
+        let mut all = broker
             .kafka_endpoints(&self.listener().name)
-            .unwrap_or_else(|| {
-                vec![(
-                    broker.config().node_id,
-                    self.listener().advertised_host.clone(),
-                    self.listener().advertised_port,
-                )]
-            })
+            .unwrap_or_default();
+        if !all.iter().any(|(id, _, _)| *id == me) {
+            all.push((
+                me,
+                self.listener().advertised_host.clone(),
+                self.listener().advertised_port,
+            ));
+            all.sort_by_key(|(id, _, _)| *id);
+        }
+        all
     }
 
     pub fn listener(&self) -> &ListenerConfig {

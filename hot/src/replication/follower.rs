@@ -113,14 +113,11 @@ pub async fn run(
             Some(c) => c.clone(),
             None => match directory.grpc_address(target.leader) {
                 Some(addr) => {
-                    match strata_proto::tls::endpoint(&addr, directory.tls().as_deref()) {
+                    // keepalive: a leader that went silent is noticed between calls too
+                    match strata_proto::tls::live_endpoint(&addr, directory.tls().as_deref()) {
                         Ok(endpoint) => {
-                            let c = ReplicaClient::new(
-                                endpoint
-                                    .connect_timeout(Duration::from_secs(2))
-                                    .connect_lazy(),
-                            )
-                            .max_decoding_message_size(2 * FETCH_MAX_BYTES as usize);
+                            let c = ReplicaClient::new(endpoint.connect_lazy())
+                                .max_decoding_message_size(2 * FETCH_MAX_BYTES as usize);
                             client = Some(c.clone());
                             c
                         }
