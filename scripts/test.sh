@@ -16,6 +16,12 @@ if ! command -v kcat >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq kcat >/dev/null
 fi
 
+if ! command -v ip >/dev/null 2>&1; then
+  step "installing iproute2 (the fault suite's network namespaces)"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq iproute2 >/dev/null
+fi
+
 step "installing Python test clients (tests/requirements.txt)"
 python3 -m pip install -q --disable-pip-version-check -r tests/requirements.txt
 

@@ -49,8 +49,12 @@ def free_port() -> int:
 
 
 def port_accepts(port: int) -> bool:
+    return port_accepts_at("127.0.0.1", port)
+
+
+def port_accepts_at(host: str, port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with socket.create_connection((host, port), timeout=0.5):
             return True
     except OSError:
         return False

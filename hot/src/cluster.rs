@@ -55,6 +55,8 @@ pub struct ClusterLink {
     lease: std::sync::Mutex<Lease>,
     /// The active controller's address, as the last heartbeat's answer named it.
     active: watch::Sender<Option<String>>,
+    /// `holds_lease()`, published when it changes (checked every 100 ms).
+    leading: watch::Sender<bool>,
 }
 
 /// The broker's own view of its lease (see `holds_lease`).
@@ -96,6 +98,35 @@ async fn connect_for_session(
     endpoint.connect().await.ok().map(ControllerClient::new)
 }
 
+/// The first heartbeat answer from any controller, all asked at once: an answer, or a
+/// refusal that says the registration is gone (NotFound, FailedPrecondition); otherwise the
+/// last error.
+async fn first_heartbeat(
+    beats: &[ControllerClient<Channel>],
+    req: HeartbeatRequest,
+) -> Result<(usize, tonic::Response<strata_proto::v1::HeartbeatResponse>), tonic::Status> {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let mut asks: FuturesUnordered<_> = beats
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut c = c.clone();
+            async move { (i, c.heartbeat(req).await) }
+        })
+        .collect();
+    let mut last = tonic::Status::unavailable("no controller configured");
+    while let Some((i, answer)) = asks.next().await {
+        match answer {
+            Ok(resp) => return Ok((i, resp)),
+            Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
+                return Err(e)
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 impl ClusterLink {
     /// Starts registering, heartbeating and watching metadata until `shutdown` turns true;
     /// then asks for a controlled shutdown. The returned task ends when that is done.
@@ -110,6 +141,7 @@ impl ClusterLink {
             metadata: watch::channel(Arc::new(ClusterMetadata::default())).0,
             lease: std::sync::Mutex::new(Lease::default()),
             active: watch::channel(None).0,
+            leading: watch::channel(false).0,
         });
         let membership = tokio::spawn(link.clone().membership_loop(shutdown.clone()));
         tokio::spawn(link.clone().session_loop(shutdown.clone()));
@@ -150,14 +182,23 @@ impl ClusterLink {
             l.until = Some(until);
         }
         l.lead_from_version = l.lead_from_version.max(lead_from_version);
+        drop(l);
+        let now = self.holds_lease();
+        self.leading
+            .send_if_modified(|held| std::mem::replace(held, now) != now);
     }
 
-    /// Says when this broker stops and starts acting as a leader by its lease.
+    /// Whether this broker holds its lease, as last published (see `holds_lease`).
+    pub fn leading(&self) -> watch::Receiver<bool> {
+        self.leading.subscribe()
+    }
+
+    /// Publishes and logs when this broker stops and starts acting as a leader by its lease.
     async fn lease_watch(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut held = false;
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                 _ = shutdown.wait_for(|s| *s) => return,
             }
             let now = self.holds_lease();
@@ -165,6 +206,7 @@ impl ClusterLink {
                 continue;
             }
             held = now;
+            self.leading.send_replace(now);
             if now {
                 tracing::info!(broker = self.config.broker_id, "lease renewed: acting as the leader of the partitions the metadata gives this broker");
             } else if self.epoch().is_some() {
@@ -449,6 +491,20 @@ impl ClusterLink {
         let mut which = 0usize;
         let mut client = self.any_controller(&mut which).await;
         let mut lease = Duration::from_secs(6);
+        // Heartbeats go to `preferred` (the last controller that answered) over one lazily
+        // connected channel per controller.
+        let beats: Vec<ControllerClient<Channel>> = self
+            .config
+            .controllers
+            .iter()
+            .filter_map(|addr| {
+                let endpoint =
+                    strata_proto::tls::live_endpoint(addr, self.config.tls.as_deref()).ok()?;
+                Some(ControllerClient::new(endpoint.connect_lazy()))
+            })
+            .collect();
+        // `None` after a failed heartbeat: the next one asks every controller at once.
+        let mut preferred: Option<usize> = Some(0);
         loop {
             if *shutdown.borrow() {
                 break;
@@ -487,17 +543,33 @@ impl ClusterLink {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
-            let sent = tokio::time::Instant::now();
-            let beat = tokio::time::timeout(
-                patience,
-                client.heartbeat(HeartbeatRequest {
-                    broker_id: self.config.broker_id,
-                    broker_epoch: epoch,
-                }),
-            )
-            .await;
+            let req = HeartbeatRequest {
+                broker_id: self.config.broker_id,
+                broker_epoch: epoch,
+            };
+            let mut sent = tokio::time::Instant::now();
+            let first = match preferred.and_then(|i| beats.get(i).map(|c| (i, c))) {
+                Some((i, c)) => Some((
+                    i,
+                    tokio::time::timeout(patience, c.clone().heartbeat(req)).await,
+                )),
+                None => None,
+            };
+            let settled = matches!(&first, Some((_, Ok(Ok(_)))))
+                || matches!(&first, Some((_, Ok(Err(e)))) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition));
+            let beat = match first {
+                Some((i, answer)) if settled => answer.map(|r| r.map(|resp| (i, resp))),
+                _ => {
+                    // The usual controller is silent, leaderless, or forwards to a silent
+                    // leader: ask them all at once and keep the first answer, so a silent
+                    // controller costs one patience, not one per controller tried in turn.
+                    sent = tokio::time::Instant::now();
+                    tokio::time::timeout(patience, first_heartbeat(&beats, req)).await
+                }
+            };
             match beat {
-                Ok(Ok(resp)) => {
+                Ok(Ok((from, resp))) => {
+                    preferred = Some(from);
                     let resp = resp.into_inner();
                     self.renew_lease(sent, lease, resp.lead_from_version);
                     if !resp.leader_addr.is_empty() {
@@ -519,9 +591,9 @@ impl ClusterLink {
                         Ok(Err(e)) => e.message().to_string(),
                         _ => format!("no answer within {} ms", patience.as_millis()),
                     };
-                    tracing::debug!(error = %why, "heartbeat failed; trying another controller");
-                    which += 1;
-                    client = self.any_controller(&mut which).await;
+                    tracing::debug!(error = %why, "no controller answered the heartbeat; asking them all again");
+                    preferred = None;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             }

@@ -146,6 +146,10 @@ pub struct PendingAppend {
     durable_at: Option<(u64, i32)>,
     log_start: u64,
     appended_at: std::time::Instant,
+    /// Whether this broker holds its lease (cluster mode): a wait ends with NOT_LEADER when
+    /// the lease runs out, so the producer retries with the next leader at once instead of
+    /// waiting out its request timeout on a broker that no longer leads.
+    leading: Option<Arc<crate::cluster::ClusterLink>>,
 }
 
 impl PendingAppend {
@@ -166,7 +170,27 @@ impl PendingAppend {
     ) -> Result<(), WaitError> {
         match self.durable_at {
             Some((end, epoch)) => {
-                let result = self.partition.wait_durable(end, epoch, timeout).await;
+                let wait = self.partition.wait_durable(end, epoch, timeout);
+                let result = match &self.leading {
+                    Some(link) => {
+                        let lost = async {
+                            let mut leading = link.leading();
+                            loop {
+                                let _ = leading.wait_for(|held| !*held).await;
+                                // the published flag may lag a renewal: ask the lease itself
+                                if !link.holds_lease() {
+                                    return;
+                                }
+                                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                            }
+                        };
+                        tokio::select! {
+                            r = wait => r,
+                            _ = lost => Err(WaitError::NotLeader),
+                        }
+                    }
+                    None => wait.await,
+                };
                 if result.is_ok() {
                     commit_latency.observe(self.appended_at.elapsed());
                 }
@@ -524,6 +548,7 @@ impl Broker {
             durable_at: (acks == -1).then_some((appended.last_offset + 1, epoch)),
             log_start: progress.log_start,
             appended_at: std::time::Instant::now(),
+            leading: self.cluster.clone(),
             partition,
         })
     }

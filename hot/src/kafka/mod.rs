@@ -356,6 +356,12 @@ impl KafkaServer {
                 tracing::info!(%peer, listener = %self.config.name, principal = ?principal, "SASL session expired without re-authentication; closing connection");
                 break;
             }
+            // A broker whose lease ran out may hold stale metadata (it cannot hear the
+            // controllers): it answers a Metadata request (its own partitions without a
+            // leader), then closes the connection, so the client asks another broker next
+            // instead of coming back here for the same stale view until the fault heals.
+            let stale_metadata =
+                matches!(decoded.body, Body::Metadata(_)) && !self.broker.holds_lease();
             let step = match (&decoded.body, &principal) {
                 (Body::SaslHandshake(_) | Body::SaslAuthenticate(_), _) => {
                     let (reply, outcome) = self.sasl_step(decoded, sasl.as_mut(), peer);
@@ -398,6 +404,10 @@ impl KafkaServer {
                 Ok(reply) => {
                     if tx.send(reply).await.is_err() {
                         break; // the writer failed; its error is reported below
+                    }
+                    if stale_metadata {
+                        tracing::debug!(%peer, "lease ran out: closing the connection after a Metadata answer, so the client asks another broker");
+                        break;
                     }
                 }
                 Err(refusal) => {

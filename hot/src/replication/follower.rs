@@ -30,6 +30,8 @@ const FETCH_WAIT: Duration = Duration::from_millis(500);
 const FETCH_MAX_BYTES: u32 = 8 << 20;
 /// A call that takes longer than this (beyond the long poll) is abandoned and retried.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a fetcher waits for its own log to be fsynced before it reports its position.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// OffsetForLeaderEpoch rounds in one truncation before starting over after a backoff.
@@ -248,9 +250,16 @@ async fn fetch_loop(
     loop {
         // The fetch offset tells the leader what this replica holds durably: what an earlier
         // role or fetcher appended must be fsynced first.
-        if partition.lock().config().acks_wait_for_fsync() && partition.wait_synced().await.is_err()
-        {
-            return Restart::Backoff("local storage failed".into());
+        if partition.lock().config().acks_wait_for_fsync() {
+            match tokio::time::timeout(SYNC_TIMEOUT, partition.wait_synced()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Restart::Backoff("local storage failed".into()),
+                Err(_) => {
+                    let p = partition.progress();
+                    tracing::warn!(topic = %target.topic, partition = partition.index, log_end = p.log_end, durable_end = p.durable_end, "the local fsync did not complete in time; fetching again after a backoff");
+                    return Restart::Backoff("local fsync timed out".into());
+                }
+            }
         }
         let offset = partition.progress().log_end;
         let call = client.fetch(ReplicaFetchRequest {

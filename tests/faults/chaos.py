@@ -1,0 +1,401 @@
+"""The fault-injection suite (issue 16): a 3-controller + 3-broker cluster, each node in its
+own network namespace (netcluster.py), under a seeded nemesis, with idempotent acks=all
+producers and a consumer group committing every second; then the checks.
+
+    python3 tests/faults/chaos.py --seed 7 --faults 15      # a long run (needs root)
+
+Faults: SIGKILL or SIGSTOP of a partition leader, of the Raft-leader controller, two brokers
+killed at once, a leader cut off from the controllers and its followers while clients still
+reach it, the Raft-leader controller cut off from every other node. Each is held for a few
+seconds, undone, and the cluster is given time to heal (every broker unfenced, every ISR
+full) before the next.
+
+Checks at the end: no acknowledged record lost or moved, none duplicated, each producer's
+records in order within a partition, the three replicas of every partition byte-identical,
+the consumer group never committed past an acknowledged record it had not consumed, its
+committed offsets never went backwards, no broker fenced while only a controller was faulty,
+and per fault the unavailability: the longest time any partition went without an
+acknowledged write, from the fault until the cluster healed (for two brokers killed at once,
+which min.insync.replicas=2 cannot survive, from their restart).
+
+It prints one summary line with the seed; `run()` returns the findings for the pytest
+wrapper (tests/test_faults.py).
+"""
+
+import argparse
+import random
+import signal
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from conftest import consume_partitions, parse_value, rdkafka_conf, record_value, strata_bin  # noqa: E402
+from netcluster import NetCluster  # noqa: E402
+
+TOPIC = "settlements"
+PARTITIONS = 6
+LEASE_S = 3
+LAG_S = 4
+PRODUCERS = 2
+RATE = 250  # records per second per producer
+KINDS = ["kill-leader", "pause-leader", "kill-controller", "pause-controller", "two-brokers",
+         "partition-leader", "isolate-controller"]
+# Faults of controllers only: no broker may be fenced for them.
+CONTROLLER_KINDS = {"kill-controller", "pause-controller", "isolate-controller"}
+
+
+class Producers:
+    """Idempotent acks=all confluent-kafka producers, each in its own thread; producer k
+    writes value-(k * 10^8 + i) for i = 0, 1, ... with 50 keys."""
+
+    def __init__(self, bootstrap):
+        from confluent_kafka import Producer
+
+        self.acked = {}  # value -> (partition, offset)
+        self.ack_times = {p: [] for p in range(PARTITIONS)}
+        self.failed = {}
+        self.sent = [0] * PRODUCERS
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.producers = [Producer(rdkafka_conf({
+            "bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+            "linger.ms": 5, "request.timeout.ms": 5000, "message.timeout.ms": 300000,
+            "retry.backoff.ms": 100, "metadata.max.age.ms": 1000,
+            "topic.metadata.refresh.interval.ms": 1000,
+        })) for _ in range(PRODUCERS)]
+        self.threads = [threading.Thread(target=self._run, args=(k,), daemon=True) for k in range(PRODUCERS)]
+
+    def _on_delivery(self, err, msg):
+        v = parse_value(msg.value())
+        with self.lock:
+            if err is None:
+                self.acked[v] = (msg.partition(), msg.offset())
+                self.ack_times[msg.partition()].append(time.monotonic())
+            else:
+                self.failed[v] = str(err)
+
+    def _run(self, k):
+        p = self.producers[k]
+        started = time.monotonic()
+        while not self.stop.is_set():
+            due = int((time.monotonic() - started) * RATE)
+            while self.sent[k] < due:
+                i = self.sent[k]
+                try:
+                    p.produce(TOPIC, record_value(k * 10**8 + i).encode(), f"key-{i % 50}".encode(),
+                              on_delivery=self._on_delivery)
+                except BufferError:
+                    break
+                self.sent[k] += 1
+            p.poll(0.01)
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def finish(self, timeout=120):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        return sum(p.flush(timeout) for p in self.producers)
+
+    def longest_gap(self, start, end):
+        """(seconds, partition, gap start - `start`): the longest time in [start, end] that a
+        partition went without an acknowledgement."""
+        longest = (0.0, None, 0.0)
+        with self.lock:
+            for p, times in self.ack_times.items():
+                inside = [start] + [t for t in times if start <= t <= end] + [end]
+                for a, b in zip(inside, inside[1:]):
+                    if b - a > longest[0]:
+                        longest = (b - a, p, a - start)
+        return longest
+
+
+class GroupMember:
+    """One consumer-group member (confluent-kafka) reading every partition and committing
+    what it consumed every second; records what it read and each successful commit."""
+
+    def __init__(self, bootstrap):
+        self.bootstrap = bootstrap
+        self.consumed = {p: set() for p in range(PARTITIONS)}
+        self.commits = {p: [] for p in range(PARTITIONS)}
+        self.errors = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        from confluent_kafka import Consumer, KafkaError
+
+        c = Consumer(rdkafka_conf({
+            "bootstrap.servers": self.bootstrap, "group.id": "chaos-group", "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "session.timeout.ms": 10000, "metadata.max.age.ms": 1000,
+            "topic.metadata.refresh.interval.ms": 1000,
+        }))
+        c.subscribe([TOPIC])
+        position = {}
+        last_commit = time.monotonic()
+        try:
+            while not self.stop.is_set():
+                for m in c.consume(num_messages=1000, timeout=0.2):
+                    if m.error():
+                        if m.error().code() != KafkaError._PARTITION_EOF:
+                            self.errors.append(str(m.error()))
+                        continue
+                    self.consumed[m.partition()].add(m.offset())
+                    position[m.partition()] = m.offset() + 1
+                if position and time.monotonic() - last_commit >= 1:
+                    last_commit = time.monotonic()
+                    from confluent_kafka import TopicPartition
+                    offsets = [TopicPartition(TOPIC, p, o) for p, o in position.items()]
+                    try:
+                        done = c.commit(offsets=offsets, asynchronous=False)
+                        for tp in done or []:
+                            if tp.error is None and tp.offset >= 0:
+                                self.commits[tp.partition].append(tp.offset)
+                    except Exception as e:  # a commit refused during a fault is retried next second
+                        self.errors.append(f"commit: {e}")
+        finally:
+            c.close()
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+
+def leaders(m):
+    return [p["leader"] for p in m["topics"][TOPIC]["partitions"]]
+
+
+def busiest_leader(cluster, rng):
+    counts = {}
+    for b in leaders(cluster.freshest_metadata()):
+        if b is not None:
+            counts[b] = counts.get(b, 0) + 1
+    top = max(counts.values())
+    return rng.choice(sorted(b for b, n in counts.items() if n == top))
+
+
+def healthy(m):
+    brokers_ok = len(m["brokers"]) == 3 and not any(b["fenced"] for b in m["brokers"].values())
+    parts = m["topics"][TOPIC]["partitions"]
+    return brokers_ok and all(p["leader"] is not None and sorted(p["isr"]) == [1, 2, 3] for p in parts)
+
+
+def wait_healthy(cluster, timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if healthy(cluster.freshest_metadata()):
+                return True
+        except AssertionError:
+            pass
+        time.sleep(0.3)
+    return False
+
+
+def inject(cluster, kind, rng, log):
+    """Applies one fault, holds it, undoes it. Returns (started, undone, fenced brokers seen
+    at the end of the hold, description)."""
+    net = cluster.net
+    hold = rng.uniform(LEASE_S * 1.2, LEASE_S * 2)
+    started = time.monotonic()
+    fenced = []
+    if kind in ("kill-leader", "pause-leader", "partition-leader"):
+        b = busiest_leader(cluster, rng)
+        name = f"broker-{b}"
+        desc = f"{kind} broker {b}"
+        if kind == "kill-leader":
+            cluster.kill(name)
+            time.sleep(hold)
+            undone = time.monotonic()
+            cluster.start(name)
+        elif kind == "pause-leader":
+            cluster.procs[name].send_signal(signal.SIGSTOP)
+            time.sleep(hold)
+            undone = time.monotonic()
+            cluster.procs[name].send_signal(signal.SIGCONT)
+        else:
+            others = [f"controller-{i}" for i in (1, 2, 3)] + [f"broker-{i}" for i in (1, 2, 3) if i != b]
+            for o in others:
+                net.cut(name, o)
+            time.sleep(hold)
+            undone = time.monotonic()
+            net.heal_all()
+    elif kind == "two-brokers":
+        pair = rng.sample([1, 2, 3], 2)
+        desc = f"{kind} {pair}"
+        for b in pair:
+            cluster.kill(f"broker-{b}")
+        time.sleep(hold)
+        undone = time.monotonic()
+        for b in pair:
+            cluster.start(f"broker-{b}")
+    else:
+        c = cluster.leader()
+        name = f"controller-{c}"
+        desc = f"{kind} {c}"
+        if kind == "kill-controller":
+            cluster.kill(name)
+            time.sleep(hold)
+            fenced = fenced_brokers(cluster)
+            undone = time.monotonic()
+            cluster.start(name)
+        elif kind == "pause-controller":
+            cluster.procs[name].send_signal(signal.SIGSTOP)
+            time.sleep(hold)
+            fenced = fenced_brokers(cluster)
+            undone = time.monotonic()
+            cluster.procs[name].send_signal(signal.SIGCONT)
+        else:
+            for o in [f"controller-{i}" for i in (1, 2, 3) if i != c] + [f"broker-{i}" for i in (1, 2, 3)]:
+                net.cut(name, o)
+            time.sleep(hold)
+            fenced = fenced_brokers(cluster)
+            undone = time.monotonic()
+            net.heal_all()
+    log(f"  {desc}: held {hold:.1f} s from {time.strftime('%H:%M:%S', time.gmtime(time.time() - (time.monotonic() - started)))} UTC")
+    return started, undone, fenced, desc
+
+
+def fenced_brokers(cluster):
+    return sorted(int(b) for b, v in cluster.freshest_metadata()["brokers"].items() if v["fenced"])
+
+
+def replicas_identical(cluster):
+    """Stops the cluster and compares every partition's three log copies byte for byte."""
+    cluster.stop_all()
+    differ = []
+    for p in range(PARTITIONS):
+        logs = {}
+        for b in (1, 2, 3):
+            d = cluster.workdir / f"broker-{b}" / "logs" / f"{TOPIC}-{p}"
+            logs[b] = b"".join(f.read_bytes() for f in sorted(d.glob("*.log")))
+        if not (logs[1] == logs[2] == logs[3]) or not logs[1]:
+            differ.append((p, {b: len(v) for b, v in logs.items()}))
+    return differ
+
+
+def run(workdir: Path, seed: int, faults: int, log=print):
+    rng = random.Random(seed)
+    schedule = []
+    while len(schedule) < faults:
+        kinds = list(KINDS)
+        rng.shuffle(kinds)
+        schedule += kinds
+    schedule = schedule[:faults]
+    cluster = NetCluster(strata_bin(), workdir, lease_s=LEASE_S,
+                         broker_extra=f'replica_lag_time_max = "{LAG_S}s"\n')
+    findings = {"seed": seed, "faults": [], "violations": []}
+    violations = findings["violations"]
+    try:
+        cluster.start_all()
+        cluster.cli("topic", "create", TOPIC, "-p", str(PARTITIONS), "--replication-factor", "3",
+                    "--config", "min.insync.replicas=2")
+        assert wait_healthy(cluster, 30), "the topic never got a full ISR"
+        producers = Producers(cluster.bootstrap()).start()
+        member = GroupMember(cluster.bootstrap()).start()
+        time.sleep(3)
+        for n, kind in enumerate(schedule):
+            log(f"fault {n + 1}/{len(schedule)}: {kind}")
+            started, undone, fenced, desc = inject(cluster, kind, rng, log)
+            if kind in CONTROLLER_KINDS and fenced:
+                violations.append(f"{desc}: brokers {fenced} fenced although only a controller was faulty")
+            ok = wait_healthy(cluster)
+            healed = time.monotonic()
+            if not ok:
+                violations.append(f"{desc}: the cluster did not heal within 90 s")
+            time.sleep(1)
+            since = undone if kind == "two-brokers" else started
+            gap, partition, at = producers.longest_gap(since, time.monotonic())
+            findings["faults"].append({"kind": kind, "desc": desc, "unavailable_s": gap,
+                                       "heal_s": healed - undone})
+            log(f"  unavailable {gap * 1000:.0f} ms (partition {partition}, from {at:.1f} s in); "
+                f"healed {healed - undone:.1f} s after it was undone")
+        time.sleep(3)
+        unsent = producers.finish()
+        member.finish()
+        if unsent:
+            violations.append(f"{unsent} records neither acknowledged nor failed")
+        if producers.failed:
+            violations.append(f"{len(producers.failed)} records failed, e.g. {list(producers.failed.items())[:3]}")
+        out, _ = consume_partitions(cluster.bootstrap(), TOPIC, PARTITIONS, time.monotonic() + 180)
+        seen = {}
+        dups = []
+        order = []
+        for p, recs in out.items():
+            last = {}
+            for off, _key, v in recs:
+                if v in seen:
+                    dups.append((v, seen[v], (p, off)))
+                seen[v] = (p, off)
+                k = v // 10**8
+                if v <= last.get(k, -1):
+                    order.append((p, off, v))
+                last[k] = v
+        lost = [(v, where, seen.get(v)) for v, where in producers.acked.items() if seen.get(v) != where]
+        if lost:
+            violations.append(f"{len(lost)} acknowledged records lost or moved, e.g. {sorted(lost)[:3]}")
+        if dups:
+            violations.append(f"{len(dups)} records duplicated, e.g. {dups[:3]}")
+        if order:
+            violations.append(f"{len(order)} records out of producer order, e.g. {order[:3]}")
+        acked_offsets = {p: set() for p in range(PARTITIONS)}
+        for p, o in producers.acked.values():
+            acked_offsets[p].add(o)
+        for p in range(PARTITIONS):
+            commits = member.commits[p]
+            if any(b < a for a, b in zip(commits, commits[1:])):
+                violations.append(f"partition {p}: committed offsets went backwards: {commits}")
+            top = max(commits, default=0)
+            skipped = sorted(o for o in acked_offsets[p] if o < top and o not in member.consumed[p])
+            if skipped:
+                violations.append(f"partition {p}: the group committed {top} past {len(skipped)} "
+                                  f"acknowledged records it never consumed, e.g. {skipped[:5]}")
+        findings["acked"] = len(producers.acked)
+        findings["commits"] = sum(len(c) for c in member.commits.values())
+        differ = replicas_identical(cluster)
+        if differ:
+            violations.append(f"replicas differ: {differ}")
+    finally:
+        cluster.teardown()
+    by_kind = {}
+    for f in findings["faults"]:
+        by_kind.setdefault(f["kind"], []).append(f["unavailable_s"])
+    findings["by_kind"] = by_kind
+    summary = " ".join(
+        f"{k}=p50:{statistics.median(v) * 1000:.0f}ms/max:{max(v) * 1000:.0f}ms" for k, v in sorted(by_kind.items()))
+    log(f"faults seed={seed} faults={len(findings['faults'])} acked={findings.get('acked', 0)} "
+        f"commits={findings.get('commits', 0)} violations={len(violations)} {summary}")
+    for v in violations:
+        log(f"VIOLATION: {v}")
+    return findings
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=None, help="nemesis seed (default: random, printed)")
+    ap.add_argument("--faults", type=int, default=15)
+    ap.add_argument("--workdir", type=Path, default=None)
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    import tempfile
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="strata-chaos-"))
+    print(f"seed {seed}, {args.faults} faults, work dir {workdir}", flush=True)
+    findings = run(workdir, seed, args.faults, log=lambda s: print(s, flush=True))
+    sys.exit(1 if findings["violations"] else 0)
+
+
+if __name__ == "__main__":
+    main()
