@@ -325,11 +325,12 @@ impl Controller {
     /// On the leader: grants leases on taking over, then fences brokers whose lease ran out.
     ///
     /// Brokers are fenced only for their own silence. A leader that was itself unable to
-    /// listen (paused, starved: its ticks came late) grants every lease afresh, as on
+    /// listen (paused or starved for half a lease: its ticks came late) grants every lease afresh, as on
     /// taking over, because the heartbeats it missed say nothing about the brokers; and a
     /// fencing is a Raft write, so a leader that lost its quorum cannot fence at all.
     async fn lease_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let period = self.config.broker_lease / 4;
+        // Fencing comes at most a tick after a lease runs out.
+        let period = self.config.broker_lease / 10;
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut leading = false;
@@ -342,7 +343,7 @@ impl Controller {
             let now_instant = tokio::time::Instant::now();
             let gap = now_instant - last;
             last = now_instant;
-            if gap > period * 2 {
+            if gap > self.config.broker_lease / 2 {
                 tracing::warn!(gap_ms = gap.as_millis() as u64, "controller was not running for a while (paused or starved); renewing every broker's lease before judging any");
                 leading = false;
             }
@@ -512,6 +513,16 @@ impl ControllerApi for ControllerService {
             return leader.heartbeat(req.into_inner()).await;
         }
         let r = req.into_inner();
+        // Only a leader a quorum still follows may renew a lease: a leader cut off from the
+        // other controllers (but not from this broker) would otherwise keep the broker
+        // leading while the majority, which hears nothing from it, fences it and elects
+        // other leaders. This asks the quorum (one heartbeat round).
+        self.0.raft.ensure_linearizable().await.map_err(|e| {
+            Status::unavailable(format!(
+                "controller {} cannot confirm it still leads ({e}); ask another",
+                self.0.config.node_id
+            ))
+        })?;
         let metadata = self.0.state.current();
         let fenced = self
             .0

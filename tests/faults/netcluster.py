@@ -40,11 +40,26 @@ def sh(*args, check=True):
 
 
 def sweep():
-    """Removes namespaces and the bridge left by a run that died before its teardown."""
+    """Removes what a run that died before its teardown left: the processes still running in
+    its namespaces (only those: they are this suite's nodes), the namespaces, the bridge."""
     for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
         if name.startswith(PREFIX + "-"):
+            for pid in sh("ip", "netns", "pids", name, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
             sh("ip", "netns", "del", name, check=False)
+    # a namespace outlives its name while a process still runs in it, and so does its veth
+    # pair: delete the root ends (that removes both)
+    time.sleep(0.2)
+    for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        fields = line.split(":")
+        if len(fields) > 1:
+            link = fields[1].strip().split("@")[0]
+            if link.startswith(PREFIX + "v"):
+                sh("ip", "link", "del", link, check=False)
     sh("ip", "link", "del", PREFIX + "br", check=False)
 
 
