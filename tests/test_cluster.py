@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port, port_accepts, scrape_metrics, strata_bin
+from conftest import free_port, port_accepts, port_accepts_at, scrape_metrics, strata_bin
 
 LEASE_S = 3
 
@@ -74,12 +74,21 @@ class Cluster:
         return ["--tls-ca", str(self.certs / "ca.pem"), "--tls-cert", str(self.certs / f"client-{user}.pem"),
                 "--tls-key", str(self.certs / f"client-{user}.key")]
 
+    def host(self, name):
+        """The address node `name` listens on."""
+        return "127.0.0.1"
+
+    def launcher(self, name):
+        """What runs before the binary in node `name`'s command line."""
+        return []
+
     def _config(self, name):
         path = self.workdir / f"{name}.toml"
         voters = "\n".join(f'{i} = "{self.controller_addr(i)}"' for i in (1, 2, 3))
         controllers = ", ".join(f'"{self.controller_addr(i)}"' for i in (1, 2, 3))
         kind, i = name.split("-")
         i = int(i)
+        host = self.host(name)
         if kind == "controller":
             text = (
                 f'roles = ["controller"]\ndata_dir = "{self.workdir / name}"\n'
@@ -90,9 +99,9 @@ class Cluster:
         else:
             text = (
                 f'roles = ["broker"]\nnode_id = {i}\ndata_dir = "{self.workdir / name}"\n'
-                f'[kafka]\nlisten = "127.0.0.1:{self.broker_ports[i]}"\n'
-                f'[grpc]\nlisten = "127.0.0.1:{self.grpc_ports[i]}"\n'
-                f'[metrics]\nlisten = "127.0.0.1:{self.metrics_ports[i]}"\n'
+                f'[kafka]\nlisten = "{host}:{self.broker_ports[i]}"\n'
+                f'[grpc]\nlisten = "{host}:{self.grpc_ports[i]}"\n'
+                f'[metrics]\nlisten = "{host}:{self.metrics_ports[i]}"\n'
                 f"[cluster]\ncontrollers = [{controllers}]\n{self.broker_extra}"
             )
         path.write_text(text + self.tls_section(name))
@@ -102,13 +111,13 @@ class Cluster:
         log = open(self.workdir / f"{name}.log", "ab")
         env = dict(os.environ, NO_COLOR="1", STRATA_TEST_FAILPOINTS_DIR=str(self.failpoints))
         self.procs[name] = subprocess.Popen(
-            [self.binary, "server", "--config", str(self._config(name))],
+            [*self.launcher(name), self.binary, "server", "--config", str(self._config(name))],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
         )
         port = self.controller_ports if name.startswith("controller") else self.broker_ports
         i = int(name.split("-")[1])
         deadline = time.monotonic() + 30
-        while not port_accepts(port[i]):
+        while not port_accepts_at(self.host(name), port[i]):
             assert self.procs[name].poll() is None, f"{name} exited:\n{self.log_tail(name)}"
             assert time.monotonic() < deadline, f"{name} did not start:\n{self.log_tail(name)}"
             time.sleep(0.05)

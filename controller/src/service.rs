@@ -64,6 +64,10 @@ pub struct Controller {
     leases: Mutex<Leases>,
     /// The channel to the Raft leader that forwarded calls use, kept across calls.
     leader_channel: Mutex<Option<(NodeId, Channel)>>,
+    /// Registrations whose session closed from the broker's side: the process is gone (a
+    /// live broker never closes its session), so a heartbeat still in flight from it must
+    /// not unfence it. Such a heartbeat is told to register again.
+    dead: Mutex<BTreeSet<(i32, u64)>>,
 }
 
 /// How long a call forwarded to the Raft leader may take: a paused or cut-off leader must
@@ -159,6 +163,7 @@ impl Controller {
         let controller = Arc::new(Controller {
             leases: Mutex::new(Leases::new(config.broker_lease.as_millis() as i64)),
             leader_channel: Mutex::new(None),
+            dead: Mutex::new(BTreeSet::new()),
             config,
             raft,
             state,
@@ -330,7 +335,7 @@ impl Controller {
     /// fencing is a Raft write, so a leader that lost its quorum cannot fence at all.
     async fn lease_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         // Fencing comes at most a tick after a lease runs out.
-        let period = self.config.broker_lease / 10;
+        let period = self.config.broker_lease / 20;
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut leading = false;
@@ -513,6 +518,18 @@ impl ControllerApi for ControllerService {
             return leader.heartbeat(req.into_inner()).await;
         }
         let r = req.into_inner();
+        if self
+            .0
+            .dead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(r.broker_id, r.broker_epoch))
+        {
+            return Err(Status::not_found(format!(
+                "broker {} at epoch {} closed its session (its process ended); register again",
+                r.broker_id, r.broker_epoch
+            )));
+        }
         // Only a leader a quorum still follows may renew a lease: a leader cut off from the
         // other controllers (but not from this broker) would otherwise keep the broker
         // leading while the majority, which hears nothing from it, fences it and elects
@@ -623,6 +640,7 @@ impl ControllerApi for ControllerService {
                 _ = tx.closed() => {
                     // The broker's end of the connection closed: its process is gone.
                     if controller.is_leader() && live(&controller.state.current()) {
+                        controller.dead.lock().unwrap_or_else(|e| e.into_inner()).insert((id, epoch));
                         tracing::warn!(broker = id, epoch, "broker connection closed; fencing it now rather than at lease expiry");
                         if let Err(e) = controller.propose(Command::FenceBroker { id, epoch }).await {
                             tracing::warn!(broker = id, error = %e.message(), "fencing failed; the lease will");

@@ -598,7 +598,7 @@ impl ClusterLink {
                 }
             }
             tokio::select! {
-                _ = tokio::time::sleep(lease / 6) => {}
+                _ = tokio::time::sleep(lease / 10) => {}
                 _ = shutdown.wait_for(|s| *s) => {}
             }
         }

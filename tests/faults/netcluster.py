@@ -19,7 +19,6 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import port_accepts_at
 from test_cluster import Cluster
 
 CONTROLLER_PORT = 9300
@@ -117,14 +116,15 @@ class Net:
 
 class NetCluster(Cluster):
     """`test_cluster.Cluster` with every node in its own namespace, on fixed ports at its own
-    address. Processes are started with `ip netns exec`, which execs the binary, so the
-    process handles signal the node itself."""
+    address, started with `ip netns exec`."""
 
     def __init__(self, binary, workdir: Path, lease_s: int, broker_extra: str = ""):
         self.net = Net([f"controller-{i}" for i in (1, 2, 3)] + [f"broker-{i}" for i in (1, 2, 3)])
         super().__init__(binary, workdir, broker_extra=broker_extra, lease_s=lease_s)
         self.controller_ports = {i: CONTROLLER_PORT for i in (1, 2, 3)}
         self.broker_ports = {i: KAFKA_PORT for i in (1, 2, 3)}
+        self.grpc_ports = {i: GRPC_PORT for i in (1, 2, 3)}
+        self.metrics_ports = {i: METRICS_PORT for i in (1, 2, 3)}
 
     def controller_addr(self, i):
         return f"{self.net.addr(f'controller-{i}')}:{CONTROLLER_PORT}"
@@ -135,43 +135,12 @@ class NetCluster(Cluster):
     def bootstrap(self):
         return ",".join(self.broker_addr(i) for i in (1, 2, 3))
 
-    def _config(self, name):
-        path = self.workdir / f"{name}.toml"
-        voters = "\n".join(f'{i} = "{self.controller_addr(i)}"' for i in (1, 2, 3))
-        controllers = ", ".join(f'"{self.controller_addr(i)}"' for i in (1, 2, 3))
-        kind, i = name.split("-")
-        i = int(i)
-        addr = self.net.addr(name)
-        if kind == "controller":
-            text = (
-                f'roles = ["controller"]\ndata_dir = "{self.workdir / name}"\n'
-                f"[controller]\nnode_id = {i}\nlisten = \"{addr}:{CONTROLLER_PORT}\"\n"
-                f'broker_lease = "{self.lease_s}s"\nraft_heartbeat = "100ms"\n[controller.voters]\n{voters}\n'
-            )
-        else:
-            text = (
-                f'roles = ["broker"]\nnode_id = {i}\ndata_dir = "{self.workdir / name}"\n'
-                f'[kafka]\nlisten = "{addr}:{KAFKA_PORT}"\n'
-                f'[grpc]\nlisten = "{addr}:{GRPC_PORT}"\n'
-                f'[metrics]\nlisten = "{addr}:{METRICS_PORT}"\n'
-                f"[cluster]\ncontrollers = [{controllers}]\n{self.broker_extra}"
-            )
-        path.write_text(text)
-        return path
+    def host(self, name):
+        return self.net.addr(name)
 
-    def start(self, name):
-        log = open(self.workdir / f"{name}.log", "ab")
-        env = dict(os.environ, NO_COLOR="1", STRATA_TEST_FAILPOINTS_DIR=str(self.failpoints))
-        self.procs[name] = subprocess.Popen(
-            ["ip", "netns", "exec", self.net.ns(name), self.binary, "server", "--config", str(self._config(name))],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
-        )
-        port = CONTROLLER_PORT if name.startswith("controller") else KAFKA_PORT
-        deadline = time.monotonic() + 30
-        while not port_accepts_at(self.net.addr(name), port):
-            assert self.procs[name].poll() is None, f"{name} exited:\n{self.log_tail(name)}"
-            assert time.monotonic() < deadline, f"{name} did not start:\n{self.log_tail(name)}"
-            time.sleep(0.05)
+    def launcher(self, name):
+        # `ip netns exec` execs the binary: the process handle is the node itself
+        return ["ip", "netns", "exec", self.net.ns(name)]
 
     def freshest_metadata(self):
         """The metadata of the controller that has applied the most (a cut-off controller's
