@@ -847,11 +847,10 @@ impl Request {
         self.may(operation, acl::ResourceType::Cluster, acl::CLUSTER_NAME)
     }
 
-    /// Live brokers' Kafka endpoints (id, host, port); on a single node, this listener.
-    /// The brokers a Metadata answer lists: the unfenced ones, and always this one. A
-    /// client is talking to it, so it is reachable; were every broker fenced (the
-    /// controllers silent), an empty list would leave the client nowhere to go, and
-    /// librdkafka forgets the brokers a Metadata answer leaves out.
+    /// The brokers a Metadata answer lists, as (id, host, port): the unfenced ones, and
+    /// always this one. A client is talking to it, so it is reachable; were every broker
+    /// fenced (the controllers silent), an empty list would leave the client nowhere to go,
+    /// and librdkafka forgets the brokers a Metadata answer leaves out.
     pub fn endpoints(&self) -> Vec<(i32, String, u16)> {
         let broker = self.broker();
         let me = broker.config().node_id;
