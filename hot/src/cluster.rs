@@ -443,13 +443,34 @@ impl ClusterLink {
 
     /// Any reachable controller, trying them in turn from `start`.
     async fn any_controller(&self, start: &mut usize) -> ControllerClient<Channel> {
+        self.any_controller_by(start, connect).await.0
+    }
+
+    /// Any reachable controller for a session (no keepalive), with its address.
+    async fn any_controller_for_session(
+        &self,
+        start: &mut usize,
+    ) -> (ControllerClient<Channel>, String) {
+        self.any_controller_by(start, connect_for_session).await
+    }
+
+    /// Any controller `connect` reaches, trying them in turn from `start`, with its address.
+    async fn any_controller_by<'a, F, Fut>(
+        &'a self,
+        start: &mut usize,
+        connect: F,
+    ) -> (ControllerClient<Channel>, String)
+    where
+        F: Fn(&'a str, Option<&'a GrpcTls>) -> Fut,
+        Fut: std::future::Future<Output = Option<ControllerClient<Channel>>>,
+    {
         loop {
             let n = self.config.controllers.len();
             for i in 0..n {
                 let addr = &self.config.controllers[(*start + i) % n];
                 if let Some(c) = connect(addr, self.config.tls.as_deref()).await {
                     *start = (*start + i) % n;
-                    return c;
+                    return (c, addr.clone());
                 }
             }
             tokio::time::sleep(RETRY).await;
@@ -691,24 +712,6 @@ impl ClusterLink {
                     tokio::time::sleep(RETRY / 3).await;
                 }
             }
-        }
-    }
-
-    /// Any reachable controller for a session, trying them in turn from `start`.
-    async fn any_controller_for_session(
-        &self,
-        start: &mut usize,
-    ) -> (ControllerClient<Channel>, String) {
-        loop {
-            let n = self.config.controllers.len();
-            for i in 0..n {
-                let addr = &self.config.controllers[(*start + i) % n];
-                if let Some(c) = connect_for_session(addr, self.config.tls.as_deref()).await {
-                    *start = (*start + i) % n;
-                    return (c, addr.clone());
-                }
-            }
-            tokio::time::sleep(RETRY).await;
         }
     }
 
