@@ -99,3 +99,72 @@ def test_disk_full_fails_the_write_and_keeps_the_log(broker):
     assert min(more) == max(acked) + 1
     stored = consume_all(broker.bootstrap, "full")
     assert stored == {**acked, **more}
+
+
+def test_a_leader_whose_disk_fills_hands_over_and_rejoins_once_freed(tmp_path, request):
+    """3 brokers, each data directory a small tmpfs. Under acks=all load the partition
+    leader's disk is filled (a balloon file): it leaves the cluster (the controllers fence it
+    and move the leadership to an in-sync follower), so writes go on within a lease instead
+    of failing with KAFKA_STORAGE_ERROR until someone frees space. Freed, it registers again
+    and its replica rejoins the ISR; every acknowledged record reads back."""
+    import os
+    import subprocess
+
+    from conftest import strata_bin
+    from test_cluster import Cluster, attach_logs_on_failure
+    from test_replication import LAG_S, LEASE_S, Load, create_topic, partition_leaders, verify, wait_full_isr
+
+    assert os.geteuid() == 0, "this test mounts a tmpfs per broker: run it as root (CI does)"
+    c = Cluster(strata_bin(), tmp_path, broker_extra=f'replica_lag_time_max = "{LAG_S}s"\n')
+    mounts = []
+    try:
+        for i in (1, 2, 3):
+            d = tmp_path / f"broker-{i}"
+            d.mkdir()
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "strata-test-disk", str(d)], check=True)
+            mounts.append(d)
+        c.start_all()
+        create_topic(c, "ledger", 1)
+        load = Load(c, rate=1000, topic="ledger").start()
+        load.wait_acked(2000)
+        victim = partition_leaders(c, "ledger")[0]
+        balloon = tmp_path / f"broker-{victim}" / "balloon"
+        filled = time.monotonic()
+        with open(balloon, "wb", buffering=0) as f:
+            for chunk in (1 << 20, 4096):
+                try:
+                    while True:
+                        f.write(b"\0" * chunk)
+                except OSError:
+                    pass
+        # the full broker is fenced and an in-sync follower leads
+        m = c.wait_for(lambda m: m["brokers"][str(victim)]["fenced"]
+                       and m["topics"]["ledger"]["partitions"][0]["leader"] not in (None, victim),
+                       f"broker {victim} (disk full) fenced and its leadership moved", timeout=LEASE_S * 2)
+        moved = time.monotonic() - filled
+        at = load.acked_count()
+        load.wait_acked(at + 2000, timeout=30)
+        gap = load.longest_gap(filled, time.monotonic())
+        assert gap < LEASE_S, f"acks=all writes stopped for {gap:.1f} s after the leader's disk filled"
+        assert "the data directory is full" in c.log_tail(f"broker-{victim}", 200)
+        # it stays out while the disk is full
+        time.sleep(2)
+        assert c.metadata()["brokers"][str(victim)]["fenced"], "a broker with a full disk registered again"
+        balloon.unlink()
+        freed = time.monotonic()
+        wait_full_isr(c, "ledger", timeout=20)
+        rejoined = time.monotonic() - freed
+        load.wait_acked(load.acked_count() + 1000)
+        load.finish()
+        assert not load.failed, f"{len(load.failed)} produce failures, e.g. {list(load.failed.items())[:3]}"
+        verify(c, load, partitions=1, topic="ledger")
+        print(f"leadership moved {moved:.2f} s after the disk filled; longest write gap {gap:.2f} s; "
+              f"back in the ISR {rejoined:.2f} s after it was freed")
+    finally:
+        for name, p in list(c.procs.items()):
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+        c.stop_all()
+        attach_logs_on_failure(request, c, 80)
+        for d in mounts:
+            subprocess.run(["umount", "-l", str(d)], check=False)

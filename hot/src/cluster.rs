@@ -41,6 +41,8 @@ pub struct LinkConfig {
     /// This broker's certificate toward the controllers and the leaders it follows (mTLS);
     /// `None`: plaintext.
     pub tls: Option<Arc<GrpcTls>>,
+    /// Where the logs live: probed for room after a write failed for want of space.
+    pub data_dir: std::path::PathBuf,
 }
 
 /// The registration and metadata cache shared with the rest of the broker.
@@ -57,6 +59,9 @@ pub struct ClusterLink {
     active: watch::Sender<Option<String>>,
     /// `holds_lease()`, published when it changes (checked every 100 ms).
     leading: watch::Sender<bool>,
+    /// A write to the data directory failed for want of space (see `storage_error`): this
+    /// broker steps out of the cluster until the directory has room again.
+    disk_full: watch::Sender<bool>,
 }
 
 /// The broker's own view of its lease (see `holds_lease`).
@@ -71,6 +76,11 @@ struct Lease {
 }
 
 const RETRY: Duration = Duration::from_millis(300);
+/// What a full data directory must take again before this broker rejoins (written, synced
+/// and removed): enough for the writes waiting to be retried not to fill it at once.
+const DISK_PROBE_BYTES: usize = 4 << 20;
+/// How often a full data directory is probed for room.
+const DISK_PROBE_EVERY: Duration = Duration::from_millis(500);
 /// How long an admin call keeps trying other controllers.
 const CALL_DEADLINE: Duration = Duration::from_secs(15);
 /// How long one unary call to a controller may take before another controller is tried.
@@ -127,6 +137,14 @@ async fn first_heartbeat(
     Err(last)
 }
 
+/// Whether a write failed for want of space: ENOSPC or EDQUOT.
+fn out_of_space(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
 impl ClusterLink {
     /// Starts registering, heartbeating and watching metadata until `shutdown` turns true;
     /// then asks for a controlled shutdown. The returned task ends when that is done.
@@ -142,6 +160,7 @@ impl ClusterLink {
             lease: std::sync::Mutex::new(Lease::default()),
             active: watch::channel(None).0,
             leading: watch::channel(false).0,
+            disk_full: watch::channel(false).0,
         });
         let membership = tokio::spawn(link.clone().membership_loop(shutdown.clone()));
         tokio::spawn(link.clone().session_loop(shutdown.clone()));
@@ -211,6 +230,97 @@ impl ClusterLink {
                 tracing::info!(broker = self.config.broker_id, "lease renewed: acting as the leader of the partitions the metadata gives this broker");
             } else if self.epoch().is_some() {
                 tracing::warn!(broker = self.config.broker_id, "lease ran out (no controller renewed it): not acting as a leader until one does; producers and consumers are told NOT_LEADER_OR_FOLLOWER");
+            }
+        }
+    }
+
+    /// Reports a failed write to the data directory. One that failed for want of space
+    /// (ENOSPC or a quota) takes this broker out of the cluster, as Kafka takes a failed log
+    /// directory offline: it asks the controllers to fence it, which moves its leaderships to
+    /// in-sync followers and takes it out of every ISR, so producers go on elsewhere at once
+    /// instead of retrying KAFKA_STORAGE_ERROR here until someone frees space. It registers
+    /// again, and catches up as a follower, once the directory takes writes again (probed
+    /// every 500 ms). With no other live broker to hand over to (a single node, or the last
+    /// one standing) it stays: its partitions keep serving reads, and writes fail until
+    /// space is freed.
+    pub fn storage_error(&self, e: &std::io::Error) {
+        if !out_of_space(e) {
+            return;
+        }
+        let me = self.config.broker_id;
+        let others = self
+            .metadata
+            .borrow()
+            .brokers
+            .values()
+            .any(|b| b.id != me && !b.fenced);
+        if !others {
+            return;
+        }
+        if !self.disk_full.send_replace(true) {
+            tracing::error!(
+                broker = self.config.broker_id,
+                data_dir = %self.config.data_dir.display(),
+                error = %e,
+                "the data directory is full: leaving the cluster (leaderships move to in-sync followers) until it has room again; free space there"
+            );
+        }
+    }
+
+    /// Whether the data directory takes a write of `DISK_PROBE_BYTES` again (written,
+    /// synced, removed).
+    async fn disk_has_room(&self) -> bool {
+        let path = self.config.data_dir.join(".space-probe");
+        let probe = path.clone();
+        let ok = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&probe)?;
+            f.write_all(&vec![0u8; DISK_PROBE_BYTES])?;
+            f.sync_all()
+        })
+        .await
+        .is_ok_and(|r| r.is_ok());
+        let _ = std::fs::remove_file(&path);
+        ok
+    }
+
+    /// While the data directory is full: leaves the cluster (a controlled shutdown of this
+    /// registration), then waits for room. Returns once there is room again.
+    async fn sit_out_full_disk(&self, shutdown: &mut watch::Receiver<bool>) {
+        if let Some(epoch) = self.epoch() {
+            self.drop_lease();
+            self.leading.send_replace(false);
+            let req = ControlledShutdownRequest {
+                broker_id: self.config.broker_id,
+                broker_epoch: epoch,
+            };
+            let fenced = self.call(|mut c| async move { c.controlled_shutdown(req).await });
+            match tokio::time::timeout(CALL_DEADLINE, fenced).await {
+                Ok(Ok(_)) => tracing::warn!(
+                    broker = self.config.broker_id,
+                    "left the cluster for a full data directory: leaderships moved away"
+                ),
+                // the lease is dropped: the controllers fence this broker when it runs out
+                Ok(Err(e)) => tracing::warn!(error = %e.message(), "leaving the cluster for a full disk: controlled shutdown refused; the lease will run out instead"),
+                Err(_) => tracing::warn!("leaving the cluster for a full disk: controlled shutdown timed out; the lease will run out instead"),
+            }
+            self.epoch.send_replace(None);
+        }
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            if self.disk_has_room().await {
+                self.disk_full.send_replace(false);
+                tracing::info!(
+                    broker = self.config.broker_id,
+                    "the data directory has room again: registering with the controllers"
+                );
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(DISK_PROBE_EVERY) => {}
+                _ = shutdown.wait_for(|s| *s) => {}
             }
         }
     }
@@ -526,6 +636,7 @@ impl ClusterLink {
             .collect();
         // `None` after a failed heartbeat: the next one asks every controller at once.
         let mut preferred: Option<usize> = Some(0);
+        let mut full = self.disk_full.subscribe();
         loop {
             if *shutdown.borrow() {
                 break;
@@ -534,6 +645,10 @@ impl ClusterLink {
             // a paused or cut-off controller (or one forwarding to such a leader) must not
             // cost this broker its lease.
             let patience = (lease / 4).clamp(Duration::from_millis(250), Duration::from_secs(2));
+            if *self.disk_full.borrow() {
+                self.sit_out_full_disk(&mut shutdown).await;
+                continue;
+            }
             let Some(epoch) = self.epoch() else {
                 let sent = tokio::time::Instant::now();
                 match tokio::time::timeout(patience * 2, self.register(&mut client)).await {
@@ -620,6 +735,7 @@ impl ClusterLink {
             }
             tokio::select! {
                 _ = tokio::time::sleep(lease / 10) => {}
+                _ = full.wait_for(|f| *f) => {}
                 _ = shutdown.wait_for(|s| *s) => {}
             }
         }
@@ -805,5 +921,22 @@ impl ClusterLink {
             which += 1;
             tokio::time::sleep(RETRY).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::out_of_space;
+    use std::io::Error;
+
+    #[test]
+    fn only_a_full_disk_or_quota_counts_as_out_of_space() {
+        // ENOSPC, EDQUOT
+        assert!(out_of_space(&Error::from_raw_os_error(28)));
+        assert!(out_of_space(&Error::from_raw_os_error(122)));
+        // EFBIG (a per-file limit), EIO, and an error without an OS code do not
+        assert!(!out_of_space(&Error::from_raw_os_error(27)));
+        assert!(!out_of_space(&Error::from_raw_os_error(5)));
+        assert!(!out_of_space(&Error::other("no space left on device")));
     }
 }

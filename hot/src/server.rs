@@ -100,6 +100,7 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
                 rack: c.rack.clone(),
                 cluster_id: c.cluster_id.clone(),
                 tls: tls.clone(),
+                data_dir: config.data_dir.clone(),
             },
             link_stop_rx,
         )

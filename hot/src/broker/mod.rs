@@ -526,8 +526,11 @@ impl Broker {
                     ProduceError::NotEnoughReplicas(format!("{topic}-{index}: {n}"))
                 }
                 partition::LeaderAppendError::Append(e) => {
-                    if matches!(e, crate::log::AppendError::Io(_)) {
+                    if let crate::log::AppendError::Io(io) = &e {
                         tracing::error!(topic, partition = index, error = %e, "append failed");
+                        if let Some(cluster) = &self.cluster {
+                            cluster.storage_error(io);
+                        }
                     }
                     ProduceError::Append(e)
                 }

@@ -326,6 +326,10 @@ impl follower::Directory for LinkDirectory {
     fn now_ms(&self) -> i64 {
         self.clock.now_ms()
     }
+
+    fn storage_error(&self, error: &std::io::Error) {
+        self.link.storage_error(error);
+    }
 }
 
 /// Live brokers' Kafka endpoints from the metadata: (id, host, port).

@@ -18,10 +18,10 @@ use strata_proto::v1::{OffsetForLeaderEpochRequest, ReplicaFetchRequest};
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
-use crate::broker::partition::Following;
+use crate::broker::partition::{Following, ReplicaWriteError};
 use crate::broker::Partition;
 use crate::kafka::codes;
-use crate::log::ValidBatch;
+use crate::log::{AppendError, ValidBatch};
 use crate::replication::epochs::truncation_round;
 
 /// How long the leader holds a fetch that finds nothing new.
@@ -65,6 +65,8 @@ pub trait Directory: Send + Sync + 'static {
     /// fetchers are refused, KIP-380).
     fn broker_epoch(&self) -> Option<u64>;
     fn now_ms(&self) -> i64;
+    /// A write to this broker's data directory failed (see `ClusterLink::storage_error`).
+    fn storage_error(&self, _error: &std::io::Error) {}
 }
 
 /// Why a round of fetching stopped.
@@ -318,12 +320,7 @@ async fn fetch_loop(
         }
         if !resp.records.is_empty() {
             // (The next round fsyncs what this appended before fetching on.)
-            if let Err(why) = append(
-                partition,
-                target.following(),
-                resp.records,
-                directory.now_ms(),
-            ) {
+            if let Err(why) = append(partition, target.following(), resp.records, directory) {
                 return Restart::Truncate(why);
             }
         }
@@ -338,7 +335,7 @@ fn append(
     partition: &Partition,
     at: Following,
     records: Bytes,
-    now_ms: i64,
+    directory: &dyn Directory,
 ) -> Result<u64, String> {
     let mut batches = Vec::new();
     for item in BatchIter::new(&records) {
@@ -348,6 +345,11 @@ fn append(
         batches.push(batch);
     }
     partition
-        .append_replicated(at, &batches, now_ms)
-        .map_err(|e| format!("could not append replicated batches: {e}"))
+        .append_replicated(at, &batches, directory.now_ms())
+        .map_err(|e| {
+            if let ReplicaWriteError::Io(io) | ReplicaWriteError::Append(AppendError::Io(io)) = &e {
+                directory.storage_error(io);
+            }
+            format!("could not append replicated batches: {e}")
+        })
 }
