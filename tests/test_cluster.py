@@ -93,7 +93,7 @@ class Cluster:
             text = (
                 f'roles = ["controller"]\ndata_dir = "{self.workdir / name}"\n'
                 f"[controller]\nnode_id = {i}\nlisten = \"{self.controller_addr(i)}\"\n"
-                f'broker_lease = "{self.lease_s}s"\nraft_heartbeat = "100ms"\n[controller.voters]\n{voters}\n'
+                f'broker_lease = "{int(self.lease_s * 1000)}ms"\nraft_heartbeat = "100ms"\n[controller.voters]\n{voters}\n'
                 + ('[auth]\nsuper_users = ["User:CN=admin"]\n' if self.certs else "")
             )
         else:

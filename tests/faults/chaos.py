@@ -4,15 +4,25 @@ producers and a consumer group committing every second; then the checks.
 
     python3 tests/faults/chaos.py --seed 7 --faults 15      # a long run (needs root)
 
-Faults: SIGKILL or SIGSTOP of a partition leader, of the Raft-leader controller, two brokers
+Faults: SIGKILL or SIGSTOP of a partition leader, its data directory filled up (each broker's
+is a small tmpfs), of the Raft-leader controller, two brokers
 killed at once, a leader cut off from the controllers and its followers while clients still
 reach it, the Raft-leader controller cut off from every other node or from the other
-controllers only (the brokers still reach it). Each is held for a few
-seconds, undone, and the cluster is given time to heal (every broker unfenced, every ISR
-full) before the next.
+controllers only (the brokers still reach it), the object store cut off from every broker
+(while they upload segments and delete expired ones). Each is held for a few seconds,
+undone, and the cluster is given time to heal (every broker unfenced, every ISR full) before
+the next.
+
+The topics tier to the object store (moto_server in a namespace of its own) with small
+segments and little local retention, so the records are read back through the cold tier;
+a second topic, "churn", keeps a few seconds of history, so remote segments are deleted all
+the time.
 
 Checks at the end: no acknowledged record lost or moved, none duplicated, each producer's
-records in order within a partition, the three replicas of every partition byte-identical,
+records in order within a partition, the three replicas of every partition byte-identical
+(where all three still hold it locally), every partition's newest manifest contiguous and
+naming only objects that exist, uploads and remote deletes resumed after the last outage,
+no unnamed object left once the orphan grace has passed,
 the consumer group never committed past an acknowledged record it had not consumed, its
 committed offsets never went backwards, no broker fenced while only a controller was faulty,
 and per fault the unavailability: the longest time any partition went without an
@@ -24,6 +34,7 @@ wrapper (tests/test_faults.py).
 """
 
 import argparse
+import json
 import random
 import signal
 import statistics
@@ -41,13 +52,19 @@ from netcluster import NetCluster  # noqa: E402
 
 TOPIC = "settlements"
 PARTITIONS = 6
+# Small segments and local retention: segments roll every few seconds and are uploaded, and
+# most of the history is read back from the cold tier.
+SEGMENT_BYTES = 16 << 10
+LOCAL_RETENTION_BYTES = 32 << 10
+CHURN = "churn"
+CHURN_RETENTION_MS = 8000
 LEASE_S = 3
 LAG_S = 4
 PRODUCERS = 2
 REQUEST_TIMEOUT_S = 1.0  # the producers' request.timeout.ms (see Producers)
 RATE = 250  # records per second per producer
 KINDS = ["kill-leader", "pause-leader", "kill-controller", "pause-controller", "two-brokers",
-         "partition-leader", "isolate-controller", "split-controller"]
+         "partition-leader", "isolate-controller", "split-controller", "store-outage", "full-disk"]
 # Faults of controllers only: no broker may be fenced for them.
 CONTROLLER_KINDS = {"kill-controller", "pause-controller", "isolate-controller", "split-controller"}
 
@@ -127,6 +144,43 @@ class Producers:
         return longest
 
 
+class Churn:
+    """An acks=all producer writing to the churn topic (a few seconds of retention): its old
+    segments are deleted from the object store all the time. Its records are not checked
+    (retention deletes them); what retention leaves must stay consistent."""
+
+    def __init__(self, bootstrap):
+        from confluent_kafka import Producer
+
+        self.producer = Producer(rdkafka_conf({
+            "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20, "message.timeout.ms": 300000,
+            "request.timeout.ms": 2000,
+        }))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        i = 0
+        pad = "c" * 100
+        while not self.stop.is_set():
+            for _ in range(20):
+                try:
+                    self.producer.produce(CHURN, f"{i}|{pad}".encode())
+                except BufferError:
+                    break
+                i += 1
+            self.producer.poll(0.05)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join()
+        self.producer.flush(60)
+
+
 class GroupMember:
     """One consumer-group member (confluent-kafka) reading every partition and committing
     what it consumed every second; records what it read and each successful commit."""
@@ -197,7 +251,7 @@ def busiest_leader(cluster, rng):
 
 def healthy(m):
     brokers_ok = len(m["brokers"]) == 3 and not any(b["fenced"] for b in m["brokers"].values())
-    parts = m["topics"][TOPIC]["partitions"]
+    parts = m["topics"][TOPIC]["partitions"] + m["topics"].get(CHURN, {"partitions": []})["partitions"]
     return brokers_ok and all(p["leader"] is not None and sorted(p["isr"]) == [1, 2, 3] for p in parts)
 
 
@@ -220,7 +274,7 @@ def inject(cluster, kind, rng, log):
     hold = rng.uniform(LEASE_S * 1.2, LEASE_S * 2)
     fenced = []
     # (the target is chosen first: the clock starts when the fault is applied)
-    if kind in ("kill-leader", "pause-leader", "partition-leader"):
+    if kind in ("kill-leader", "pause-leader", "partition-leader", "full-disk"):
         b = busiest_leader(cluster, rng)
         name = f"broker-{b}"
         desc = f"{kind} broker {b}"
@@ -235,6 +289,12 @@ def inject(cluster, kind, rng, log):
             time.sleep(hold)
             undone = time.monotonic()
             cluster.procs[name].send_signal(signal.SIGCONT)
+        elif kind == "full-disk":
+            filled = cluster.fill_disk(name)
+            desc += f" ({filled >> 20} MiB balloon)"
+            time.sleep(hold)
+            undone = time.monotonic()
+            cluster.free_disk(name)
         else:
             others = [f"controller-{i}" for i in (1, 2, 3)] + [f"broker-{i}" for i in (1, 2, 3) if i != b]
             for o in others:
@@ -252,6 +312,14 @@ def inject(cluster, kind, rng, log):
         undone = time.monotonic()
         for b in pair:
             cluster.start(f"broker-{b}")
+    elif kind == "store-outage":
+        desc = kind
+        started = time.monotonic()
+        for b in (1, 2, 3):
+            net.cut("s3", f"broker-{b}")
+        time.sleep(hold)
+        undone = time.monotonic()
+        net.heal_all()
     else:
         c = cluster.leader()
         name = f"controller-{c}"
@@ -301,18 +369,135 @@ def watch_fenced(cluster, seconds):
     return sorted(seen)
 
 
+def batches(data):
+    """[(base offset, batch bytes)] of a log segment's record batches."""
+    out, at = [], 0
+    while at + 12 <= len(data):
+        base = int.from_bytes(data[at:at + 8], "big")
+        size = 12 + int.from_bytes(data[at + 8:at + 12], "big")
+        out.append((base, data[at:at + size]))
+        at += size
+    return out
+
+
 def replicas_identical(cluster):
-    """Stops the cluster and compares every partition's three log copies byte for byte."""
+    """Stops the cluster and compares every partition's three local log copies byte for
+    byte, from the first batch all three still hold (local retention deletes each copy's
+    old segments on its own schedule) to the end."""
     cluster.stop_all()
     differ = []
     for p in range(PARTITIONS):
         logs = {}
         for b in (1, 2, 3):
             d = cluster.workdir / f"broker-{b}" / "logs" / f"{TOPIC}-{p}"
-            logs[b] = b"".join(f.read_bytes() for f in sorted(d.glob("*.log")))
-        if not (logs[1] == logs[2] == logs[3]) or not logs[1]:
-            differ.append((p, {b: len(v) for b, v in logs.items()}))
+            logs[b] = [x for f in sorted(d.glob("*.log")) for x in batches(f.read_bytes())]
+        common = max((v[0][0] for v in logs.values() if v), default=None)
+        tails = {b: b"".join(data for base, data in v if base >= common) for b, v in logs.items()}
+        if not all(v for v in logs.values()) or not (tails[1] == tails[2] == tails[3]) or not tails[1]:
+            differ.append((p, {b: (v[0][0] if v else None, len(tails[b])) for b, v in logs.items()}))
     return differ
+
+
+def cold_tier(cluster):
+    """{topic: {partition: newest manifest}} from the bucket, and every key in it. (A
+    manifest listed can be gone when read: each update deletes older versions. Then it
+    lists again.)"""
+    for _ in range(10):
+        try:
+            return cold_tier_once(cluster)
+        except cluster.s3_client().exceptions.NoSuchKey:
+            time.sleep(0.2)
+    return cold_tier_once(cluster)
+
+
+def cold_tier_once(cluster):
+    s3 = cluster.s3_client()
+    keys = set()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=cluster.bucket, Prefix="strata/"):
+        keys |= {o["Key"] for o in page.get("Contents", [])}
+    newest = {}
+    for k in keys:
+        if "/manifest/" in k and k.endswith(".json"):
+            part, _, name = k.partition("/manifest/")
+            version = int(name[:-len(".json")])
+            if version > newest.get(part, (0, None))[0]:
+                newest[part] = (version, k)
+    ids = {str(t["id"]).replace("-", ""): name for name, t in cluster.freshest_metadata()["topics"].items()}
+    out = {}
+    for part, (_, k) in newest.items():
+        _, _cluster, topic_id, index = part.split("/")
+        m = json.loads(s3.get_object(Bucket=cluster.bucket, Key=k)["Body"].read())
+        out.setdefault(ids.get(topic_id.replace("-", ""), topic_id), {})[int(index)] = m
+    return out, keys
+
+
+def manifest_problems(topic, p, m, keys):
+    """What is wrong with a manifest: a gap or an overlap, or a named object missing."""
+    segs = m["segments"]
+    problems = []
+    if segs and segs[0]["base_offset"] != m["log_start"]:
+        problems.append(f"{topic}-{p}: first segment {segs[0]['base_offset']} is not the log start {m['log_start']}")
+    for a, b in zip(segs, segs[1:]):
+        if b["base_offset"] != a["end_offset"]:
+            problems.append(f"{topic}-{p}: gap or overlap between {a['base_offset']}..{a['end_offset']} "
+                            f"and {b['base_offset']}..{b['end_offset']}")
+    for seg in segs:
+        for suffix in ("", ".index", ".timeindex", ".epochs"):
+            if f"strata/{seg['key']}{suffix}" not in keys:
+                problems.append(f"{topic}-{p}: the manifest names a missing object {seg['key']}{suffix}")
+    return problems
+
+
+def check_cold_tier(cluster, after_outage, violations, log):
+    """The cold tier at the end, with the cluster still up: every newest manifest sound; the
+    settlements manifests start at 0 (nothing may be deleted) and reach past where the logs
+    ended when the last store outage was undone (uploads resumed); the churn topic's remote
+    log start moved past its own end at that time (remote deletes resumed); and, once the
+    orphan grace has passed, no segment object that no manifest names."""
+    deadline = time.monotonic() + 60
+    while True:
+        tier, keys = cold_tier(cluster)
+        problems = []
+        for topic, parts in tier.items():
+            for p, m in parts.items():
+                problems += manifest_problems(topic, p, m, keys)
+        settled = tier.get(TOPIC, {})
+        for p in range(PARTITIONS):
+            m = settled.get(p)
+            end = m["segments"][-1]["end_offset"] if m and m["segments"] else 0
+            if m is None or m["log_start"] != 0:
+                problems.append(f"{TOPIC}-{p}: remote log start {m and m['log_start']}, not 0")
+            elif after_outage and end <= after_outage[TOPIC].get(p, 0):
+                problems.append(f"{TOPIC}-{p}: uploads did not resume after the outage: the cold tier ends at {end}, "
+                                f"the log ended at {after_outage[TOPIC].get(p)} then")
+        churn = tier.get(CHURN, {}).get(0)
+        if after_outage and (churn is None or churn["log_start"] <= after_outage[CHURN]):
+            problems.append(f"{CHURN}-0: remote deletes did not resume after the outage: remote log start "
+                            f"{churn and churn['log_start']}, the log ended at {after_outage[CHURN]} then")
+        named = {f"strata/{seg['key']}" for parts in tier.values() for m in parts.values() for seg in m["segments"]}
+        orphans = sorted(k for k in keys if k.endswith(".log") and k not in named)
+        if orphans:
+            problems.append(f"{len(orphans)} segment objects no manifest names, e.g. {orphans[:3]}")
+        if not problems or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    violations += problems
+    log(f"cold tier: {sum(len(m['segments']) for parts in tier.values() for m in parts.values())} segments "
+        f"named, {len(keys)} objects")
+
+
+def log_ends(cluster):
+    """{TOPIC: {partition: high watermark}, CHURN: high watermark}."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(rdkafka_conf({"bootstrap.servers": cluster.bootstrap(), "group.id": "chaos-ends"}))
+    try:
+        ends = {TOPIC: {p: c.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1]
+                        for p in range(PARTITIONS)}}
+        ends[CHURN] = c.get_watermark_offsets(TopicPartition(CHURN, 0), timeout=10)[1]
+        return ends
+    finally:
+        c.close()
 
 
 def run(workdir: Path, seed: int, faults: int, log=print):
@@ -329,11 +514,17 @@ def run(workdir: Path, seed: int, faults: int, log=print):
     violations = findings["violations"]
     try:
         cluster.start_all()
+        tiered = ["--config", "remote.storage.enable=true", "--config", f"segment.bytes={SEGMENT_BYTES}",
+                  "--config", f"local.retention.bytes={LOCAL_RETENTION_BYTES}"]
         cluster.cli("topic", "create", TOPIC, "-p", str(PARTITIONS), "--replication-factor", "3",
-                    "--config", "min.insync.replicas=2")
+                    "--config", "min.insync.replicas=2", "--config", "retention.ms=-1", *tiered)
+        cluster.cli("topic", "create", CHURN, "-p", "1", "--replication-factor", "3",
+                    "--config", "min.insync.replicas=2", "--config", f"retention.ms={CHURN_RETENTION_MS}", *tiered)
         assert wait_healthy(cluster, 30), "the topic never got a full ISR"
         producers = Producers(cluster.bootstrap()).start()
         member = GroupMember(cluster.bootstrap()).start()
+        churn = Churn(cluster.bootstrap()).start()
+        after_outage = None
         time.sleep(3)
         for n, kind in enumerate(schedule):
             log(f"fault {n + 1}/{len(schedule)}: {kind}")
@@ -349,11 +540,15 @@ def run(workdir: Path, seed: int, faults: int, log=print):
             gap, partition, at = producers.longest_gap(since, time.monotonic())
             findings["faults"].append({"kind": kind, "desc": desc, "unavailable_s": gap,
                                        "heal_s": healed - undone})
+            if kind == "store-outage":
+                after_outage = log_ends(cluster)
             log(f"  unavailable {gap * 1000:.0f} ms (partition {partition}, from {at:.1f} s in); "
                 f"healed {healed - undone:.1f} s after it was undone")
         time.sleep(3)
         unsent = producers.finish()
         member.finish()
+        churn.finish()
+        check_cold_tier(cluster, after_outage, violations, log)
         if unsent:
             violations.append(f"{unsent} records neither acknowledged nor failed")
         if producers.failed:
@@ -418,15 +613,20 @@ def run(workdir: Path, seed: int, faults: int, log=print):
 
 
 def main():
+    global LEASE_S
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=None, help="nemesis seed (default: random, printed)")
     ap.add_argument("--faults", type=int, default=15)
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--lease", type=float, default=LEASE_S,
+                    help=f"the brokers' lease in seconds (default {LEASE_S}); faults are held for 1.2 to 2 leases")
     args = ap.parse_args()
+    LEASE_S = args.lease
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     import tempfile
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="strata-chaos-"))
-    print(f"seed {seed}, {args.faults} faults, work dir {workdir}", flush=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"seed {seed}, {args.faults} faults, lease {LEASE_S} s, work dir {workdir}", flush=True)
     findings = run(workdir, seed, args.faults, log=lambda s: print(s, flush=True))
     sys.exit(1 if findings["violations"] else 0)
 

@@ -16,15 +16,23 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+from conftest import port_accepts_at
 from test_cluster import Cluster
 
 CONTROLLER_PORT = 9300
 KAFKA_PORT = 9092
 GRPC_PORT = 9093
 METRICS_PORT = 9094
+S3_PORT = 9000
+# Each broker's data directory is a tmpfs of this size, mounted with this source name, so a
+# test can fill it (and `sweep()` can find mounts a killed run left).
+DISK_SIZE = "128m"
+DISK_SOURCE = "sfx-disk"
+S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}
 # An address nobody has: frames for a cut peer go here (and are dropped).
 NOWHERE_MAC = "02:00:00:00:00:01"
 SUBNET = "10.77.0"
@@ -60,6 +68,10 @@ def sweep():
             if link.startswith(PREFIX + "v"):
                 sh("ip", "link", "del", link, check=False)
     sh("ip", "link", "del", PREFIX + "br", check=False)
+    for line in Path("/proc/mounts").read_text().splitlines():
+        source, target = line.split()[:2]
+        if source == DISK_SOURCE:
+            sh("umount", "-l", target, check=False)
 
 
 class Net:
@@ -116,11 +128,19 @@ class Net:
 
 class NetCluster(Cluster):
     """`test_cluster.Cluster` with every node in its own namespace, on fixed ports at its own
-    address, started with `ip netns exec`."""
+    address, started with `ip netns exec`; and an S3-compatible server (moto_server) in a
+    namespace of its own, node "s3", that the brokers tier to (`[cold]`, bucket "chaos"), so
+    a test can cut the brokers off from the object store."""
 
     def __init__(self, binary, workdir: Path, lease_s: int, broker_extra: str = ""):
-        self.net = Net([f"controller-{i}" for i in (1, 2, 3)] + [f"broker-{i}" for i in (1, 2, 3)])
-        super().__init__(binary, workdir, broker_extra=broker_extra, lease_s=lease_s)
+        self.net = Net([f"controller-{i}" for i in (1, 2, 3)] + [f"broker-{i}" for i in (1, 2, 3)] + ["s3"])
+        self.s3_endpoint = f"http://{self.net.addr('s3')}:{S3_PORT}"
+        self.bucket = "chaos"
+        cold = (f'[cold]\nurl = "s3://{self.bucket}/strata"\nendpoint = "{self.s3_endpoint}"\npath_style = true\n'
+                'interval = "200ms"\nrequest_timeout = "2s"\norphan_grace = "3s"\n'
+                '[topics]\nretention_check_interval = "200ms"\n')
+        super().__init__(binary, workdir, broker_extra=broker_extra + cold, lease_s=lease_s)
+        self.s3 = None
         self.controller_ports = {i: CONTROLLER_PORT for i in (1, 2, 3)}
         self.broker_ports = {i: KAFKA_PORT for i in (1, 2, 3)}
         self.grpc_ports = {i: GRPC_PORT for i in (1, 2, 3)}
@@ -137,6 +157,60 @@ class NetCluster(Cluster):
 
     def host(self, name):
         return self.net.addr(name)
+
+    def start_s3(self):
+        """moto_server in namespace "s3", with the bucket made."""
+        log = open(self.workdir / "s3.log", "ab")
+        self.s3 = subprocess.Popen(
+            ["ip", "netns", "exec", self.net.ns("s3"), sys.executable, "-m", "moto.server",
+             "-H", self.net.addr("s3"), "-p", str(S3_PORT)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not port_accepts_at(self.net.addr("s3"), S3_PORT):
+            assert self.s3.poll() is None, "moto_server exited (see s3.log)"
+            assert time.monotonic() < deadline, "moto_server did not start"
+            time.sleep(0.1)
+        self.s3_client().create_bucket(Bucket=self.bucket)
+
+    def s3_client(self):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.s3_endpoint, aws_access_key_id="test",
+                            aws_secret_access_key="test", region_name="us-east-1",
+                            config=Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 2}))
+
+    def data_dir(self, name):
+        return self.workdir / name
+
+    def start(self, name):
+        os.environ.update(S3_ENV)  # the brokers' credentials for moto (any will do)
+        d = self.data_dir(name)
+        if name.startswith("broker") and not os.path.ismount(d):
+            d.mkdir(parents=True, exist_ok=True)
+            sh("mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE}", DISK_SOURCE, str(d))
+        super().start(name)
+
+    def fill_disk(self, name):
+        """Fills broker `name`'s data directory (a balloon file) until a write fails with
+        ENOSPC. Returns the balloon's size."""
+        path = self.data_dir(name) / "balloon"
+        written = 0
+        with open(path, "wb", buffering=0) as f:
+            for chunk in (1 << 20, 4096):
+                try:
+                    while True:
+                        f.write(b"\0" * chunk)
+                        written += chunk
+                except OSError:
+                    pass
+        return written
+
+    def free_disk(self, name):
+        (self.data_dir(name) / "balloon").unlink(missing_ok=True)
+
+    def start_all(self):
+        self.start_s3()
+        super().start_all()
 
     def launcher(self, name):
         # `ip netns exec` execs the binary: the process handle is the node itself
@@ -170,4 +244,10 @@ class NetCluster(Cluster):
                     p.send_signal(signal.SIGCONT)  # a paused node must hear SIGTERM
             self.stop_all()
         finally:
+            if self.s3 is not None and self.s3.poll() is None:
+                self.s3.kill()
+                self.s3.wait()
             self.net.teardown()
+            for i in (1, 2, 3):
+                if os.path.ismount(self.data_dir(f"broker-{i}")):
+                    sh("umount", "-l", str(self.data_dir(f"broker-{i}")), check=False)
