@@ -7,8 +7,8 @@ use strata_proto::v1::controller_client::ControllerClient;
 use strata_proto::v1::{
     AlterScramCredentialsRequest, CreateAclsRequest, CreateTopicRequest, DeleteAclsRequest,
     DeleteTopicRequest, DescribeQuorumRequest, DescribeQuorumResponse,
-    DescribeScramCredentialsRequest, ScramCredentialInfo, ScramDeletion, ScramUpsertion,
-    WatchRequest,
+    DescribeScramCredentialsRequest, MetadataSnapshot, ScramCredentialInfo, ScramDeletion,
+    ScramUpsertion, WatchRequest,
 };
 
 use crate::{ClientError, Result};
@@ -122,6 +122,14 @@ impl ControllerAdmin {
 
     /// The controller's current metadata as JSON, with its version.
     pub async fn metadata_json(&mut self) -> Result<(u64, Vec<u8>)> {
+        self.metadata_snapshot()
+            .await
+            .map(|s| (s.version, s.metadata_json))
+    }
+
+    /// The controller's current metadata snapshot: its version, its JSON, and whether the
+    /// controller may be cut off from the quorum (then the snapshot may be behind).
+    pub async fn metadata_snapshot(&mut self) -> Result<MetadataSnapshot> {
         use strata_proto::v1::metadata_update::Update;
         let mut stream = self
             .client
@@ -135,7 +143,7 @@ impl ControllerAdmin {
             .map_err(ClientError::from)?
             .and_then(|u| u.update)
         {
-            Some(Update::Snapshot(snap)) => Ok((snap.version, snap.metadata_json)),
+            Some(Update::Snapshot(snap)) => Ok(snap),
             Some(Update::Entry(_)) => Err(ClientError::Protocol(
                 "the metadata stream did not start with a snapshot".into(),
             )),

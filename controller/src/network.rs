@@ -150,9 +150,29 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 }
 
+/// When this controller, as a follower, last accepted a leader's AppendEntries (a heartbeat
+/// or entries): how it tells that it may be cut off from the leader.
+#[derive(Default)]
+pub struct LeaderContact(std::sync::Mutex<Option<std::time::Instant>>);
+
+impl LeaderContact {
+    pub fn touch(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
+    }
+
+    pub fn age(&self) -> Option<std::time::Duration> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|t| t.elapsed())
+    }
+}
+
 /// The server side: decodes a request, hands it to the local Raft, encodes its result.
 pub struct RaftServer {
     pub raft: Raft,
+    /// When a leader's AppendEntries was last accepted here.
+    pub leader_contact: Arc<LeaderContact>,
     /// Whether the port proves its peers (mTLS): then only voters may speak Raft.
     pub authenticated: bool,
     pub voters: BTreeSet<NodeId>,
@@ -205,7 +225,11 @@ impl RaftService for RaftServer {
         let sender = self.sender(&req)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(&req)?;
         bind(sender, rpc.vote.leader_id.voted_for())?;
-        encode(&self.raft.append_entries(rpc).await)
+        let result = self.raft.append_entries(rpc).await;
+        if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+            self.leader_contact.touch();
+        }
+        encode(&result)
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {

@@ -68,6 +68,8 @@ pub struct Controller {
     /// live broker never closes its session), so a heartbeat still in flight from it must
     /// not unfence it. Such a heartbeat is told to register again.
     dead: Mutex<BTreeSet<(i32, u64)>>,
+    /// When a leader's AppendEntries was last accepted here (see `quorum_contact_age`).
+    leader_contact: Arc<crate::network::LeaderContact>,
 }
 
 /// How long a call forwarded to the Raft leader may take: a paused or cut-off leader must
@@ -164,6 +166,7 @@ impl Controller {
             leases: Mutex::new(Leases::new(config.broker_lease.as_millis() as i64)),
             leader_channel: Mutex::new(None),
             dead: Mutex::new(BTreeSet::new()),
+            leader_contact: Arc::new(crate::network::LeaderContact::default()),
             config,
             raft,
             state,
@@ -177,6 +180,7 @@ impl Controller {
         let server = builder
             .add_service(RaftGrpcServer::new(RaftServer {
                 raft: controller.raft.clone(),
+                leader_contact: controller.leader_contact.clone(),
                 authenticated: controller.config.tls.is_some(),
                 voters: controller.config.voters.keys().copied().collect(),
             }))
@@ -247,6 +251,26 @@ impl Controller {
 
     fn is_leader(&self) -> bool {
         self.leader() == Some(self.config.node_id)
+    }
+
+    /// How long ago this controller was last in touch with the rest of the quorum: as the
+    /// Raft leader, since a quorum last acknowledged it; as a follower, since it last
+    /// accepted its leader's AppendEntries. `None`: never (or no leader known).
+    fn quorum_contact_age(&self) -> Option<Duration> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.current_leader == Some(self.config.node_id) {
+            m.millis_since_quorum_ack.map(Duration::from_millis)
+        } else if m.current_leader.is_some() {
+            self.leader_contact.age()
+        } else {
+            None
+        }
+    }
+
+    /// Past this without contact (the longest election timeout), what this controller
+    /// holds may be behind the cluster's.
+    fn stale_after(&self) -> Duration {
+        self.config.raft_heartbeat * 6
     }
 
     /// Proposes a command and waits for it to be applied; a refusal comes back as an error.
@@ -436,11 +460,17 @@ impl ControllerService {
 type WatchStream = Pin<Box<dyn Stream<Item = Result<MetadataUpdate, Status>> + Send>>;
 type SessionStream = Pin<Box<dyn Stream<Item = Result<SessionEvent, Status>> + Send>>;
 
-fn snapshot_update(m: &ClusterMetadata) -> Result<MetadataUpdate, Status> {
+fn snapshot_update(
+    m: &ClusterMetadata,
+    contact: Option<Duration>,
+    stale_after: Duration,
+) -> Result<MetadataUpdate, Status> {
     Ok(MetadataUpdate {
         update: Some(metadata_update::Update::Snapshot(MetadataSnapshot {
             version: m.version,
             metadata_json: serde_json::to_vec(m).map_err(|e| Status::internal(e.to_string()))?,
+            possibly_stale: contact.is_none_or(|age| age > stale_after),
+            quorum_contact_age_ms: contact.map(|age| age.as_millis() as u64),
         })),
     })
 }
@@ -672,9 +702,17 @@ impl ControllerApi for ControllerService {
                     Some(v) if v >= current.version => Vec::new(),
                     Some(v) => match controller.state.entries_since(v) {
                         Some(entries) => entries.iter().map(|(i, c)| entry_update(*i, c)).collect(),
-                        None => vec![snapshot_update(&current)],
+                        None => vec![snapshot_update(
+                            &current,
+                            controller.quorum_contact_age(),
+                            controller.stale_after(),
+                        )],
                     },
-                    None => vec![snapshot_update(&current)],
+                    None => vec![snapshot_update(
+                        &current,
+                        controller.quorum_contact_age(),
+                        controller.stale_after(),
+                    )],
                 };
                 for u in updates {
                     if let Ok(MetadataUpdate {

@@ -516,6 +516,22 @@ pub enum QuorumCommand {
     Metadata,
 }
 
+/// Says on stderr when the controller that answered may be cut off from the quorum.
+fn warn_if_stale(controller: &str, snapshot: &strata_proto::v1::MetadataSnapshot) {
+    if !snapshot.possibly_stale {
+        return;
+    }
+    let why = match snapshot.quorum_contact_age_ms {
+        Some(ms) => format!("has not been in touch with the controller quorum for {ms} ms"),
+        None => "knows no controller leader".to_string(),
+    };
+    eprintln!(
+        "warning: the controller at {controller} {why}: this metadata (version {}) may be \
+         behind the cluster's; ask another controller",
+        snapshot.version
+    );
+}
+
 async fn controller_admin(addr: &str) -> anyhow::Result<ControllerAdmin> {
     ControllerAdmin::connect(addr)
         .await
@@ -542,10 +558,12 @@ pub async fn quorum(controller: &str, command: QuorumCommand) -> anyhow::Result<
             );
         }
         QuorumCommand::Metadata => {
-            let (_, json) = admin
-                .metadata_json()
+            let snapshot = admin
+                .metadata_snapshot()
                 .await
                 .context("reading the cluster metadata")?;
+            warn_if_stale(controller, &snapshot);
+            let json = snapshot.metadata_json;
             let mut metadata: serde_json::Value =
                 serde_json::from_slice(&json).context("decoding the cluster metadata")?;
             // SCRAM keys are secrets: users and mechanisms only.
@@ -600,10 +618,12 @@ pub async fn topic_via_controller(controller: &str, command: TopicCommand) -> an
             println!("deleted topic {name}");
         }
         TopicCommand::List | TopicCommand::Describe { .. } => {
-            let (version, json) = admin
-                .metadata_json()
+            let snapshot = admin
+                .metadata_snapshot()
                 .await
                 .context("reading the cluster metadata")?;
+            warn_if_stale(controller, &snapshot);
+            let (version, json) = (snapshot.version, snapshot.metadata_json);
             let metadata: serde_json::Value =
                 serde_json::from_slice(&json).context("decoding the cluster metadata")?;
             let wanted = match &command {

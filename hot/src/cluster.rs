@@ -325,6 +325,14 @@ impl ClusterLink {
         }
     }
 
+    /// Where the active controller, as the heartbeats' answers name it, is in this broker's
+    /// list of controllers.
+    fn active_index(&self) -> Option<usize> {
+        let active = self.active.borrow();
+        let active = active.as_deref()?;
+        self.config.controllers.iter().position(|c| c == active)
+    }
+
     fn drop_lease(&self) {
         self.lease.lock().unwrap_or_else(|e| e.into_inner()).until = None;
     }
@@ -333,15 +341,17 @@ impl ClusterLink {
         &self.config.cluster_id
     }
 
-    /// Runs `call` against the controllers, moving to the next one while they are
-    /// unreachable or leaderless, for up to `CALL_DEADLINE`.
+    /// Runs `call` against the controllers, from the active one (as heartbeats name it),
+    /// moving to the next one while they are unreachable or leaderless, for up to
+    /// `CALL_DEADLINE`. (Starting anywhere else costs a forwarding hop, or, when that
+    /// controller is cut off from the others, a whole attempt's deadline.)
     async fn call<T, F, Fut>(&self, call: F) -> Result<T, tonic::Status>
     where
         F: Fn(ControllerClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let deadline = tokio::time::Instant::now() + CALL_DEADLINE;
-        let mut which = 0usize;
+        let mut which = self.active_index().unwrap_or(0);
         loop {
             let client = tokio::time::timeout_at(deadline, self.any_controller(&mut which))
                 .await
@@ -887,10 +897,27 @@ impl ClusterLink {
         }
     }
 
+    /// Follows the metadata stream of the active controller, as heartbeats name it (any
+    /// controller until they do), and moves to another when they name another. A controller
+    /// cut off from the others keeps its streams open but has nothing new to send: a broker
+    /// that stayed on it would not learn of leaderships the majority gave it meanwhile.
     async fn watch_loop(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut which = 0usize;
+        let mut active = self.active.subscribe();
         loop {
-            let mut client = self.any_controller(&mut which).await;
+            // (when the one named cannot be reached, any other will do until they name
+            // another)
+            let wanted = active.borrow_and_update().clone();
+            let named = match &wanted {
+                Some(addr) => connect(addr, self.config.tls.as_deref())
+                    .await
+                    .map(|c| (c, addr.clone())),
+                None => None,
+            };
+            let (mut client, addr) = match named {
+                Some(c) => c,
+                None => self.any_controller_by(&mut which, connect).await,
+            };
             let from = self.metadata.borrow().version;
             let stream = client.watch(WatchRequest { from_version: from }).await;
             let mut stream = match stream {
@@ -902,9 +929,10 @@ impl ClusterLink {
                     continue;
                 }
             };
-            loop {
+            let moved = loop {
                 let next = tokio::select! {
                     n = stream.message() => n,
+                    _ = active.wait_for(|a| a.is_some() && *a != wanted) => break true,
                     _ = shutdown.wait_for(|s| *s) => return,
                 };
                 match next {
@@ -912,11 +940,15 @@ impl ClusterLink {
                         self.hold_metadata_while_a_test_asks().await;
                         if let Err(e) = self.apply_update(update) {
                             tracing::warn!(error = %e, "metadata stream out of step; resubscribing");
-                            break;
+                            break false;
                         }
                     }
-                    Ok(None) | Err(_) => break,
+                    Ok(None) | Err(_) => break false,
                 }
+            };
+            if moved {
+                tracing::debug!(broker = self.config.broker_id, from = %addr, "the active controller moved; watching its metadata");
+                continue;
             }
             which += 1;
             tokio::time::sleep(RETRY).await;
