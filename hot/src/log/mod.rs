@@ -131,7 +131,8 @@ pub struct SyncWork {
 
 impl SyncWork {
     /// fsyncs the files (and the directory when segments were created), then records the new
-    /// recovery point.
+    /// recovery point. An error means the synced data cannot be trusted; failing to record the
+    /// recovery point does not (see below).
     pub fn run(&self, log_dir: &Path) -> io::Result<()> {
         for f in &self.files {
             f.sync_data()?;
@@ -144,7 +145,14 @@ impl SyncWork {
             // point vouches for (and lowered the file): then it must not be written.
             let cuts = self.cuts.lock().unwrap_or_else(|e| e.into_inner());
             if *cuts == self.cuts_seen {
-                write_atomically(log_dir, RECOVERY_POINT_FILE, rp.to_string().as_bytes())?;
+                // Only how much the next open checks depends on it: a write that fails (a
+                // full disk) leaves the old file, whose lower point is still true, and the
+                // data above it is synced all the same. The next roll records a new one.
+                if let Err(e) =
+                    write_atomically(log_dir, RECOVERY_POINT_FILE, rp.to_string().as_bytes())
+                {
+                    tracing::warn!(dir = %log_dir.display(), error = %e, "could not record the recovery point; the next start checks more of the log");
+                }
             }
         }
         Ok(())

@@ -740,6 +740,37 @@ fn snapshots_past_a_truncation_are_not_loaded_after_the_log_grows_back() {
     );
 }
 
+/// Issue 16, full disk: recording the recovery point after an fsync failed (ENOSPC on the
+/// small file), and the whole sync was reported failed, which stops the partition for good
+/// although its data was synced. Now the old point stays (lower, so still true) and the
+/// sync counts.
+#[test]
+fn a_recovery_point_that_cannot_be_written_does_not_fail_the_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    append_many(&mut log, 20);
+    while let Some(work) = log.take_sync_work() {
+        work.run(dir.path()).unwrap();
+    }
+    let before = read_number(&dir.path().join(RECOVERY_POINT_FILE)).expect("a recovery point");
+    // the temporary file cannot be created: a directory is in the way
+    std::fs::create_dir(dir.path().join(format!("{RECOVERY_POINT_FILE}.tmp"))).unwrap();
+    append_many(&mut log, 40);
+    let mut synced = 0;
+    while let Some(work) = log.take_sync_work() {
+        let end = work.end;
+        work.run(dir.path())
+            .expect("the data was synced; only the recovery point could not be recorded");
+        synced = end;
+    }
+    assert_eq!(synced, log.end_offset());
+    let after = read_number(&dir.path().join(RECOVERY_POINT_FILE)).expect("the old point");
+    assert_eq!(
+        after, before,
+        "the recovery point file must be left as it was"
+    );
+}
+
 /// Issue 14, defect 6: a truncation left the `recovery-point` past the cut, so after the cut
 /// segment was rewritten and rolled, a crash skipped its CRC scan and served a damaged batch.
 #[test]
