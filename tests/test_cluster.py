@@ -21,10 +21,12 @@ LEASE_S = 3
 
 
 class Cluster:
-    def __init__(self, binary, workdir: Path, broker_extra: str = "", tls: bool = False, lease_s: int = LEASE_S):
+    def __init__(self, binary, workdir: Path, broker_extra: str = "", tls: bool = False, lease_s: int = LEASE_S,
+                 raft_heartbeat_ms: int = 100):
         self.binary = binary
         self.workdir = workdir
         self.lease_s = lease_s
+        self.raft_heartbeat_ms = raft_heartbeat_ms
         # Extra lines for each broker's [cluster] section.
         self.broker_extra = broker_extra
         # mTLS on every gRPC port ([tls]): `strata certs` makes a CA, a certificate per node
@@ -93,7 +95,7 @@ class Cluster:
             text = (
                 f'roles = ["controller"]\ndata_dir = "{self.workdir / name}"\n'
                 f"[controller]\nnode_id = {i}\nlisten = \"{self.controller_addr(i)}\"\n"
-                f'broker_lease = "{int(self.lease_s * 1000)}ms"\nraft_heartbeat = "100ms"\n[controller.voters]\n{voters}\n'
+                f'broker_lease = "{int(self.lease_s * 1000)}ms"\nraft_heartbeat = "{self.raft_heartbeat_ms}ms"\n[controller.voters]\n{voters}\n'
                 + ('[auth]\nsuper_users = ["User:CN=admin"]\n' if self.certs else "")
             )
         else:

@@ -35,6 +35,7 @@ wrapper (tests/test_faults.py).
 
 import argparse
 import json
+import os
 import random
 import signal
 import statistics
@@ -59,6 +60,7 @@ LOCAL_RETENTION_BYTES = 32 << 10
 CHURN = "churn"
 CHURN_RETENTION_MS = 8000
 LEASE_S = 3
+RAFT_HEARTBEAT_MS = 100  # the controllers' (elections time out after 3 to 6 of them)
 LAG_S = 4
 PRODUCERS = 2
 REQUEST_TIMEOUT_S = 1.0  # the producers' request.timeout.ms (see Producers)
@@ -93,6 +95,7 @@ class Producers:
             "linger.ms": 5, "request.timeout.ms": int(REQUEST_TIMEOUT_S * 1000), "message.timeout.ms": 300000,
             "retry.backoff.ms": 100, "metadata.max.age.ms": 500,
             "topic.metadata.refresh.interval.ms": 500,
+            **({"debug": os.environ["CHAOS_PRODUCER_DEBUG"]} if os.environ.get("CHAOS_PRODUCER_DEBUG") else {}),
         })) for _ in range(PRODUCERS)]
         self.threads = [threading.Thread(target=self._run, args=(k,), daemon=True) for k in range(PRODUCERS)]
 
@@ -380,6 +383,36 @@ def batches(data):
     return out
 
 
+def batch_header(cluster, p, offset):
+    """The header of the batch holding `offset` (producer id, epoch, base sequence, leader
+    epoch), from any broker's local log or else the cold tier: what tells a duplicate's
+    cause."""
+    def parse(data, where):
+        for base, b in batches(data):
+            last = base + int.from_bytes(b[23:27], "big")
+            if base <= offset <= last:
+                return (f"{where}: batch {base}..{last} leader epoch {int.from_bytes(b[12:16], 'big', signed=True)} "
+                        f"producer {int.from_bytes(b[43:51], 'big', signed=True)} epoch "
+                        f"{int.from_bytes(b[51:53], 'big', signed=True)} base sequence "
+                        f"{int.from_bytes(b[53:57], 'big', signed=True)}")
+        return None
+    for br in (1, 2, 3):
+        d = cluster.workdir / f"broker-{br}" / "logs" / f"{TOPIC}-{p}"
+        for f in sorted(d.glob("*.log")):
+            found = parse(f.read_bytes(), f"broker {br}")
+            if found:
+                return found
+    try:
+        tier, _ = cold_tier(cluster)
+        for seg in tier.get(TOPIC, {}).get(p, {}).get("segments", []):
+            if seg["base_offset"] <= offset < seg["end_offset"]:
+                body = cluster.s3_client().get_object(Bucket=cluster.bucket, Key=f"strata/{seg['key']}")["Body"].read()
+                return parse(body, "cold tier")
+    except Exception as e:  # a diagnostic only
+        return f"not found ({e})"
+    return "not found"
+
+
 def replicas_identical(cluster):
     """Stops the cluster and compares every partition's three local log copies byte for
     byte, from the first batch all three still hold (local retention deletes each copy's
@@ -450,12 +483,14 @@ def manifest_problems(topic, p, m, keys):
 
 def check_cold_tier(cluster, after_outage, violations, log):
     """The cold tier at the end, with the cluster still up: every newest manifest sound; the
-    settlements manifests start at 0 (nothing may be deleted) and reach past where the logs
-    ended when the last store outage was undone (uploads resumed); the churn topic's remote
-    log start moved past its own end at that time (remote deletes resumed); and, once the
+    settlements manifests start at 0 (nothing may be deleted) and reach the start of each
+    leader's active segment (every sealed segment uploaded, so uploads resumed after the
+    outages); the churn topic's remote log start moved past where it was when the last
+    outage ended (remote deletes resumed); and, once the
     orphan grace has passed, no segment object that no manifest names."""
     deadline = time.monotonic() + 60
     while True:
+        active = active_segments(cluster)
         tier, keys = cold_tier(cluster)
         problems = []
         for topic, parts in tier.items():
@@ -467,13 +502,13 @@ def check_cold_tier(cluster, after_outage, violations, log):
             end = m["segments"][-1]["end_offset"] if m and m["segments"] else 0
             if m is None or m["log_start"] != 0:
                 problems.append(f"{TOPIC}-{p}: remote log start {m and m['log_start']}, not 0")
-            elif after_outage and end <= after_outage[TOPIC].get(p, 0):
+            elif after_outage is not None and end < active.get(p, 0):
                 problems.append(f"{TOPIC}-{p}: uploads did not resume after the outage: the cold tier ends at {end}, "
-                                f"the log ended at {after_outage[TOPIC].get(p)} then")
+                                f"the leader's active segment starts at {active.get(p)}")
         churn = tier.get(CHURN, {}).get(0)
-        if after_outage and (churn is None or churn["log_start"] <= after_outage[CHURN]):
+        if after_outage is not None and (churn is None or churn["log_start"] <= after_outage):
             problems.append(f"{CHURN}-0: remote deletes did not resume after the outage: remote log start "
-                            f"{churn and churn['log_start']}, the log ended at {after_outage[CHURN]} then")
+                            f"{churn and churn['log_start']}, {after_outage} when it ended")
         named = {f"strata/{seg['key']}" for parts in tier.values() for m in parts.values() for seg in m["segments"]}
         orphans = sorted(k for k in keys if k.endswith(".log") and k not in named)
         if orphans:
@@ -486,18 +521,22 @@ def check_cold_tier(cluster, after_outage, violations, log):
         f"named, {len(keys)} objects")
 
 
-def log_ends(cluster):
-    """{TOPIC: {partition: high watermark}, CHURN: high watermark}."""
-    from confluent_kafka import Consumer, TopicPartition
+def active_segments(cluster):
+    """{partition: base offset of its leader's active (last) local segment}."""
+    out = {}
+    for p, leader in enumerate(leaders(cluster.freshest_metadata())):
+        if leader is not None:
+            d = cluster.workdir / f"broker-{leader}" / "logs" / f"{TOPIC}-{p}"
+            bases = sorted(int(f.stem) for f in d.glob("*.log"))
+            if bases:
+                out[p] = bases[-1]
+    return out
 
-    c = Consumer(rdkafka_conf({"bootstrap.servers": cluster.bootstrap(), "group.id": "chaos-ends"}))
-    try:
-        ends = {TOPIC: {p: c.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1]
-                        for p in range(PARTITIONS)}}
-        ends[CHURN] = c.get_watermark_offsets(TopicPartition(CHURN, 0), timeout=10)[1]
-        return ends
-    finally:
-        c.close()
+
+def churn_remote_start(cluster):
+    """The churn topic's remote log start (None without a manifest yet)."""
+    m = cold_tier(cluster)[0].get(CHURN, {}).get(0)
+    return m and m["log_start"]
 
 
 def run(workdir: Path, seed: int, faults: int, log=print):
@@ -508,7 +547,7 @@ def run(workdir: Path, seed: int, faults: int, log=print):
         rng.shuffle(kinds)
         schedule += kinds
     schedule = schedule[:faults]
-    cluster = NetCluster(strata_bin(), workdir, lease_s=LEASE_S,
+    cluster = NetCluster(strata_bin(), workdir, lease_s=LEASE_S, raft_heartbeat_ms=RAFT_HEARTBEAT_MS,
                          broker_extra=f'replica_lag_time_max = "{LAG_S}s"\n')
     findings = {"seed": seed, "faults": [], "violations": []}
     violations = findings["violations"]
@@ -541,7 +580,7 @@ def run(workdir: Path, seed: int, faults: int, log=print):
             findings["faults"].append({"kind": kind, "desc": desc, "unavailable_s": gap,
                                        "heal_s": healed - undone})
             if kind == "store-outage":
-                after_outage = log_ends(cluster)
+                after_outage = churn_remote_start(cluster) or 0
             log(f"  unavailable {gap * 1000:.0f} ms (partition {partition}, from {at:.1f} s in); "
                 f"healed {healed - undone:.1f} s after it was undone")
         time.sleep(3)
@@ -575,6 +614,9 @@ def run(workdir: Path, seed: int, faults: int, log=print):
             violations.append(f"{len(lost)} acknowledged records lost or moved, e.g. {sorted(lost)[:3]}")
         if dups:
             violations.append(f"{len(dups)} records duplicated, e.g. {dups[:3]}")
+            for _v, a, b in dups[:2]:
+                for p, off in (a, b):
+                    log(f"  batch holding {TOPIC}-{p} offset {off}: {batch_header(cluster, p, off)}")
         if order:
             violations.append(f"{len(order)} records out of producer order, e.g. {order[:3]}")
         acked_offsets = {p: set() for p in range(PARTITIONS)}
@@ -613,20 +655,24 @@ def run(workdir: Path, seed: int, faults: int, log=print):
 
 
 def main():
-    global LEASE_S
+    global LEASE_S, RAFT_HEARTBEAT_MS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=None, help="nemesis seed (default: random, printed)")
     ap.add_argument("--faults", type=int, default=15)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--lease", type=float, default=LEASE_S,
                     help=f"the brokers' lease in seconds (default {LEASE_S}); faults are held for 1.2 to 2 leases")
+    ap.add_argument("--raft-heartbeat-ms", type=int, default=RAFT_HEARTBEAT_MS,
+                    help=f"the controllers' Raft heartbeat (default {RAFT_HEARTBEAT_MS} ms)")
     args = ap.parse_args()
     LEASE_S = args.lease
+    RAFT_HEARTBEAT_MS = args.raft_heartbeat_ms
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     import tempfile
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="strata-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"seed {seed}, {args.faults} faults, lease {LEASE_S} s, work dir {workdir}", flush=True)
+    print(f"seed {seed}, {args.faults} faults, lease {LEASE_S} s, raft heartbeat {RAFT_HEARTBEAT_MS} ms, "
+          f"work dir {workdir}", flush=True)
     findings = run(workdir, seed, args.faults, log=lambda s: print(s, flush=True))
     sys.exit(1 if findings["violations"] else 0)
 

@@ -132,14 +132,15 @@ class NetCluster(Cluster):
     namespace of its own, node "s3", that the brokers tier to (`[cold]`, bucket "chaos"), so
     a test can cut the brokers off from the object store."""
 
-    def __init__(self, binary, workdir: Path, lease_s: int, broker_extra: str = ""):
+    def __init__(self, binary, workdir: Path, lease_s: int, broker_extra: str = "", raft_heartbeat_ms: int = 100):
         self.net = Net([f"controller-{i}" for i in (1, 2, 3)] + [f"broker-{i}" for i in (1, 2, 3)] + ["s3"])
         self.s3_endpoint = f"http://{self.net.addr('s3')}:{S3_PORT}"
         self.bucket = "chaos"
         cold = (f'[cold]\nurl = "s3://{self.bucket}/strata"\nendpoint = "{self.s3_endpoint}"\npath_style = true\n'
                 'interval = "200ms"\nrequest_timeout = "2s"\norphan_grace = "3s"\n'
                 '[topics]\nretention_check_interval = "200ms"\n')
-        super().__init__(binary, workdir, broker_extra=broker_extra + cold, lease_s=lease_s)
+        super().__init__(binary, workdir, broker_extra=broker_extra + cold, lease_s=lease_s,
+                         raft_heartbeat_ms=raft_heartbeat_ms)
         self.s3 = None
         self.controller_ports = {i: CONTROLLER_PORT for i in (1, 2, 3)}
         self.broker_ports = {i: KAFKA_PORT for i in (1, 2, 3)}
