@@ -62,9 +62,8 @@ def new_bucket(endpoint):
     return bucket
 
 
-def bucket_manifests(endpoint, bucket, prefix="strata/"):
-    """({partition prefix: newest manifest}, every key in the bucket)."""
-    s3 = s3_client(endpoint)
+def newest_manifest_keys(s3, bucket, prefix="strata/"):
+    """({partition prefix: key of its newest manifest}, every key in the bucket)."""
     keys = set()
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         keys |= {o["Key"] for o in page.get("Contents", [])}
@@ -75,7 +74,14 @@ def bucket_manifests(endpoint, bucket, prefix="strata/"):
             version = int(name[:-len(".json")])
             if version > newest.get(part, (0, None))[0]:
                 newest[part] = (version, k)
-    manifests = {part: json.loads(s3.get_object(Bucket=bucket, Key=k)["Body"].read()) for part, (_, k) in newest.items()}
+    return {part: k for part, (_, k) in newest.items()}, keys
+
+
+def bucket_manifests(endpoint, bucket, prefix="strata/"):
+    """({partition prefix: newest manifest}, every key in the bucket)."""
+    s3 = s3_client(endpoint)
+    newest, keys = newest_manifest_keys(s3, bucket, prefix)
+    manifests = {part: json.loads(s3.get_object(Bucket=bucket, Key=k)["Body"].read()) for part, k in newest.items()}
     return manifests, keys
 
 

@@ -50,6 +50,7 @@ sys.path.insert(0, str(HERE))
 
 from conftest import consume_partitions, parse_value, rdkafka_conf, record_value, strata_bin  # noqa: E402
 from netcluster import NetCluster  # noqa: E402
+from test_tiered import newest_manifest_keys  # noqa: E402
 
 TOPIC = "settlements"
 PARTITIONS = 6
@@ -445,19 +446,10 @@ def cold_tier(cluster):
 
 def cold_tier_once(cluster):
     s3 = cluster.s3_client()
-    keys = set()
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=cluster.bucket, Prefix="strata/"):
-        keys |= {o["Key"] for o in page.get("Contents", [])}
-    newest = {}
-    for k in keys:
-        if "/manifest/" in k and k.endswith(".json"):
-            part, _, name = k.partition("/manifest/")
-            version = int(name[:-len(".json")])
-            if version > newest.get(part, (0, None))[0]:
-                newest[part] = (version, k)
+    newest, keys = newest_manifest_keys(s3, cluster.bucket)
     ids = {str(t["id"]).replace("-", ""): name for name, t in cluster.freshest_metadata()["topics"].items()}
     out = {}
-    for part, (_, k) in newest.items():
+    for part, k in newest.items():
         _, _cluster, topic_id, index = part.split("/")
         m = json.loads(s3.get_object(Bucket=cluster.bucket, Key=k)["Body"].read())
         out.setdefault(ids.get(topic_id.replace("-", ""), topic_id), {})[int(index)] = m
