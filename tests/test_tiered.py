@@ -379,8 +379,16 @@ def test_store_stopped_under_load_loses_nothing_and_uploads_resume(tmp_path):
             reader = threading.Thread(target=lambda: replay.update(
                 zip(("out", "hwm"), consume_partitions(b.bootstrap, "ledger", 1, time.monotonic() + 120))), daemon=True)
             reader.start()
-            time.sleep(10)
-            during = metrics(b)
+            # at least 10 s down, and until an upload has failed (each try takes up to
+            # about 5 s: a 1 s request timeout, retried within 4 s)
+            down = time.monotonic()
+            while True:
+                time.sleep(0.5)
+                during = metrics(b)
+                failed_uploads = during.get("strata_tier_upload_errors_total", 0) > paused.get(
+                    "strata_tier_upload_errors_total", 0)
+                if (failed_uploads and time.monotonic() - down >= 10) or time.monotonic() - down > 40:
+                    break
             local_during = local_log_bytes(b, "ledger", 0)
         finally:
             moto.send_signal(signal.SIGCONT)
