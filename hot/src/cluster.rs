@@ -290,13 +290,8 @@ impl ClusterLink {
         if let Some(epoch) = self.epoch() {
             self.drop_lease();
             self.leading.send_replace(false);
-            let req = ControlledShutdownRequest {
-                broker_id: self.config.broker_id,
-                broker_epoch: epoch,
-            };
-            let fenced = self.call(|mut c| async move { c.controlled_shutdown(req).await });
-            match tokio::time::timeout(CALL_DEADLINE, fenced).await {
-                Ok(Ok(_)) => tracing::warn!(
+            match self.controlled_shutdown(epoch, CALL_DEADLINE).await {
+                Ok(Ok(())) => tracing::warn!(
                     broker = self.config.broker_id,
                     "left the cluster for a full data directory: leaderships moved away"
                 ),
@@ -331,6 +326,24 @@ impl ClusterLink {
         let active = self.active.borrow();
         let active = active.as_deref()?;
         self.config.controllers.iter().position(|c| c == active)
+    }
+
+    /// Asks the controllers to fence registration `epoch` and move its leaderships away
+    /// (any live controller will do: the one heartbeats used may be gone), for up to
+    /// `within`.
+    async fn controlled_shutdown(
+        &self,
+        epoch: u64,
+        within: Duration,
+    ) -> Result<Result<(), tonic::Status>, tokio::time::error::Elapsed> {
+        let req = ControlledShutdownRequest {
+            broker_id: self.config.broker_id,
+            broker_epoch: epoch,
+        };
+        let call = self.call(|mut c| async move { c.controlled_shutdown(req).await });
+        tokio::time::timeout(within, call)
+            .await
+            .map(|r| r.map(|_| ()))
     }
 
     fn drop_lease(&self) {
@@ -750,14 +763,11 @@ impl ClusterLink {
             }
         }
         if let Some(epoch) = self.epoch() {
-            let req = ControlledShutdownRequest {
-                broker_id: self.config.broker_id,
-                broker_epoch: epoch,
-            };
-            // Any live controller will do (the one heartbeats used may be gone).
-            let shutdown = self.call(|mut c| async move { c.controlled_shutdown(req).await });
-            match tokio::time::timeout(Duration::from_secs(8), shutdown).await {
-                Ok(Ok(_)) => tracing::info!(
+            match self
+                .controlled_shutdown(epoch, Duration::from_secs(8))
+                .await
+            {
+                Ok(Ok(())) => tracing::info!(
                     broker = self.config.broker_id,
                     "controlled shutdown: leaderships moved away"
                 ),
