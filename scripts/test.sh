@@ -35,4 +35,4 @@ step "Rust tests: unit, property, integration"
 cargo test --locked --workspace
 
 step "real clients and crash recovery (pytest)"
-STRATA_BIN="$target_dir/debug/strata" python3 -m pytest tests -q -p no:cacheprovider
+STRATA_BIN="$target_dir/debug/strata" python3 -m pytest tests -q -p no:cacheprovider --durations=25
