@@ -17,8 +17,9 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Instant;
 use strata_proto::v1::raft_client::RaftClient;
 use strata_proto::v1::raft_server::Raft as RaftService;
 use strata_proto::v1::RaftPayload;
@@ -36,6 +37,8 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub struct GrpcNetwork {
     /// This controller's certificate, presented to its peers (`https://`); `None`: plaintext.
     pub tls: Option<Arc<GrpcTls>>,
+    /// Which peers answer, shared by every client openraft makes.
+    pub health: Arc<PeerHealth>,
 }
 
 pub struct PeerClient {
@@ -43,6 +46,56 @@ pub struct PeerClient {
     addr: String,
     tls: Option<Arc<GrpcTls>>,
     client: Option<RaftClient<Channel>>,
+    health: Arc<PeerHealth>,
+}
+
+/// Whether each peer controller answers Raft messages. openraft reports every failed call
+/// (one per heartbeat, read and vote while a peer is down); what an operator needs is one
+/// warning when a peer stops answering and one line when it answers again, so the controller
+/// logs those transitions here and drops openraft's per-call errors (`quiet_peer_errors`).
+#[derive(Default)]
+pub struct PeerHealth(std::sync::Mutex<HashMap<NodeId, PeerDown>>);
+
+/// A peer that stopped answering: since when, how many calls failed, and the first error.
+struct PeerDown {
+    since: Instant,
+    failed_calls: u64,
+}
+
+impl PeerHealth {
+    fn failed(&self, target: NodeId, addr: &str, error: &dyn std::fmt::Display) {
+        let mut down = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match down.get_mut(&target) {
+            Some(d) => d.failed_calls += 1,
+            None => {
+                tracing::warn!(
+                    peer = target,
+                    addr,
+                    %error,
+                    "controller peer is not answering raft messages; retrying until it does"
+                );
+                down.insert(
+                    target,
+                    PeerDown {
+                        since: Instant::now(),
+                        failed_calls: 1,
+                    },
+                );
+            }
+        }
+    }
+
+    fn answered(&self, target: NodeId) {
+        let mut down = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = down.remove(&target) {
+            tracing::info!(
+                peer = target,
+                down_for = ?d.since.elapsed(),
+                failed_calls = d.failed_calls,
+                "controller peer answers raft messages again"
+            );
+        }
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for GrpcNetwork {
@@ -54,6 +107,7 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetwork {
             addr: node.addr.clone(),
             tls: self.tls.clone(),
             client: None,
+            health: self.health.clone(),
         }
     }
 }
@@ -98,20 +152,36 @@ impl PeerClient {
         Fut: std::future::Future<Output = Result<Response<RaftPayload>, Status>>,
     {
         let payload = to_json(req).map_err(RPCError::Network)?;
-        let mut client = self.client().await.map_err(RPCError::Unreachable)?;
-        let mut request = Request::new(payload);
-        request.set_timeout(option.hard_ttl());
-        client = client.clone();
-        match call(client, request).await {
+        // Give up at the soft deadline, before openraft drops the call at the hard one, so
+        // that a silent peer is seen (and logged once) here.
+        let deadline = option.soft_ttl();
+        let sent = tokio::time::timeout(deadline, async {
+            let client = self.client().await?;
+            let mut request = Request::new(payload);
+            request.set_timeout(deadline);
+            call(client, request)
+                .await
+                .map_err(|s| Unreachable::new(&s))
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(Unreachable::new(&std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {deadline:?}"),
+            )))
+        });
+        match sent {
             Ok(resp) => {
+                self.health.answered(self.target);
                 let result: Result<Resp, E> =
                     from_json(resp.get_ref()).map_err(RPCError::Network)?;
                 result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
-            Err(status) => {
+            Err(unreachable) => {
                 // Drop the connection so the next call reconnects.
                 self.client = None;
-                Err(RPCError::Unreachable(Unreachable::new(&status)))
+                self.health.failed(self.target, &self.addr, &unreachable);
+                Err(RPCError::Unreachable(unreachable))
             }
         }
     }

@@ -153,6 +153,7 @@ impl Controller {
             Arc::new(raft_config),
             GrpcNetwork {
                 tls: config.tls.clone(),
+                health: Default::default(),
             },
             log,
             state.clone(),

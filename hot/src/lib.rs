@@ -10,6 +10,7 @@ pub mod group;
 pub mod grpc;
 pub mod kafka;
 pub mod log;
+pub mod logging;
 pub mod metrics;
 pub mod metrics_endpoint;
 pub mod replication;

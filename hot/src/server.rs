@@ -28,6 +28,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     } else {
         wait_for_signal().await?;
     }
+    crate::logging::stopping();
     stop_tx.send_replace(true);
     tracing::info!("stopped");
     Ok(())
