@@ -107,7 +107,9 @@ fn status(e: &MetadataError) -> Status {
         | MetadataError::InvalidReplicationFactor(_)
         | MetadataError::InvalidIsr { .. }
         | MetadataError::InvalidScramCredential(_)
-        | MetadataError::InvalidAcl(_) => Status::invalid_argument(msg),
+        | MetadataError::InvalidAcl(_)
+        | MetadataError::InvalidConfig(_)
+        | MetadataError::InvalidRequest(_) => Status::invalid_argument(msg),
         MetadataError::StaleBrokerEpoch { .. }
         | MetadataError::StalePartitionEpoch { .. }
         | MetadataError::NotLeader { .. } => Status::failed_precondition(msg),
@@ -281,6 +283,8 @@ impl Controller {
 
     /// `propose`, also giving the metadata version (log index) the command was applied at.
     async fn propose_at(&self, cmd: Command) -> Result<(Applied, u64), Status> {
+        // Refused here with the reason; `apply` checks again for entries that got in anyway.
+        cmd.validate().map_err(|e| status(&e))?;
         match self.raft.client_write(cmd).await {
             Ok(resp) => {
                 let index = resp.log_id.index;
@@ -1068,6 +1072,111 @@ impl ControllerApi for ControllerService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn start_single(
+        dir: &std::path::Path,
+        port: u16,
+    ) -> (Arc<Controller>, watch::Sender<bool>) {
+        let config = ControllerConfig {
+            node_id: 1,
+            listen: SocketAddr::from(([127, 0, 0, 1], port)),
+            voters: [(1, format!("127.0.0.1:{port}"))].into(),
+            data_dir: dir.to_path_buf(),
+            broker_lease: Duration::from_secs(6),
+            raft_heartbeat: Duration::from_millis(50),
+            tls: None,
+            admins: vec![],
+        };
+        let (stop, stopped) = watch::channel(false);
+        let c = Controller::start(config, stopped)
+            .await
+            .expect("controller starts");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !c.is_leader() {
+            assert!(tokio::time::Instant::now() < deadline, "no leader elected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (c, stop)
+    }
+
+    /// Issue 17: a CreatePartitions for 4,000,000,000 partitions aborted every controller,
+    /// and since the entry was in the Raft log, aborted them again at every restart. Here the
+    /// entry goes straight into the log (past the check `propose` makes, as a log written by
+    /// an older version would hold it); it is refused when applied, and a restart that
+    /// replays the log comes up with the topic as it was.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_log_holding_a_huge_partition_count_replays_and_the_controller_stays_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (c, stop) = start_single(dir.path(), port).await;
+        c.propose(Command::RegisterBroker {
+            id: 1,
+            incarnation: Uuid::new_v4(),
+            endpoints: vec![],
+            rack: None,
+        })
+        .await
+        .unwrap();
+        c.propose(Command::CreateTopic {
+            name: "settlements".into(),
+            id: Uuid::new_v4(),
+            partitions: 2,
+            replication_factor: 1,
+            configs: BTreeMap::new(),
+        })
+        .await
+        .unwrap();
+        let huge = Command::CreatePartitions {
+            name: "settlements".into(),
+            total: 4_000_000_000,
+        };
+        let refused = c.propose(huge.clone()).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        let written = c
+            .raft
+            .client_write(huge)
+            .await
+            .expect("committed to the log");
+        assert!(
+            matches!(written.data.0, Err(MetadataError::InvalidPartitions(_))),
+            "{:?}",
+            written.data.0
+        );
+        let partitions = |c: &Controller| c.state.current().topics["settlements"].partitions.len();
+        assert_eq!(partitions(&c), 2);
+        stop.send_replace(true);
+        let raft = c.raft.clone();
+        drop(c);
+        raft.shutdown().await.ok();
+        drop(raft);
+        // The port is free again once the server has stopped.
+        let mut restarted = None;
+        for _ in 0..100 {
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                restarted = Some(start_single(dir.path(), port).await);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (c, stop) = restarted.expect("the controller port was never released");
+        assert_eq!(
+            partitions(&c),
+            2,
+            "the replayed log left the topic as it was"
+        );
+        c.propose(Command::CreatePartitions {
+            name: "settlements".into(),
+            total: 3,
+        })
+        .await
+        .expect("the restarted controller serves metadata writes");
+        assert_eq!(partitions(&c), 3);
+        stop.send_replace(true);
+    }
 
     #[test]
     fn only_a_brokers_own_certificate_speaks_for_it() {

@@ -7,3 +7,4 @@ pub mod batch;
 pub mod codec;
 pub mod segment;
 pub mod topic;
+pub mod topic_config;

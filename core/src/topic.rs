@@ -3,6 +3,11 @@
 /// Kafka's limit on topic name length.
 pub const MAX_TOPIC_NAME_LEN: usize = 249;
 
+/// Partitions per topic. Kafka has no limit; this one keeps a typo such as 1000000, or a
+/// hostile 4,000,000,000, from costing every controller and broker its memory. The
+/// controllers refuse a larger count before it reaches the metadata log.
+pub const MAX_PARTITIONS: u32 = 10_000;
+
 /// Checks a topic name against Kafka's rules.
 pub fn validate_topic_name(name: &str) -> Result<(), String> {
     if name.is_empty() {

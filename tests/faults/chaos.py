@@ -436,25 +436,24 @@ def replicas_identical(cluster):
 
 
 def cold_tier(cluster):
-    """{topic: {partition: newest manifest}} from the bucket, and every key in it. (A
-    manifest listed can be gone when read: each update deletes older versions. Then it
-    lists again.)"""
-    for _ in range(10):
-        try:
-            return cold_tier_once(cluster)
-        except cluster.s3_client().exceptions.NoSuchKey:
-            time.sleep(0.2)
-    return cold_tier_once(cluster)
-
-
-def cold_tier_once(cluster):
+    """{topic: {partition: newest manifest}} from the bucket, and every key in it. A manifest
+    listed can be gone when read (each update deletes older versions, and retention keeps
+    updating `churn`'s): then that partition's manifests are listed again."""
     s3 = cluster.s3_client()
     newest, keys = newest_manifest_keys(s3, cluster.bucket)
     ids = {str(t["id"]).replace("-", ""): name for name, t in cluster.freshest_metadata()["topics"].items()}
     out = {}
     for part, k in newest.items():
         _, _cluster, topic_id, index = part.split("/")
-        m = json.loads(s3.get_object(Bucket=cluster.bucket, Key=k)["Body"].read())
+        for attempt in range(50):
+            try:
+                m = json.loads(s3.get_object(Bucket=cluster.bucket, Key=k)["Body"].read())
+                break
+            except s3.exceptions.NoSuchKey:
+                if attempt == 49:
+                    raise
+                time.sleep(0.05)
+                k = newest_manifest_keys(s3, cluster.bucket, prefix=f"{part}/manifest/")[0][part]
         out.setdefault(ids.get(topic_id.replace("-", ""), topic_id), {})[int(index)] = m
     return out, keys
 

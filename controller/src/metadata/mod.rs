@@ -281,6 +281,71 @@ pub enum MetadataError {
     InvalidScramCredential(String),
     #[error("invalid ACL: {0}")]
     InvalidAcl(String),
+    #[error("{0}")]
+    InvalidConfig(String),
+    #[error("{0}")]
+    InvalidRequest(String),
+}
+
+/// The most producer ids one command may reserve (brokers ask for 1,000 at a time).
+pub const MAX_PRODUCER_ID_BLOCK: u32 = 1_000_000;
+
+impl Command {
+    /// The checks that need no metadata state: bounds on every number that sizes something,
+    /// names, and topic configs (the brokers' own rules, from strata-core). The controller
+    /// runs them before it proposes a command, and `apply` runs them again, so an entry that
+    /// got into the log anyway (an older version, a forged entry) is refused the same way on
+    /// every replica instead of being applied.
+    pub fn validate(&self) -> Result<(), MetadataError> {
+        use strata_core::topic::MAX_PARTITIONS;
+        match self {
+            Command::CreateTopic {
+                name,
+                partitions,
+                replication_factor,
+                configs,
+                ..
+            } => {
+                strata_core::topic::validate_topic_name(name)
+                    .map_err(MetadataError::InvalidRequest)?;
+                if *partitions == 0 || *partitions > MAX_PARTITIONS {
+                    return Err(MetadataError::InvalidPartitions(format!(
+                        "partition count {partitions} is invalid; it must be between 1 and {MAX_PARTITIONS}"
+                    )));
+                }
+                if *replication_factor == 0 {
+                    return Err(MetadataError::InvalidReplicationFactor(
+                        "replication factor must be at least 1".into(),
+                    ));
+                }
+                check_topic_configs(name, configs)
+            }
+            Command::CreatePartitions { name, total } if *total > MAX_PARTITIONS => {
+                Err(MetadataError::InvalidPartitions(format!(
+                    "topic '{name}': {total} partitions is more than the limit of {MAX_PARTITIONS}"
+                )))
+            }
+            Command::AlterTopicConfigs { name, set, .. } => check_topic_configs(name, set),
+            Command::AllocateProducerIds { count, .. }
+                if *count == 0 || *count > MAX_PRODUCER_ID_BLOCK =>
+            {
+                Err(MetadataError::InvalidRequest(format!(
+                    "cannot reserve {count} producer ids at once; between 1 and {MAX_PRODUCER_ID_BLOCK}"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A topic's configs under the rules every broker applies when it opens the topic.
+fn check_topic_configs(
+    topic: &str,
+    configs: &BTreeMap<String, String>,
+) -> Result<(), MetadataError> {
+    strata_core::topic_config::LogConfig::from_map(configs)
+        .map(|_| ())
+        .map_err(|e| MetadataError::InvalidConfig(format!("topic '{topic}': {e}")))
 }
 
 impl From<PlacementError> for MetadataError {
@@ -391,6 +456,7 @@ impl ClusterMetadata {
     /// Applies the command of log entry `index`. On error nothing changes but the version.
     pub fn apply(&mut self, index: u64, cmd: &Command) -> Result<Applied, MetadataError> {
         self.version = index;
+        cmd.validate()?;
         match cmd {
             Command::RegisterBroker {
                 id,
@@ -495,11 +561,13 @@ impl ClusterMetadata {
                     .topics
                     .get_mut(name)
                     .ok_or_else(|| MetadataError::UnknownTopic(name.clone()))?;
+                let mut configs = t.configs.clone();
                 for k in remove {
-                    t.configs.remove(k);
+                    configs.remove(k);
                 }
-                t.configs
-                    .extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+                configs.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+                check_topic_configs(name, &configs)?;
+                t.configs = configs;
                 Ok(Applied::Done)
             }
             Command::CreatePartitions { name, total } => {

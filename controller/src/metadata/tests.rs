@@ -602,3 +602,134 @@ fn acls_are_added_all_or_none_and_deleted_by_filter() {
         ["User:b"]
     );
 }
+
+/// Issue 17: `CreatePartitions` with 4,000,000,000 partitions aborted every controller
+/// (`memory allocation of 96000000000 bytes failed`), and again at every restart, since the
+/// entry was in the log. Every number that sizes something is checked before it is used,
+/// in `apply` too, so an entry already in a log is refused the same way on every replica.
+#[test]
+fn commands_with_unbounded_numbers_or_invalid_configs_are_refused_without_a_change() {
+    let (mut m, epochs) = three_brokers();
+    create(&mut m, 10, "settlements", 3, 3).unwrap();
+    let before = m.clone();
+    let refused = |m: &mut ClusterMetadata, index, cmd: Command| {
+        let err = m.apply(index, &cmd).expect_err("refused");
+        assert_eq!(
+            cmd.validate(),
+            Err(err.clone()),
+            "validate() refuses it the same way"
+        );
+        err
+    };
+    let huge = refused(
+        &mut m,
+        11,
+        Command::CreatePartitions {
+            name: "settlements".into(),
+            total: 4_000_000_000,
+        },
+    );
+    assert!(
+        matches!(huge, MetadataError::InvalidPartitions(_)),
+        "{huge}"
+    );
+    assert!(huge.to_string().contains("10000"), "{huge}");
+    for partitions in [0, 50_000, u32::MAX] {
+        let e = refused(
+            &mut m,
+            12,
+            Command::CreateTopic {
+                name: "clicks".into(),
+                id: Uuid::new_v4(),
+                partitions,
+                replication_factor: 3,
+                configs: BTreeMap::new(),
+            },
+        );
+        assert!(matches!(e, MetadataError::InvalidPartitions(_)), "{e}");
+    }
+    let e = refused(
+        &mut m,
+        13,
+        Command::CreateTopic {
+            name: "clicks".into(),
+            id: Uuid::new_v4(),
+            partitions: 1,
+            replication_factor: 3,
+            configs: [("min.insync.replicas".to_string(), "two".to_string())].into(),
+        },
+    );
+    assert!(
+        matches!(&e, MetadataError::InvalidConfig(s) if s.contains("min.insync.replicas")),
+        "{e}"
+    );
+    let e = refused(
+        &mut m,
+        14,
+        Command::CreateTopic {
+            name: "bad/name".into(),
+            id: Uuid::new_v4(),
+            partitions: 1,
+            replication_factor: 1,
+            configs: BTreeMap::new(),
+        },
+    );
+    assert!(matches!(e, MetadataError::InvalidRequest(_)), "{e}");
+    let e = refused(
+        &mut m,
+        15,
+        Command::AlterTopicConfigs {
+            name: "settlements".into(),
+            set: [("retention.ms".to_string(), "soon".to_string())].into(),
+            remove: vec![],
+        },
+    );
+    assert!(matches!(e, MetadataError::InvalidConfig(_)), "{e}");
+    for count in [0, MAX_PRODUCER_ID_BLOCK + 1] {
+        let e = refused(
+            &mut m,
+            16,
+            Command::AllocateProducerIds {
+                broker: 1,
+                epoch: epochs[0],
+                count,
+            },
+        );
+        assert!(matches!(e, MetadataError::InvalidRequest(_)), "{e}");
+    }
+    m.version = before.version;
+    assert_eq!(
+        m, before,
+        "a refused command changes nothing but the version"
+    );
+}
+
+/// A config that is valid on its own but not with the topic's current ones is refused
+/// whole, leaving the topic as it was.
+#[test]
+fn a_config_change_is_checked_against_the_topic_it_lands_on() {
+    let (mut m, _) = three_brokers();
+    m.apply(
+        10,
+        &Command::CreateTopic {
+            name: "settlements".into(),
+            id: Uuid::new_v4(),
+            partitions: 1,
+            replication_factor: 3,
+            configs: [("min.insync.replicas".to_string(), "2".to_string())].into(),
+        },
+    )
+    .unwrap();
+    let e = m
+        .apply(
+            11,
+            &Command::AlterTopicConfigs {
+                name: "settlements".into(),
+                set: [("flush.messages".to_string(), "-5".to_string())].into(),
+                remove: vec!["min.insync.replicas".into()],
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(e, MetadataError::InvalidConfig(_)), "{e}");
+    assert_eq!(m.topics["settlements"].configs["min.insync.replicas"], "2");
+}

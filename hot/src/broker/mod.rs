@@ -233,8 +233,7 @@ pub struct NewTopic {
 
 /// How many producer ids are reserved durably at a time.
 const PRODUCER_ID_BLOCK: i64 = 1000;
-/// Partition limit per topic (Kafka has none; this guards against typos like 1000000).
-pub const MAX_PARTITIONS: u32 = 10_000;
+pub use strata_core::topic::MAX_PARTITIONS;
 
 pub struct Broker {
     config: BrokerConfig,

@@ -731,6 +731,11 @@ impl Partition {
 
     /// Applies a changed topic config (retention, segment and flush settings, and the
     /// replication policy when leading).
+    /// The log config this replica runs with.
+    pub fn log_config(&self) -> crate::log::LogConfig {
+        self.lock().config().clone()
+    }
+
     pub fn set_config(&self, config: crate::log::LogConfig, replica_lag_max_ms: i64) {
         let policy = Policy {
             min_insync_replicas: usize::from(config.min_insync_replicas),

@@ -20,7 +20,7 @@ use uuid::Uuid;
 use super::{Broker, Clock, Partition, PartitionLayout, Topic, TopicSpec};
 use crate::cluster::ClusterLink;
 use crate::log::config::TOPIC_CONFIG_KEYS;
-use crate::log::{LogConfig, PartitionLog};
+use crate::log::{ConfigError, LogConfig, PartitionLog};
 use crate::replication::follower;
 use crate::replication::leader::{Assignment, Policy};
 
@@ -80,6 +80,30 @@ fn open_replica(
     Ok(log)
 }
 
+/// What a broker does with the configs the controllers give a topic.
+#[derive(Debug, PartialEq)]
+enum ConfigChoice {
+    Use(LogConfig),
+    /// Invalid: keep running with the configs the topic already has here.
+    Keep(LogConfig, ConfigError),
+    /// Invalid, and the topic is not open here: leave it closed.
+    Close(ConfigError),
+}
+
+/// The controllers check configs with the same rules, so an invalid one comes from a log
+/// entry written before they did. Never the defaults instead: they could serve a settlement
+/// topic with `min.insync.replicas=1`.
+fn choose_config(
+    wanted: Result<LogConfig, ConfigError>,
+    running: Option<LogConfig>,
+) -> ConfigChoice {
+    match (wanted, running) {
+        (Ok(c), _) => ConfigChoice::Use(c),
+        (Err(e), Some(kept)) => ConfigChoice::Keep(kept, e),
+        (Err(e), None) => ConfigChoice::Close(e),
+    }
+}
+
 fn remove_replica_dirs(dirs: Vec<PathBuf>) {
     for dir in dirs {
         if let Err(e) = fs::remove_dir_all(&dir) {
@@ -127,10 +151,18 @@ impl Broker {
                 .filter(|(k, _)| TOPIC_CONFIG_KEYS.iter().any(|(known, _)| known == k))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
-            let config = self.log_config(&known).unwrap_or_else(|e| {
-                tracing::warn!(topic = %t.name, error = %e, "invalid topic config from the controller; using defaults");
-                self.log_config(&BTreeMap::new()).expect("defaults are valid")
-            });
+            let running = prev.and_then(|p| p.local().next().map(|p| p.log_config()));
+            let config = match choose_config(self.log_config(&known), running) {
+                ConfigChoice::Use(c) => c,
+                ConfigChoice::Keep(kept, e) => {
+                    tracing::error!(topic = %t.name, error = %e, "refusing the topic's configs from the controllers; keeping the ones it had (fix them with IncrementalAlterConfigs, e.g. kafka-configs --alter)");
+                    kept
+                }
+                ConfigChoice::Close(e) => {
+                    tracing::error!(topic = %t.name, error = %e, "refusing the topic's configs from the controllers; not serving it on this broker until they are fixed (IncrementalAlterConfigs, e.g. kafka-configs --alter)");
+                    continue;
+                }
+            };
             let topic_name: Arc<str> = Arc::from(t.name.as_str());
             let mut partitions = Vec::with_capacity(t.partitions.len());
             for (i, pr) in t.partitions.iter().enumerate() {
@@ -344,4 +376,33 @@ pub fn kafka_endpoints(m: &ClusterMetadata, listener: &str) -> Vec<(i32, String,
                 .map(|e| (b.id, e.host.clone(), e.port))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 17: a topic config a broker could not use made it silently run the topic with
+    /// every default (for a settlement topic: min.insync.replicas=1, acks=all acknowledged
+    /// by one replica).
+    #[test]
+    fn an_invalid_topic_config_never_falls_back_to_the_defaults() {
+        let strict: BTreeMap<String, String> =
+            [("min.insync.replicas".to_string(), "2".to_string())].into();
+        let strict = LogConfig::from_map(&strict).unwrap();
+        let bad: BTreeMap<String, String> =
+            [("min.insync.replicas".to_string(), "two".to_string())].into();
+        let wanted = || LogConfig::from_map(&bad);
+        let error = wanted().unwrap_err();
+        assert_eq!(
+            choose_config(wanted(), Some(strict.clone())),
+            ConfigChoice::Keep(strict.clone(), error.clone())
+        );
+        assert_eq!(choose_config(wanted(), None), ConfigChoice::Close(error));
+        let good = LogConfig::default();
+        assert_eq!(
+            choose_config(Ok(good.clone()), Some(strict)),
+            ConfigChoice::Use(good)
+        );
+    }
 }
