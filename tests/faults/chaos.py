@@ -482,7 +482,12 @@ def check_cold_tier(cluster, after_outage, violations, log):
     outages); the churn topic's remote log start moved past where it was when the last
     outage ended (remote deletes resumed); and, once the
     orphan grace has passed, no segment object that no manifest names."""
+    # 60 s, and longer while the tier is still catching up (a leader that took over after a
+    # run of failovers can inherit hundreds of segments to upload; they go up a few per
+    # round, and the orphans of the deposed leaders' uploads are swept between rounds).
     deadline = time.monotonic() + 60
+    last_deadline = time.monotonic() + 240
+    seen = None
     while True:
         active = active_segments(cluster)
         tier, keys = cold_tier(cluster)
@@ -507,7 +512,13 @@ def check_cold_tier(cluster, after_outage, violations, log):
         orphans = sorted(k for k in keys if k.endswith(".log") and k not in named)
         if orphans:
             problems.append(f"{len(orphans)} segment objects no manifest names, e.g. {orphans[:3]}")
-        if not problems or time.monotonic() > deadline:
+        if not problems:
+            break
+        state = (problems, len(keys))
+        if seen is not None and state != seen:  # still moving: uploads, deletes, sweeps
+            deadline = min(last_deadline, max(deadline, time.monotonic() + 20))
+        seen = state
+        if time.monotonic() > deadline:
             break
         time.sleep(1)
     violations += problems

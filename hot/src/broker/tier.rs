@@ -41,6 +41,12 @@ pub struct TierConfig {
     pub orphan_grace: Duration,
 }
 
+/// Segments one partition uploads per round. A leader that inherits a long backlog (its
+/// predecessors kept being deposed) works through it in steps, so that remote retention
+/// and the orphan sweep are not held up until the whole backlog is up, and the round ends
+/// for the partitions waiting for an upload slot.
+const UPLOADS_PER_ROUND: usize = 8;
+
 /// How often a replica re-reads the manifest (a follower, to learn where it ends; a
 /// leader, to see the compactor's swaps).
 const FOLLOWER_CHECK: Duration = Duration::from_secs(10);
@@ -421,11 +427,17 @@ impl Broker {
                 }
             }
         }
+        let mut uploaded = 0;
         for seg in p.sealed_segments() {
             let progress = p.progress();
             if seg.end_offset <= progress.tiered_end.unwrap_or(0) {
                 continue;
             }
+            if uploaded == UPLOADS_PER_ROUND {
+                // The rest next round: remote retention and the orphan sweep run between.
+                return;
+            }
+            uploaded += 1;
             if seg.end_offset > progress.high_watermark || progress.leader_epoch != Some(epoch) {
                 return;
             }
