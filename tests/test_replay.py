@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -188,6 +189,84 @@ def test_a_damaged_object_is_named_and_skipped_only_when_asked(archived, tmp_pat
     assert "skipped 1 damaged segment" in err, err
     printed = len(r.stdout.decode().splitlines())
     assert 0 < printed < len(produced) + PARTITIONS
+
+
+def bomb_batch(base_offset, attributes, body, timestamp):
+    """A RecordBatch v2 of one record whose records section is `body`, compressed as
+    `attributes` says (1 gzip, 2 snappy): what any producer can write."""
+    import struct
+
+    from kafka.record.util import calc_crc32c
+
+    after_crc = (struct.pack(">hiqqqhii", attributes, 0, timestamp, timestamp, -1, -1, -1, 1) + body)
+    head = struct.pack(">qiib", base_offset, 4 + 1 + 4 + len(after_crc), 0, 2)
+    return head + struct.pack(">I", calc_crc32c(after_crc)) + after_crc
+
+
+def plant(cold, part, make_batch):
+    """Appends a segment holding `make_batch(base offset)` to partition `part` of the cold
+    tier at `cold`, as its leader would have uploaded it (object, empty indexes, a new
+    manifest version); returns its offset."""
+    newest = sorted(cold.glob(f"*/*/{part}/manifest/*.json"))[-1]
+    m = json.loads(newest.read_text())
+    last = m["segments"][-1]
+    batch = make_batch(last["end_offset"])
+    key = f"{newest.parent.parent.relative_to(cold)}/segments/{last['end_offset']:020}-1-{'b' * 32}.log"
+    (cold / key).write_bytes(batch)
+    for suffix in (".index", ".timeindex"):
+        (cold / f"{key}{suffix}").write_bytes(b"")
+    seg = {k: v for k, v in last.items() if k != "compacted"}
+    seg.update(base_offset=last["end_offset"], end_offset=last["end_offset"] + 1, size_bytes=len(batch), key=key)
+    m["segments"].append(seg)
+    m["version"] += 1
+    (newest.parent / f"{m['version']:020}.json").write_text(json.dumps(m))
+    return last["end_offset"]
+
+
+def peak_rss_mb(argv, timeout=120):
+    """Runs argv; (completed process, its peak RSS in MB), measured by a wrapper whose only
+    child it is."""
+    wrapper = ("import resource, subprocess, sys\n"
+               "r = subprocess.run(sys.argv[1:], capture_output=True)\n"
+               "sys.stdout.buffer.write(r.stdout); sys.stderr.buffer.write(r.stderr)\n"
+               "sys.stderr.write('\\nPEAK_RSS_KB=%d' % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+               "sys.exit(r.returncode)\n")
+    r = subprocess.run([sys.executable, "-c", wrapper, *argv], capture_output=True, timeout=timeout,
+                       env=dict(os.environ, NO_COLOR="1"))
+    err = r.stderr.decode(errors="replace")
+    body, _, peak = err.rpartition("\nPEAK_RSS_KB=")
+    r.stderr = body.encode()
+    return r, int(peak) / 1024
+
+
+def test_decompression_bombs_in_the_bucket_stop_replay_with_one_line_in_bounded_memory(archived, tmp_path):
+    """Issue 17: strata-replay reading a 33-byte snappy batch whose header claims a huge
+    length peaked at 1.06 GB RSS, and a 917 KB gzip batch drove it to 936 MB. Any producer
+    can plant such a batch. Replay must stop on it with one line naming it, its memory
+    bounded by the decoder's limit (64 MiB of output per batch)."""
+    import gzip
+    import shutil
+
+    url, _ = archived
+    cold = Path(url[len("file://"):])
+    snappy_claim = bytes([0xFF, 0xFF, 0xFF, 0xFF, 0x0F]) + bytes(28)  # 4 GiB - 1, in 33 bytes
+    gzip_bomb = gzip.compress(bytes(900 << 20), compresslevel=9)
+    assert len(gzip_bomb) < 1 << 20
+    r, baseline = peak_rss_mb([replay_bin(), "--url", url, "cat", TOPIC, "--partitions", "0"])
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    for name, attributes, body in (("snappy", 2, snappy_claim), ("gzip", 1, gzip_bomb)):
+        copy = tmp_path / name
+        shutil.copytree(cold, copy)
+        now = int(time.time() * 1000)
+        offset = plant(copy, 0, lambda base: bomb_batch(base, attributes, body, now))
+        r, peak = peak_rss_mb([replay_bin(), "--url", f"file://{copy}", "cat", TOPIC, "--partitions", "0"])
+        err = r.stderr.decode(errors="replace").strip()
+        print(f"{name} bomb ({len(body)} bytes): exit {r.returncode}, peak RSS {peak:.0f} MB "
+              f"(a clean replay of the partition: {baseline:.0f} MB): {err}")
+        assert r.returncode != 0, f"{name}: the bomb was replayed"
+        assert len(err.splitlines()) == 1, err
+        assert "decompress" in err and "more than" in err and f"offset {offset}" in err, err
+        assert peak < baseline + 200, f"{name}: peak RSS {peak:.0f} MB against {baseline:.0f} MB for a clean replay"
 
 
 def test_bad_input_gets_one_clear_line(archived):

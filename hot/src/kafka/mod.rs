@@ -260,6 +260,7 @@ impl KafkaServer {
         // When the SASL session ends unless re-authenticated (KIP-368).
         let mut session_ends: Option<tokio::time::Instant> = None;
         let mut commits = CommitTurns::default();
+        let mut refused = produce::Refused::default();
         let (tx, mut rx) = mpsc::channel::<Reply>(MAX_IN_FLIGHT);
         let writer = tokio::spawn(async move {
             while let Some(reply) = rx.recv().await {
@@ -394,6 +395,7 @@ impl KafkaServer {
                         host.clone(),
                         principal.clone().unwrap_or_else(|| Arc::from(ANONYMOUS)),
                         &mut commits,
+                        &mut refused,
                     ),
                 (_, None) => {
                     tracing::warn!(%peer, listener = %self.config.name, api = ?decoded.key, "request before SASL authentication; closing connection");
@@ -544,6 +546,7 @@ impl KafkaServer {
         host: Arc<str>,
         principal: Arc<str>,
         commits: &mut CommitTurns,
+        refused: &mut produce::Refused,
     ) -> Result<Reply, Refusal> {
         let Decoded {
             key,
@@ -571,7 +574,7 @@ impl KafkaServer {
             }
             Body::ApiVersions(_) => ctx.respond_now(&api_versions_response(codes::NONE)),
             Body::Metadata(req) => ctx.later(admin::metadata(ctx.clone(), req)),
-            Body::Produce(req) => produce::handle(ctx, req),
+            Body::Produce(req) => produce::handle(ctx, req, refused),
             Body::Fetch(req) => ctx.later(fetch::handle(ctx.clone(), req)),
             Body::ListOffsets(req) => ctx.later(fetch::list_offsets(ctx.clone(), req)),
             Body::CreateTopics(req) => ctx.later(admin::create_topics(ctx.clone(), req)),

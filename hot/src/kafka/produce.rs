@@ -14,8 +14,11 @@ use kafka_protocol::protocol::StrBytes;
 
 use strata_controller::metadata::acl::{Operation, ResourceType, CLUSTER_NAME};
 
+use std::collections::HashMap;
+
 use super::{codes, Refusal, Reply, Request};
-use crate::broker::PendingAppend;
+use crate::broker::{PendingAppend, ProduceError};
+use crate::log::AppendError;
 
 /// One partition's outcome so far: a final answer, or an append waiting to become durable.
 struct PartitionOutcome {
@@ -38,7 +41,67 @@ impl PartitionOutcome {
     }
 }
 
-pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal> {
+/// One connection's partitions whose last produce was refused before anything was appended,
+/// with a retriable error, and that error.
+///
+/// A client keeps up to five produce requests in flight per connection. If the first is
+/// refused (this broker's lease lapsed for a moment: NOT_LEADER_OR_FOLLOWER; the ISR was
+/// short: NOT_ENOUGH_REPLICAS) and the cause is gone by the time the second is handled, the
+/// second finds a gap in the producer's sequence. Answering it OUT_OF_ORDER_SEQUENCE_NUMBER
+/// makes librdkafka bump its producer epoch and renumber every record it has not had
+/// acknowledged, including records that were written but whose acknowledgement it lost (the
+/// fault suite saw them appended twice). So the second gets the first one's answer: nothing
+/// was appended, retry; the client then resends both in order.
+#[derive(Default)]
+pub(crate) struct Refused(HashMap<(String, i32), codes::Coded>);
+
+impl Refused {
+    /// The answer to one partition's produce on this connection.
+    fn settle<T>(
+        &mut self,
+        topic: &str,
+        index: i32,
+        result: Result<T, ProduceError>,
+    ) -> Result<T, codes::Coded> {
+        let key = (topic.to_string(), index);
+        match result {
+            Ok(v) => {
+                self.0.remove(&key);
+                Ok(v)
+            }
+            Err(ProduceError::Append(AppendError::OutOfOrderSequence { expected, got }))
+                if got.wrapping_sub(expected) > 0 && self.0.contains_key(&key) =>
+            {
+                let (code, why) = &self.0[&key];
+                Err((
+                    *code,
+                    format!(
+                        "sequence {got} follows a batch this connection had refused ({why}); \
+                         nothing was appended: retry from sequence {expected}"
+                    ),
+                ))
+            }
+            Err(e) => {
+                let coded = codes::produce(&e);
+                match e {
+                    ProduceError::NotLeader { .. } | ProduceError::NotEnoughReplicas(_) => {
+                        self.0.insert(key, coded.clone());
+                    }
+                    _ => {
+                        self.0.remove(&key);
+                    }
+                }
+                Err(coded)
+            }
+        }
+    }
+}
+
+pub(super) fn handle(
+    ctx: Request,
+    req: ProduceRequest,
+    refused: &mut Refused,
+) -> Result<Reply, Refusal> {
     let broker = ctx.broker().clone();
     let started = std::time::Instant::now();
     let now = broker.now_ms();
@@ -89,7 +152,8 @@ pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal
                 ));
                 continue;
             };
-            match broker.append(&name, pd.index, records, acks, now) {
+            let appended = broker.append(&name, pd.index, records, acks, now);
+            match refused.settle(&name, pd.index, appended) {
                 Ok(pending) => outcomes.push(PartitionOutcome {
                     index: pd.index,
                     base_offset: pending.base_offset() as i64,
@@ -97,7 +161,7 @@ pub(super) fn handle(ctx: Request, req: ProduceRequest) -> Result<Reply, Refusal
                     error: None,
                     wait: Some(pending),
                 }),
-                Err(e) => outcomes.push(PartitionOutcome::failed(pd.index, codes::produce(&e))),
+                Err(coded) => outcomes.push(PartitionOutcome::failed(pd.index, coded)),
             }
         }
         topics.push((topic.name, outcomes));
@@ -197,5 +261,75 @@ pub(super) async fn init_producer_id(
                 .with_producer_id(ProducerId(-1))
                 .with_producer_epoch(-1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ooo(expected: i32, got: i32) -> Result<(), ProduceError> {
+        Err(ProduceError::Append(AppendError::OutOfOrderSequence {
+            expected,
+            got,
+        }))
+    }
+
+    fn not_leader() -> Result<(), ProduceError> {
+        Err(ProduceError::NotLeader {
+            topic: "settlements".into(),
+            partition: 4,
+            leader: Some(1),
+        })
+    }
+
+    /// The fault suite's duplicate: R1 (sequence 833) refused with NOT_LEADER_OR_FOLLOWER
+    /// while the lease had lapsed, R2 (837) handled once it was renewed. R2 must not be
+    /// answered OUT_OF_ORDER_SEQUENCE_NUMBER (librdkafka then bumps its epoch and re-sends
+    /// records already written); it gets R1's answer until an in-order batch arrives.
+    #[test]
+    fn a_gap_left_by_a_refused_batch_is_answered_like_the_refusal() {
+        let mut r = Refused::default();
+        let code = |x: Result<(), codes::Coded>| x.unwrap_err().0;
+        assert_eq!(
+            code(r.settle("settlements", 4, not_leader())),
+            codes::NOT_LEADER_OR_FOLLOWER
+        );
+        assert_eq!(
+            code(r.settle("settlements", 4, ooo(833, 837))),
+            codes::NOT_LEADER_OR_FOLLOWER
+        );
+        assert_eq!(
+            code(r.settle("settlements", 4, ooo(833, 851))),
+            codes::NOT_LEADER_OR_FOLLOWER
+        );
+        // another partition keeps its own answers
+        assert_eq!(
+            code(r.settle("settlements", 5, ooo(476, 478))),
+            kafka_protocol::ResponseError::OutOfOrderSequenceNumber.code()
+        );
+        // the resend in order is appended; after that a gap is a gap again
+        assert!(r.settle("settlements", 4, Ok(())).is_ok());
+        assert_eq!(
+            code(r.settle("settlements", 4, ooo(900, 905))),
+            kafka_protocol::ResponseError::OutOfOrderSequenceNumber.code()
+        );
+        // NOT_ENOUGH_REPLICAS likewise (seen with an ISR that grew back between the two)
+        let short = Err::<(), _>(ProduceError::NotEnoughReplicas(
+            "settlements-1: 1 < 2".into(),
+        ));
+        assert_eq!(
+            code(r.settle("settlements", 1, short)),
+            codes::NOT_ENOUGH_REPLICAS
+        );
+        assert_eq!(
+            code(r.settle("settlements", 1, ooo(1099, 1100))),
+            codes::NOT_ENOUGH_REPLICAS
+        );
+        // a stale retry (behind the expected sequence) is not a gap: its own answer
+        assert_eq!(
+            code(r.settle("settlements", 1, ooo(1099, 1000))),
+            kafka_protocol::ResponseError::OutOfOrderSequenceNumber.code()
+        );
     }
 }
