@@ -661,7 +661,7 @@ def run(workdir: Path, seed: int, faults: int, log=print, kinds=None):
 
 
 def main():
-    global LEASE_S, RAFT_HEARTBEAT_MS
+    global LEASE_S, RAFT_HEARTBEAT_MS, REQUEST_TIMEOUT_S
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=None, help="nemesis seed (default: random, printed)")
     ap.add_argument("--faults", type=int, default=15)
@@ -670,6 +670,8 @@ def main():
                     help=f"the brokers' lease in seconds (default {LEASE_S}); faults are held for 1.2 to 2 leases")
     ap.add_argument("--raft-heartbeat-ms", type=int, default=RAFT_HEARTBEAT_MS,
                     help=f"the controllers' Raft heartbeat (default {RAFT_HEARTBEAT_MS} ms)")
+    ap.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
+                    help=f"the producers' request.timeout.ms, in seconds (default {REQUEST_TIMEOUT_S})")
     ap.add_argument("--kinds", default=None,
                     help=f"comma-separated fault kinds to draw from (default: all of {','.join(KINDS)})")
     args = ap.parse_args()
@@ -677,12 +679,14 @@ def main():
     if kinds and not set(kinds) <= set(KINDS):
         ap.error(f"unknown fault kinds {sorted(set(kinds) - set(KINDS))}; known: {', '.join(KINDS)}")
     LEASE_S = args.lease
+    REQUEST_TIMEOUT_S = args.request_timeout
     RAFT_HEARTBEAT_MS = args.raft_heartbeat_ms
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     import tempfile
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="strata-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"seed {seed}, {args.faults} faults, lease {LEASE_S} s, raft heartbeat {RAFT_HEARTBEAT_MS} ms, "
+          f"producers' request timeout {REQUEST_TIMEOUT_S} s, "
           f"work dir {workdir}", flush=True)
     findings = run(workdir, seed, args.faults, log=lambda s: print(s, flush=True), kinds=kinds)
     sys.exit(1 if findings["violations"] else 0)
