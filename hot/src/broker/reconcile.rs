@@ -92,15 +92,18 @@ enum ConfigChoice {
 
 /// The controllers check configs with the same rules, so an invalid one comes from a log
 /// entry written before they did. Never the defaults instead: they could serve a settlement
-/// topic with `min.insync.replicas=1`.
+/// topic with `min.insync.replicas=1`. `running` (read only for an invalid config) gives
+/// the configs the topic runs with here, if it is open.
 fn choose_config(
     wanted: Result<LogConfig, ConfigError>,
-    running: Option<LogConfig>,
+    running: impl FnOnce() -> Option<LogConfig>,
 ) -> ConfigChoice {
-    match (wanted, running) {
-        (Ok(c), _) => ConfigChoice::Use(c),
-        (Err(e), Some(kept)) => ConfigChoice::Keep(kept, e),
-        (Err(e), None) => ConfigChoice::Close(e),
+    match wanted {
+        Ok(c) => ConfigChoice::Use(c),
+        Err(e) => match running() {
+            Some(kept) => ConfigChoice::Keep(kept, e),
+            None => ConfigChoice::Close(e),
+        },
     }
 }
 
@@ -151,7 +154,7 @@ impl Broker {
                 .filter(|(k, _)| TOPIC_CONFIG_KEYS.iter().any(|(known, _)| known == k))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
-            let running = prev.and_then(|p| p.local().next().map(|p| p.log_config()));
+            let running = || prev.and_then(|p| p.local().next().map(|p| p.log_config()));
             let config = match choose_config(self.log_config(&known), running) {
                 ConfigChoice::Use(c) => c,
                 ConfigChoice::Keep(kept, e) => {
@@ -395,13 +398,13 @@ mod tests {
         let wanted = || LogConfig::from_map(&bad);
         let error = wanted().unwrap_err();
         assert_eq!(
-            choose_config(wanted(), Some(strict.clone())),
+            choose_config(wanted(), || Some(strict.clone())),
             ConfigChoice::Keep(strict.clone(), error.clone())
         );
-        assert_eq!(choose_config(wanted(), None), ConfigChoice::Close(error));
+        assert_eq!(choose_config(wanted(), || None), ConfigChoice::Close(error));
         let good = LogConfig::default();
         assert_eq!(
-            choose_config(Ok(good.clone()), Some(strict)),
+            choose_config(Ok(good.clone()), || Some(strict)),
             ConfigChoice::Use(good)
         );
     }

@@ -63,6 +63,11 @@ impl Refused {
         index: i32,
         result: Result<T, ProduceError>,
     ) -> Result<T, codes::Coded> {
+        // The common case (appended, nothing refused before) allocates nothing.
+        let result = match result {
+            Ok(v) if self.0.is_empty() => return Ok(v),
+            other => other,
+        };
         let key = (topic.to_string(), index);
         match result {
             Ok(v) => {
