@@ -52,11 +52,12 @@ pub struct PeerClient {
 /// Whether each peer controller answers Raft messages. openraft reports every failed call
 /// (one per heartbeat, read and vote while a peer is down); what an operator needs is one
 /// warning when a peer stops answering and one line when it answers again, so the controller
-/// logs those transitions here and drops openraft's per-call errors (`quiet_peer_errors`).
+/// logs those transitions here; the `strata` binary drops openraft's per-call errors
+/// (`strata_hot::logging`).
 #[derive(Default)]
 pub struct PeerHealth(std::sync::Mutex<HashMap<NodeId, PeerDown>>);
 
-/// A peer that stopped answering: since when, how many calls failed, and the first error.
+/// A peer that stopped answering: since when, and how many calls failed.
 struct PeerDown {
     since: Instant,
     failed_calls: u64,
