@@ -51,3 +51,259 @@ def test_controllers_refuse_unbounded_counts_and_invalid_configs_and_stay_up(clu
     # and the quorum still takes a valid change
     cluster.cli("topic", "create", "settlements-2", "-p", "3", "--replication-factor", "3")
     cluster.wait_for(lambda m: "settlements-2" in m["topics"], "the valid topic")
+
+
+# --- Kafka listener limits ------------------------------------------------------------------
+
+import socket  # noqa: E402
+import struct  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+
+from conftest import Broker, scrape_metrics, strata_bin  # noqa: E402
+from kafka_wire import KafkaWire  # noqa: E402
+
+MIB = 1 << 20
+POOL_MIB = 160  # kafka.queued_max_request_bytes in these tests
+FRAME_TIMEOUT_S = 12
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def ack_latencies_ms(p: Producer, topic: str, seconds: float) -> list[float]:
+    """acks=all produce latencies of one record every 10 ms through librdkafka producer `p`."""
+    lat, sent = [], 0
+    start = time.monotonic()
+    while time.monotonic() < start + seconds:
+        t0 = time.monotonic()
+        p.produce(topic, value=b"x" * 100,
+                  on_delivery=lambda err, _m, t0=t0: lat.append((time.monotonic() - t0) * 1000) if err is None else None)
+        sent += 1
+        tick = start + sent * 0.01
+        while (now := time.monotonic()) < tick:
+            p.poll(tick - now)
+    assert p.flush(15) == 0, "records still unacknowledged"
+    assert len(lat) == sent, f"{sent - len(lat)} of {sent} records failed"
+    return lat
+
+
+def producer(bootstrap: str) -> Producer:
+    """An idempotent acks=all producer, connected and warmed up."""
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "enable.idempotence": True})
+    ack_latencies_ms(p, "payments", 1)
+    return p
+
+
+def p99(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * 0.99))]
+
+
+def stall_frame(size: int, body: int, source: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A connection that announces a `size`-byte request, sends `body` bytes of it, and stalls."""
+    s = socket.socket()
+    s.bind((source, 0))
+    s.settimeout(10)
+    s.connect(("127.0.0.1", port))
+    s.sendall(struct.pack(">ihhi", size, 0, 3, 1) + b"\0" * (body - 8))
+    return s
+
+
+def test_stalled_and_flooded_frames_leave_other_clients_served_in_bounded_memory(tmp_path):
+    """Eight stalled 100 MiB frames raised a broker's RSS from 19 MB to 835 MB: the whole
+    frame buffer was allocated before the body arrived, and nothing bounded the requests in
+    flight. Now a frame's buffer grows with its bytes and every byte read holds a share of
+    kafka.queued_max_request_bytes until its response is written: 200 stalled 100 MiB frames
+    cost what they sent, a flood of four is held to the pool, and a librdkafka producer keeps
+    its ack latency meanwhile."""
+    b = Broker(strata_bin(), tmp_path)
+    b.extra_env = {
+        "STRATA__KAFKA__QUEUED_MAX_REQUEST_BYTES": str(POOL_MIB * MIB),
+        "STRATA__KAFKA__FRAME_TIMEOUT": f"{FRAME_TIMEOUT_S}s",
+    }
+    b.start()
+    socks = []
+    try:
+        b.create_topic("payments", 1)
+        p = producer(b.bootstrap)
+        quiet = ack_latencies_ms(p, "payments", 4)
+        rss0 = rss_mb(b.proc.pid)
+
+        # 200 connections, each 200 KiB into a 100 MiB frame, stalled
+        socks = [stall_frame(100 * MIB, 200 << 10, port=b.port) for _ in range(200)]
+        time.sleep(0.5)
+        m = scrape_metrics(b.metrics_port)
+        held = m["strata_kafka_request_memory_bytes"] / MIB
+        assert m["strata_kafka_connections"] >= 200, m["strata_kafka_connections"]
+        assert 200 * 0.195 <= held <= 200 * 0.25, f"request memory held by 200 stalled frames: {held:.1f} MiB"
+        loaded = ack_latencies_ms(p, "payments", 4)
+        rss1 = rss_mb(b.proc.pid)
+        print(f"ack p99 {p99(quiet):.1f} ms quiet, {p99(loaded):.1f} ms beside 200 stalled frames "
+              f"(p50 {sorted(quiet)[len(quiet) // 2]:.1f} / {sorted(loaded)[len(loaded) // 2]:.1f} ms); "
+              f"RSS {rss0:.0f} -> {rss1:.0f} MB, request memory {held:.1f} MiB")
+        # within 2x of the quiet figure (and 5 ms, the noise floor of one p99 sample on a
+        # shared 2-core machine)
+        assert p99(loaded) <= 2 * p99(quiet) + 5, (p99(quiet), p99(loaded))
+        assert rss1 - rss0 < 100, f"RSS grew {rss1 - rss0:.0f} MB for 40 MB of stalled frames"
+
+        # four connections push 100 MiB frames as fast as they can: reads pause at the pool
+        flooders = []
+
+        def flood():
+            s = socket.create_connection(("127.0.0.1", b.port), timeout=FRAME_TIMEOUT_S + 10)
+            flooders.append(s)
+            try:
+                s.sendall(struct.pack(">ihhi", 100 * MIB, 0, 3, 1) + b"\0" * (100 * MIB - 8))
+            except OSError:
+                pass  # closed by the broker at the frame timeout
+
+        threads = [threading.Thread(target=flood, daemon=True) for _ in range(4)]
+        for t in threads:
+            t.start()
+        peak = rss1
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            peak = max(peak, rss_mb(b.proc.pid))
+            time.sleep(0.05)
+        m = scrape_metrics(b.metrics_port)
+        in_use = m["strata_kafka_request_memory_bytes"] / MIB
+        print(f"flood of 4 x 100 MiB frames: peak RSS {peak:.0f} MB (quiet {rss0:.0f} MB), request memory "
+              f"{in_use:.0f} of {POOL_MIB} MiB, {m['strata_kafka_request_memory_waits_total']:.0f} reads paused")
+        assert in_use <= POOL_MIB
+        assert m["strata_kafka_request_memory_waits_total"] >= 1, "no read paused at the pool"
+        assert peak - rss0 < POOL_MIB + 80, f"peak RSS {peak:.0f} MB against {rss0:.0f} MB quiet"
+
+        # once the frame timeout has closed the stalled and flooding connections, the memory
+        # is back and the producer is served as before
+        for s in socks:
+            s.close()
+        for t in threads:
+            t.join(FRAME_TIMEOUT_S + 15)
+        deadline = time.monotonic() + 10
+        while scrape_metrics(b.metrics_port)["strata_kafka_request_memory_bytes"] > 0:
+            assert time.monotonic() < deadline, "request memory not returned after the connections closed"
+            time.sleep(0.2)
+        after = sorted(ack_latencies_ms(p, "payments", 2))
+        print(f"after: ack p50 {after[len(after) // 2]:.1f} ms, p99 {p99(after):.1f} ms")
+        assert after[len(after) // 2] <= 2 * sorted(quiet)[len(quiet) // 2] + 5
+        assert b.running()
+    finally:
+        for s in socks:
+            s.close()
+        b.close()
+
+
+def fetch_v4(port: int, topic: str, partitions: list[tuple[int, int, int]], max_bytes: int) -> tuple[int, int]:
+    """Fetch v4 of (partition, offset, partition_max_bytes) entries; (response bytes, partitions answered)."""
+    w = KafkaWire(port, timeout=60)
+    try:
+        name = topic.encode()
+        body = struct.pack(">iiiib", -1, 100, 1, max_bytes, 0) + struct.pack(">i", 1)
+        body += struct.pack(">h", len(name)) + name + struct.pack(">i", len(partitions))
+        for p, offset, pmax in partitions:
+            body += struct.pack(">iqi", p, offset, pmax)
+        resp = w.call(1, 4, body)
+        # throttle, [topic: name, [partition: index, error, hw, lso, aborted, records]]
+        at = 4
+        (n_topics,) = struct.unpack_from(">i", resp, at)
+        at += 4
+        answered = 0
+        for _ in range(n_topics):
+            (name_len,) = struct.unpack_from(">h", resp, at)
+            at += 2 + name_len
+            (n_parts,) = struct.unpack_from(">i", resp, at)
+            at += 4
+            for _ in range(n_parts):
+                at += 4 + 2 + 8 + 8
+                (n_aborted,) = struct.unpack_from(">i", resp, at)
+                at += 4 + max(n_aborted, 0) * 16
+                (size,) = struct.unpack_from(">i", resp, at)
+                at += 4 + max(size, 0)
+                answered += 1
+        return len(resp), answered
+    finally:
+        w.close()
+
+
+def test_a_small_fetch_or_metadata_request_cannot_ask_for_a_huge_response(broker):
+    """A 4,830-byte Fetch produced a 300 MB response: max_bytes <= 0 meant unlimited, and a
+    partition named 300 times was read 300 times. A partition (or a Metadata topic) named
+    twice is now answered once, and kafka.fetch_max_bytes caps what a fetch may ask for."""
+    broker.create_topic("ledger", 1)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "batch.size": 256 << 10})
+    for i in range(64):
+        p.produce("ledger", value=bytes([i % 251]) * (16 << 10))
+    assert p.flush(30) == 0
+    log = 64 * (16 << 10)
+    size, answered = fetch_v4(broker.port, "ledger", [(0, 0, 0x7FFFFFFF)] * 300, max_bytes=-1)
+    print(f"Fetch naming one partition 300 times, max_bytes=-1: {size} bytes, {answered} partition(s) answered "
+          f"(log {log} bytes)")
+    assert answered == 1, answered
+    assert size < 2 * log, size
+    size, answered = fetch_v4(broker.port, "ledger", [(0, 0, 0x7FFFFFFF)], max_bytes=0x7FFFFFFF)
+    assert answered == 1 and log <= size < 2 * log, size
+    # Metadata v0 naming one topic 10,000 times: one answer
+    w = KafkaWire(broker.port)
+    try:
+        name = b"ledger"
+        resp = w.call(3, 0, struct.pack(">i", 10_000) + (struct.pack(">h", len(name)) + name) * 10_000)
+        print(f"Metadata naming one topic 10,000 times: {len(resp)} bytes")
+        assert len(resp) < 1000, len(resp)
+    finally:
+        w.close()
+
+
+def test_connections_past_max_connections_per_ip_are_closed_and_others_still_served(tmp_path):
+    """No limit on connections: one address could take every socket a broker has. Past
+    kafka.max_connections_per_ip (here an override of 50 for 127.0.0.2) a connection is
+    closed at once, and clients from other addresses keep working."""
+    b = Broker(strata_bin(), tmp_path)
+    b.extra_env = {"STRATA__KAFKA__MAX_CONNECTIONS_PER_IP_OVERRIDES__127.0.0.2": "50"}
+    b.start()
+    socks = []
+    try:
+        b.create_topic("payments", 1)
+        for _ in range(60):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.settimeout(5)
+            s.connect(("127.0.0.1", b.port))
+            socks.append(s)
+        time.sleep(0.5)
+        closed = 0
+        for s in socks:
+            s.setblocking(False)
+            try:
+                closed += s.recv(1) == b""
+            except BlockingIOError:
+                pass  # still open
+            except ConnectionResetError:
+                closed += 1
+        m = scrape_metrics(b.metrics_port)
+        print(f"60 connections from 127.0.0.2 (limit 50): {closed} closed by the broker, "
+              f"strata_kafka_connections_refused_total {m['strata_kafka_connections_refused_total']:.0f}")
+        assert closed == 10, closed
+        assert m["strata_kafka_connections_refused_total"] == 10
+        lat = ack_latencies_ms(producer(b.bootstrap), "payments", 1)
+        lat += [0.0] * 100  # the warm-up's records
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "g", "enable.auto.commit": False})
+        c.assign([TopicPartition("payments", 0, 0)])
+        got = 0
+        deadline = time.monotonic() + 20
+        while got < len(lat) and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            got += msg is not None and msg.error() is None
+        c.close()
+        assert got == len(lat), (got, len(lat))
+    finally:
+        for s in socks:
+            s.close()
+        b.close()

@@ -184,12 +184,50 @@ pub struct KafkaSection {
     pub idle_timeout: Duration,
     #[serde(deserialize_with = "duration")]
     pub frame_timeout: Duration,
+    /// Request bytes read and not yet answered, across all connections (Kafka's
+    /// `queued.max.request.bytes`); reads pause while it is all in use.
+    pub queued_max_request_bytes: usize,
+    /// Open client connections, all listeners (`max.connections`); the accept loop waits
+    /// for one to close.
+    pub max_connections: usize,
+    /// Open connections from one address (`max.connections.per.ip`); more are closed.
+    pub max_connections_per_ip: usize,
+    /// Per-address exceptions to `max_connections_per_ip`, e.g. `{ "10.0.0.7" = 2000 }`.
+    pub max_connections_per_ip_overrides: BTreeMap<String, usize>,
+    /// The most record bytes one fetch response carries (`fetch.max.bytes`), whatever the
+    /// request asks; the first batch may exceed it (KIP-74).
+    pub fetch_max_bytes: usize,
+    /// The longest a fetch may wait for data, whatever its `max_wait_ms`.
+    #[serde(deserialize_with = "duration")]
+    pub fetch_max_wait: Duration,
     /// Named listeners, each with its security protocol (Kafka's `listeners` and
     /// `listener.security.protocol.map`). When given, they replace `listen`.
     pub listeners: Vec<NamedListener>,
     /// Certificate and key for SSL and SASL_SSL listeners.
     pub tls: Option<crate::kafka::tls::TlsSection>,
     pub sasl: SaslSection,
+}
+
+impl KafkaSection {
+    /// The listener limits these settings give; an override naming no IP address is an error.
+    pub fn limits(&self) -> anyhow::Result<crate::kafka::limits::LimitsConfig> {
+        let overrides = self
+            .max_connections_per_ip_overrides
+            .iter()
+            .map(|(ip, n)| {
+                let ip = ip.parse::<std::net::IpAddr>().with_context(|| {
+                    format!("kafka.max_connections_per_ip_overrides: '{ip}' is not an IP address")
+                })?;
+                Ok((ip, *n))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(crate::kafka::limits::LimitsConfig {
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            max_connections_per_ip_overrides: overrides,
+            queued_max_request_bytes: self.queued_max_request_bytes,
+        })
+    }
 }
 
 /// One `[[kafka.listeners]]` entry.
@@ -488,6 +526,12 @@ impl Default for KafkaSection {
             max_request_bytes: 100 << 20,
             idle_timeout: Duration::from_secs(600),
             frame_timeout: Duration::from_secs(30),
+            queued_max_request_bytes: 512 << 20,
+            max_connections: 4096,
+            max_connections_per_ip: 1000,
+            max_connections_per_ip_overrides: BTreeMap::new(),
+            fetch_max_bytes: 55 << 20,
+            fetch_max_wait: Duration::from_secs(30),
             listeners: Vec::new(),
             tls: None,
             sasl: SaslSection::default(),
@@ -650,8 +694,22 @@ impl ServerConfig {
         if self.node_id < 0 {
             bail!("node_id must be 0 or more, not {}", self.node_id);
         }
-        if self.kafka.max_request_bytes < 1024 {
-            bail!("kafka.max_request_bytes must be at least 1024");
+        if self.kafka.max_request_bytes < 1024 || self.kafka.max_request_bytes > i32::MAX as usize {
+            bail!("kafka.max_request_bytes must be between 1024 and 2147483647");
+        }
+        if self.kafka.queued_max_request_bytes < self.kafka.max_request_bytes {
+            bail!(
+                "kafka.queued_max_request_bytes ({}) must be at least kafka.max_request_bytes ({}): a request of the largest size must fit",
+                self.kafka.queued_max_request_bytes,
+                self.kafka.max_request_bytes
+            );
+        }
+        if self.kafka.max_connections == 0 || self.kafka.max_connections_per_ip == 0 {
+            bail!("kafka.max_connections and kafka.max_connections_per_ip must be at least 1");
+        }
+        self.kafka.limits()?;
+        if self.kafka.fetch_max_bytes < 1024 {
+            bail!("kafka.fetch_max_bytes must be at least 1024");
         }
         let listeners = self.kafka_listeners();
         let mut names = std::collections::HashSet::new();
@@ -930,6 +988,8 @@ impl ServerConfig {
             max_reauth: self.kafka.sasl.connections_max_reauth,
             idle_timeout: self.kafka.idle_timeout,
             frame_timeout: self.kafka.frame_timeout,
+            fetch_max_bytes: self.kafka.fetch_max_bytes,
+            fetch_max_wait: self.kafka.fetch_max_wait,
         })
     }
 

@@ -83,6 +83,8 @@ pub struct Metrics {
     /// An acks=all append until the high watermark passed it (replication and fsyncs).
     pub commit_latency: Histogram,
     pub fetch_latency: Histogram,
+    /// Connections and request memory of the Kafka listeners.
+    pub listener: std::sync::Arc<crate::kafka::limits::ListenerStats>,
 }
 
 fn counter(out: &mut String, name: &str, help: &str, v: &AtomicU64) {
@@ -151,6 +153,37 @@ impl Metrics {
             &mut out,
             "strata_fetch_latency_seconds",
             "Fetch request to response, long-poll wait included.",
+        );
+        let l = &self.listener;
+        gauge(
+            &mut out,
+            "strata_kafka_connections",
+            "Open Kafka client connections, all listeners (kafka.max_connections).",
+            l.connections.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "strata_kafka_connections_refused_total",
+            "Connections closed at accept: their address held kafka.max_connections_per_ip.",
+            &l.refused_per_ip,
+        );
+        counter(
+            &mut out,
+            "strata_kafka_accept_paused_total",
+            "Times accepting paused because kafka.max_connections were open.",
+            &l.accept_paused,
+        );
+        gauge(
+            &mut out,
+            "strata_kafka_request_memory_bytes",
+            "Request bytes read and not yet answered (kafka.queued_max_request_bytes).",
+            l.request_memory.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "strata_kafka_request_memory_waits_total",
+            "Reads that paused because kafka.queued_max_request_bytes was in use.",
+            &l.request_memory_waits,
         );
 
         let node = broker.config().node_id;

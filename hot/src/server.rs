@@ -173,8 +173,12 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         crate::metrics_endpoint::serve(broker.clone(), m, listener_stop_rx.clone()).await?;
     }
     let mut serving = Vec::new();
+    let limits = crate::kafka::limits::Limits::new(
+        &config.kafka.limits()?,
+        broker.metrics().listener.clone(),
+    );
     for (listener, _, c) in listeners {
-        let server = KafkaServer::new(broker.clone(), c);
+        let server = KafkaServer::new(broker.clone(), c, limits.clone());
         serving.push(tokio::spawn(
             server.serve(listener, listener_stop_rx.clone()),
         ));

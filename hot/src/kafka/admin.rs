@@ -120,7 +120,13 @@ pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResp
         return resp;
     };
     let auto_create = req.allow_auto_topic_creation && broker.config().auto_create_topics;
+    // A topic named (or identified) twice is answered once, as Kafka does: repeats must not
+    // multiply the response.
+    let mut seen = std::collections::HashSet::new();
     for t in requested {
+        if !seen.insert((t.name.clone(), t.topic_id)) {
+            continue;
+        }
         let by_id = (t.topic_id != Uuid::nil()).then(|| {
             broker
                 .topics()

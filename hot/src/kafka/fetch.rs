@@ -75,9 +75,17 @@ pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
 
 async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
     let broker = ctx.broker();
+    // A partition named twice is read and answered once (its first mention), as Kafka's
+    // fetch session keeps one entry per partition: repeats must not multiply the response.
+    let mut seen = std::collections::HashSet::new();
     let topics: Arc<Vec<(TopicName, Vec<Target>)>> = Arc::new(
         req.topics
             .into_iter()
+            .filter_map(|mut t| {
+                t.partitions
+                    .retain(|p| seen.insert((t.topic.0.clone(), p.partition)));
+                (!t.partitions.is_empty()).then_some(t)
+            })
             .map(|t| {
                 let name = t.topic.0.to_string();
                 let may_read = ctx.may_topic(Operation::Read, &name);
@@ -111,13 +119,12 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
                 .filter_map(|t| t.partition.as_ref().ok().map(|p| p.subscribe()))
         })
         .collect();
-    let deadline =
-        tokio::time::Instant::now() + Duration::from_millis(req.max_wait_ms.max(0) as u64);
-    let max_bytes = if req.max_bytes <= 0 {
-        usize::MAX
-    } else {
-        req.max_bytes as usize
-    };
+    let limits = ctx.listener();
+    let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(limits.fetch_max_wait);
+    let deadline = tokio::time::Instant::now() + wait;
+    // The broker's fetch.max.bytes caps what a request may ask; zero or less asks for
+    // nothing beyond the first batch KIP-74 always allows.
+    let max_bytes = (req.max_bytes.max(0) as usize).min(limits.fetch_max_bytes);
     let min_bytes = req.min_bytes.max(0) as usize;
     loop {
         for w in &mut watchers {

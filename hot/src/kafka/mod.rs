@@ -12,6 +12,7 @@ mod admin;
 pub(crate) mod codes;
 mod fetch;
 mod group;
+pub mod limits;
 mod produce;
 pub mod sasl;
 pub mod tls;
@@ -138,11 +139,16 @@ pub struct ListenerConfig {
     pub idle_timeout: Duration,
     /// Time allowed for the rest of a frame once its length arrived.
     pub frame_timeout: Duration,
+    /// The most record bytes in one fetch response (Kafka's broker `fetch.max.bytes`).
+    pub fetch_max_bytes: usize,
+    /// The longest a fetch waits for data, whatever it asks.
+    pub fetch_max_wait: Duration,
 }
 
 pub struct KafkaServer {
     broker: Arc<Broker>,
     config: ListenerConfig,
+    limits: Arc<limits::Limits>,
 }
 
 /// What a dispatched request produces.
@@ -169,8 +175,17 @@ pub enum Refusal {
 }
 
 impl KafkaServer {
-    pub fn new(broker: Arc<Broker>, config: ListenerConfig) -> Arc<Self> {
-        Arc::new(KafkaServer { broker, config })
+    /// A listener; `limits` are shared by all the broker's listeners.
+    pub fn new(
+        broker: Arc<Broker>,
+        config: ListenerConfig,
+        limits: Arc<limits::Limits>,
+    ) -> Arc<Self> {
+        Arc::new(KafkaServer {
+            broker,
+            config,
+            limits,
+        })
     }
 
     /// Accepts connections until `shutdown` turns true.
@@ -182,13 +197,21 @@ impl KafkaServer {
         loop {
             tokio::select! {
                 _ = async { let _ = shutdown.wait_for(|s| *s).await.is_ok(); } => return,
-                accepted = listener.accept() => match accepted {
+                accepted = async {
+                    self.limits.room().await;
+                    listener.accept().await
+                } => match accepted {
                     Ok((stream, peer)) => {
+                        // over max.connections.per.ip: closed at once, as Kafka does
+                        let Some(slot) = self.limits.admit(peer.ip()) else {
+                            continue;
+                        };
                         let server = self.clone();
                         tokio::spawn(async move {
                             if let Err(e) = server.connection(stream).await {
                                 tracing::debug!(%peer, error = %e, "connection ended with an error");
                             }
+                            drop(slot);
                         });
                     }
                     Err(e) => {
@@ -259,11 +282,12 @@ impl KafkaServer {
         let mut raw_tokens = false;
         // When the SASL session ends unless re-authenticated (KIP-368).
         let mut session_ends: Option<tokio::time::Instant> = None;
-        let mut commits = CommitTurns::default();
-        let mut refused = produce::Refused::default();
-        let (tx, mut rx) = mpsc::channel::<Reply>(MAX_IN_FLIGHT);
+        let mut turns = ConnectionTurns::default();
+        // Each reply travels with its request's share of the request memory, returned once
+        // the response is written.
+        let (tx, mut rx) = mpsc::channel::<(Reply, Option<limits::MemoryShare>)>(MAX_IN_FLIGHT);
         let writer = tokio::spawn(async move {
-            while let Some(reply) = rx.recv().await {
+            while let Some((reply, _share)) = rx.recv().await {
                 let frame = match reply {
                     Reply::Now(f) => f,
                     Reply::Later(handle) => handle.await??,
@@ -295,8 +319,8 @@ impl KafkaServer {
                 tracing::warn!(%peer, size, max = MAX_UNAUTHENTICATED_FRAME, "request frame too large before SASL authentication; closing connection");
                 break;
             }
-            let mut frame = BytesMut::zeroed(size as usize);
-            match tokio::time::timeout(self.config.frame_timeout, rd.read_exact(&mut frame)).await {
+            let read = self.limits.read_frame(&mut rd, size as usize);
+            let (frame, share) = match tokio::time::timeout(self.config.frame_timeout, read).await {
                 Err(_) => {
                     tracing::warn!(%peer, size, "request frame incomplete after the frame timeout; closing connection");
                     break;
@@ -306,8 +330,8 @@ impl KafkaServer {
                     break;
                 }
                 Ok(Err(e)) => return Err(e.into()),
-                Ok(Ok(_)) => {}
-            }
+                Ok(Ok(read)) => read,
+            };
             if raw_tokens {
                 let step = sasl
                     .as_mut()
@@ -317,7 +341,7 @@ impl KafkaServer {
                         let mut reply = BytesMut::with_capacity(4 + step.response.len());
                         reply.put_i32(step.response.len() as i32);
                         reply.put_slice(&step.response);
-                        if tx.send(Reply::Now(reply)).await.is_err() {
+                        if tx.send((Reply::Now(reply), None)).await.is_err() {
                             break;
                         }
                         if let Some(user) = step.authenticated {
@@ -367,7 +391,7 @@ impl KafkaServer {
                 (Body::SaslHandshake(_) | Body::SaslAuthenticate(_), _) => {
                     let (reply, outcome) = self.sasl_step(decoded, sasl.as_mut(), peer);
                     if let Some(reply) = reply {
-                        if tx.send(Reply::Now(reply)).await.is_err() {
+                        if tx.send((Reply::Now(reply), None)).await.is_err() {
                             break;
                         }
                     }
@@ -394,8 +418,7 @@ impl KafkaServer {
                         peer,
                         host.clone(),
                         principal.clone().unwrap_or_else(|| Arc::from(ANONYMOUS)),
-                        &mut commits,
-                        &mut refused,
+                        &mut turns,
                     ),
                 (_, None) => {
                     tracing::warn!(%peer, listener = %self.config.name, api = ?decoded.key, "request before SASL authentication; closing connection");
@@ -404,7 +427,7 @@ impl KafkaServer {
             };
             match step {
                 Ok(reply) => {
-                    if tx.send(reply).await.is_err() {
+                    if tx.send((reply, Some(share))).await.is_err() {
                         break; // the writer failed; its error is reported below
                     }
                     if stale_metadata {
@@ -538,15 +561,14 @@ impl KafkaServer {
     }
 
     /// Routes one decoded request. Appends happen here, in request order; offset commits
-    /// take their turn in `commits`.
+    /// and fetches take their turns in `turns`.
     fn dispatch(
         self: &Arc<Self>,
         decoded: Decoded,
         peer: std::net::SocketAddr,
         host: Arc<str>,
         principal: Arc<str>,
-        commits: &mut CommitTurns,
-        refused: &mut produce::Refused,
+        turns: &mut ConnectionTurns,
     ) -> Result<Reply, Refusal> {
         let Decoded {
             key,
@@ -574,8 +596,10 @@ impl KafkaServer {
             }
             Body::ApiVersions(_) => ctx.respond_now(&api_versions_response(codes::NONE)),
             Body::Metadata(req) => ctx.later(admin::metadata(ctx.clone(), req)),
-            Body::Produce(req) => produce::handle(ctx, req, refused),
-            Body::Fetch(req) => ctx.later(fetch::handle(ctx.clone(), req)),
+            Body::Produce(req) => produce::handle(ctx, req, &mut turns.refused),
+            // one at a time per connection, as clients send them: a connection holds at most
+            // one fetch response (kafka.fetch_max_bytes) in memory
+            Body::Fetch(req) => ctx.later(turns.fetches.in_turn(fetch::handle(ctx.clone(), req))),
             Body::ListOffsets(req) => ctx.later(fetch::list_offsets(ctx.clone(), req)),
             Body::CreateTopics(req) => ctx.later(admin::create_topics(ctx.clone(), req)),
             Body::DeleteTopics(req) => ctx.later(admin::delete_topics(ctx.clone(), req)),
@@ -591,9 +615,11 @@ impl KafkaServer {
             Body::SyncGroup(req) => ctx.later(group::sync(ctx.clone(), req)),
             Body::Heartbeat(req) => ctx.respond_now(&group::heartbeat(&ctx, req)),
             Body::LeaveGroup(req) => ctx.respond_now(&group::leave(&ctx, req)),
-            Body::OffsetCommit(req) => {
-                ctx.later(commits.in_turn(group::offset_commit(ctx.clone(), req)))
-            }
+            Body::OffsetCommit(req) => ctx.later(
+                turns
+                    .commits
+                    .in_turn(group::offset_commit(ctx.clone(), req)),
+            ),
             Body::OffsetFetch(req) => ctx.later(group::offset_fetch(ctx.clone(), req)),
             Body::ListGroups(req) => ctx.respond_now(&group::list_groups(&ctx, req)),
             Body::DescribeGroups(req) => ctx.respond_now(&group::describe_groups(&ctx, req)),
@@ -612,19 +638,30 @@ impl KafkaServer {
     }
 }
 
-/// Runs a connection's offset commits one after another, in request order. Each commit
-/// runs in its own task and is applied when its write is durable, so two pipelined commits
-/// of one partition (librdkafka's async commits) could otherwise be applied in the other
-/// order, an older offset overwriting a newer one. Kafka serves a connection's requests one
-/// at a time; Strata keeps other requests pipelined and chains only the commits.
+/// What a connection remembers between requests to keep them in order.
 #[derive(Default)]
-pub(crate) struct CommitTurns {
+pub(crate) struct ConnectionTurns {
+    commits: Turns,
+    fetches: Turns,
+    /// Retriable refusals given before append, per partition (see `produce::Refused`).
+    refused: produce::Refused,
+}
+
+/// Runs a connection's requests of one kind one after another, in request order. Each
+/// offset commit runs in its own task and is applied when its write is durable, so two
+/// pipelined commits of one partition (librdkafka's async commits) could otherwise be
+/// applied in the other order, an older offset overwriting a newer one; fetches take turns
+/// so that a connection holds one fetch response at a time. Kafka serves a connection's
+/// requests one at a time; Strata keeps other requests pipelined and chains only these.
+#[derive(Default)]
+pub(crate) struct Turns {
     /// Closed (sent or dropped) when the last commit handed out has finished.
     last: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
-impl CommitTurns {
-    /// `commit`, started only once the previous commit of this connection has finished.
+impl Turns {
+    /// `commit`, started only once the previous request of its kind on this connection has
+    /// finished.
     fn in_turn<F: std::future::Future>(
         &mut self,
         commit: F,

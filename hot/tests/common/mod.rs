@@ -47,6 +47,12 @@ pub async fn serve_kafka_as(
 ) -> (String, watch::Sender<bool>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let limits = strata_hot::kafka::limits::Limits::new(
+        &strata_hot::config::KafkaSection::default()
+            .limits()
+            .unwrap(),
+        broker.metrics().listener.clone(),
+    );
     let server = KafkaServer::new(
         broker,
         ListenerConfig {
@@ -61,7 +67,10 @@ pub async fn serve_kafka_as(
             max_reauth: None,
             idle_timeout: Duration::from_secs(60),
             frame_timeout: Duration::from_millis(300),
+            fetch_max_bytes: 55 << 20,
+            fetch_max_wait: Duration::from_secs(30),
         },
+        limits,
     );
     let (stop, stop_rx) = watch::channel(false);
     tokio::spawn(server.serve(listener, stop_rx));

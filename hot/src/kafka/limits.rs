@@ -1,0 +1,330 @@
+//! What one client may take from a broker's Kafka listeners, with Kafka's names:
+//! `max.connections`, `max.connections.per.ip` (and its overrides) and
+//! `queued.max.request.bytes`.
+//!
+//! A request frame's buffer grows as its bytes arrive, and every byte read takes its share of
+//! the broker-wide request memory first; the share is held until the request's response has
+//! been written. When the memory is all taken, reads pause (every connection's, fairly, in
+//! arrival order) until responses free some. A frame that stalls half-sent is closed after
+//! `kafka.frame_timeout`, which returns its share.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+/// Bytes a frame's buffer starts with and the least it grows by.
+const FIRST_CHUNK: usize = 64 << 10;
+
+/// How often a refused-connection warning may be logged.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// What the listeners count, for /metrics.
+#[derive(Debug, Default)]
+pub struct ListenerStats {
+    /// Open client connections, all listeners.
+    pub connections: AtomicU64,
+    /// Connections closed at accept because their address had `max.connections.per.ip`.
+    pub refused_per_ip: AtomicU64,
+    /// Times the accept loop paused because `max.connections` were open.
+    pub accept_paused: AtomicU64,
+    /// Request bytes read and not yet answered (`queued.max.request.bytes` in use).
+    pub request_memory: AtomicU64,
+    /// Reads that waited for request memory.
+    pub request_memory_waits: AtomicU64,
+}
+
+/// The limits, shared by every listener of a broker.
+pub struct Limits {
+    max_connections: usize,
+    per_ip: usize,
+    overrides: HashMap<IpAddr, usize>,
+    open: Mutex<Open>,
+    freed: Notify,
+    memory: Arc<Semaphore>,
+    stats: Arc<ListenerStats>,
+}
+
+#[derive(Default)]
+struct Open {
+    total: usize,
+    by_ip: HashMap<IpAddr, usize>,
+    /// Refusals since the last warning, and when it was logged.
+    refused_since_warning: u64,
+    warned_at: Option<Instant>,
+}
+
+/// The settings `Limits` is built from.
+#[derive(Debug, Clone)]
+pub struct LimitsConfig {
+    pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+    pub max_connections_per_ip_overrides: HashMap<IpAddr, usize>,
+    pub queued_max_request_bytes: usize,
+}
+
+/// A connection's place under the limits; dropping it frees the place.
+pub struct Slot {
+    limits: Arc<Limits>,
+    ip: IpAddr,
+}
+
+/// A frame's share of the request memory, returned when dropped.
+#[derive(Debug)]
+pub struct MemoryShare {
+    permit: Option<OwnedSemaphorePermit>,
+    bytes: u64,
+    stats: Arc<ListenerStats>,
+}
+
+impl Limits {
+    pub fn new(config: &LimitsConfig, stats: Arc<ListenerStats>) -> Arc<Limits> {
+        Arc::new(Limits {
+            max_connections: config.max_connections,
+            per_ip: config.max_connections_per_ip,
+            overrides: config.max_connections_per_ip_overrides.clone(),
+            open: Mutex::new(Open::default()),
+            freed: Notify::new(),
+            memory: Arc::new(Semaphore::new(
+                config.queued_max_request_bytes.min(Semaphore::MAX_PERMITS),
+            )),
+            stats,
+        })
+    }
+
+    /// Resolves once fewer than `max.connections` are open. The accept loop waits here, so
+    /// further clients queue in the listen backlog, as with Kafka's acceptor.
+    pub async fn room(&self) {
+        let mut paused = false;
+        loop {
+            let freed = self.freed.notified();
+            if self.lock().total < self.max_connections {
+                return;
+            }
+            if !paused {
+                paused = true;
+                self.stats.accept_paused.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    max = self.max_connections,
+                    "max.connections are open; new connections wait until one closes"
+                );
+            }
+            freed.await;
+        }
+    }
+
+    /// A place for a connection from `ip`, or `None` when that address already holds its
+    /// `max.connections.per.ip` (the caller closes the connection).
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
+        let allowed = self.overrides.get(&ip).copied().unwrap_or(self.per_ip);
+        let mut open = self.lock();
+        let held = open.by_ip.get(&ip).copied().unwrap_or(0);
+        if held >= allowed {
+            self.stats.refused_per_ip.fetch_add(1, Relaxed);
+            open.refused_since_warning += 1;
+            let due = open.warned_at.is_none_or(|at| at.elapsed() >= WARN_EVERY);
+            if due {
+                tracing::warn!(
+                    %ip,
+                    max = allowed,
+                    refused = open.refused_since_warning,
+                    "max.connections.per.ip reached; closing new connections from this address"
+                );
+                open.refused_since_warning = 0;
+                open.warned_at = Some(Instant::now());
+            }
+            return None;
+        }
+        open.by_ip.insert(ip, held + 1);
+        open.total += 1;
+        self.stats.connections.fetch_add(1, Relaxed);
+        Some(Slot {
+            limits: self.clone(),
+            ip,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads a `size`-byte frame body from `rd`. The buffer grows as bytes arrive (doubling
+    /// from 64 KiB), and each read first takes its bytes from the request memory, waiting
+    /// while it is all in use.
+    pub async fn read_frame<R: AsyncRead + Unpin>(
+        &self,
+        rd: &mut R,
+        size: usize,
+    ) -> std::io::Result<(BytesMut, MemoryShare)> {
+        let mut share = MemoryShare {
+            permit: None,
+            bytes: 0,
+            stats: self.stats.clone(),
+        };
+        let mut frame = BytesMut::new();
+        while frame.len() < size {
+            let want = (size - frame.len()).min(frame.len().max(FIRST_CHUNK));
+            share.take(&self.memory, want).await;
+            frame.reserve(want);
+            let target = frame.len() + want;
+            while frame.len() < target {
+                let left = (target - frame.len()) as u64;
+                if (&mut *rd).take(left).read_buf(&mut frame).await? == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+            }
+        }
+        Ok((frame, share))
+    }
+}
+
+impl MemoryShare {
+    /// Adds `bytes` to this share, waiting while the memory is all in use.
+    async fn take(&mut self, memory: &Arc<Semaphore>, bytes: usize) {
+        let n = bytes as u32; // a frame is at most kafka.max_request_bytes (i32)
+        let permit = match memory.clone().try_acquire_many_owned(n) {
+            Ok(p) => p,
+            Err(_) => {
+                self.stats.request_memory_waits.fetch_add(1, Relaxed);
+                memory
+                    .clone()
+                    .acquire_many_owned(n)
+                    .await
+                    .expect("the request memory is never closed")
+            }
+        };
+        self.stats.request_memory.fetch_add(bytes as u64, Relaxed);
+        self.bytes += bytes as u64;
+        match &mut self.permit {
+            Some(held) => held.merge(permit),
+            None => self.permit = Some(permit),
+        }
+    }
+}
+
+impl Drop for MemoryShare {
+    fn drop(&mut self) {
+        self.stats.request_memory.fetch_sub(self.bytes, Relaxed);
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.limits.lock();
+        open.total -= 1;
+        if let Some(n) = open.by_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.by_ip.remove(&self.ip);
+            }
+        }
+        drop(open);
+        self.limits.stats.connections.fetch_sub(1, Relaxed);
+        self.limits.freed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(per_ip: usize, total: usize, memory: usize) -> Arc<Limits> {
+        Limits::new(
+            &LimitsConfig {
+                max_connections: total,
+                max_connections_per_ip: per_ip,
+                max_connections_per_ip_overrides: HashMap::from([("10.0.0.9".parse().unwrap(), 5)]),
+                queued_max_request_bytes: memory,
+            },
+            Arc::default(),
+        )
+    }
+
+    #[test]
+    fn an_address_gets_its_limit_or_its_override_and_a_closed_slot_is_given_back() {
+        let l = limits(2, 100, 1 << 20);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let (s1, s2) = (l.admit(a).unwrap(), l.admit(a).unwrap());
+        assert!(l.admit(a).is_none(), "a third connection from one address");
+        assert!(l.admit("10.0.0.2".parse().unwrap()).is_some());
+        let b: IpAddr = "10.0.0.9".parse().unwrap();
+        let held: Vec<_> = (0..5).map(|_| l.admit(b).unwrap()).collect();
+        assert!(l.admit(b).is_none(), "the override allows five");
+        drop(s1);
+        assert!(l.admit(a).is_some());
+        assert_eq!(l.stats.refused_per_ip.load(Relaxed), 2);
+        drop((s2, held));
+    }
+
+    #[tokio::test]
+    async fn the_accept_loop_waits_for_room_until_a_connection_closes() {
+        let l = limits(10, 2, 1 << 20);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let s1 = l.admit(ip).unwrap();
+        let _s2 = l.admit(ip).unwrap();
+        let waiting = tokio::spawn({
+            let l = l.clone();
+            async move { l.room().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "two of two connections are open");
+        drop(s1);
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("room once a connection closed")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_frame_grows_with_its_bytes_and_reads_wait_for_request_memory() {
+        let l = limits(10, 10, 200 << 10);
+        // a 1 MiB frame of which 100 KiB arrived: the buffer holds about what arrived
+        let (mut client, mut server) = tokio::io::duplex(1 << 20);
+        // as the listener does: the frame timeout ends a frame that waits too long
+        let reading = tokio::spawn({
+            let l = l.clone();
+            async move {
+                let read = l.read_frame(&mut server, 1 << 20);
+                tokio::time::timeout(Duration::from_millis(500), read).await
+            }
+        });
+        tokio::io::AsyncWriteExt::write_all(&mut client, &vec![7u8; 100 << 10])
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let held = l.stats.request_memory.load(Relaxed);
+        assert!(
+            (100 << 10..=192 << 10).contains(&held),
+            "request memory held for 100 KiB received: {held}"
+        );
+        // the pool (200 KiB) is short of the next chunk: the read waits
+        tokio::io::AsyncWriteExt::write_all(&mut client, &vec![7u8; 100 << 10])
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!reading.is_finished());
+        assert!(l.stats.request_memory_waits.load(Relaxed) >= 1);
+        assert!(reading.await.unwrap().is_err(), "the frame timed out");
+        drop(client);
+        assert_eq!(
+            l.stats.request_memory.load(Relaxed),
+            0,
+            "a frame that timed out returns its share"
+        );
+        // a whole frame is read and its share lasts as long as the share is held
+        let (mut client, mut server) = tokio::io::duplex(1 << 20);
+        tokio::io::AsyncWriteExt::write_all(&mut client, &[1, 2, 3])
+            .await
+            .unwrap();
+        let (frame, share) = l.read_frame(&mut server, 3).await.unwrap();
+        assert_eq!(&frame[..], &[1, 2, 3]);
+        assert_eq!(l.stats.request_memory.load(Relaxed), 3);
+        drop(share);
+        assert_eq!(l.stats.request_memory.load(Relaxed), 0);
+    }
+}
