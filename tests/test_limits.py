@@ -307,3 +307,142 @@ def test_connections_past_max_connections_per_ip_are_closed_and_others_still_ser
         for s in socks:
             s.close()
         b.close()
+
+
+def test_grpc_ports_drop_a_peer_that_stops_answering(broker):
+    """No gRPC server had HTTP/2 keepalive: a client that connected and went silent (a
+    paused process, a cut network) held its connection and its streams until TCP gave up,
+    minutes later. Every Strata gRPC server now pings a silent connection after 5 s and
+    drops it when the ping goes unanswered for 5 s more."""
+    s = socket.create_connection(("127.0.0.1", broker.controller_port), timeout=30)
+    try:
+        # an HTTP/2 client preface and empty SETTINGS, then silence: no SETTINGS ack, no
+        # PING answers
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + struct.pack(">I", 0)[1:] + bytes([4, 0]) + struct.pack(">I", 0))
+        started = time.monotonic()
+        frames = []
+        while True:
+            head = b""
+            while len(head) < 9:
+                chunk = s.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+            if len(head) < 9:
+                break  # closed by the server
+            length = int.from_bytes(head[:3], "big")
+            frames.append(head[3])
+            body = b""
+            while len(body) < length:
+                chunk = s.recv(length - len(body))
+                if not chunk:
+                    break
+                body += chunk
+        waited = time.monotonic() - started
+        print(f"silent HTTP/2 client dropped after {waited:.1f} s; frame types received {frames}")
+        assert 6 in frames, "the server never pinged"
+        assert 5 <= waited <= 20, waited
+    finally:
+        s.close()
+    assert broker.running()
+
+
+# --- state that grows with clients ----------------------------------------------------------
+
+
+def string(v: bytes) -> bytes:
+    return struct.pack(">h", len(v)) + v
+
+
+def find_coordinator_error(w: KafkaWire, group: bytes) -> int:
+    """FindCoordinator v0's error code for `group`."""
+    (error,) = struct.unpack_from(">h", w.call(10, 0, string(group)), 0)
+    return error
+
+
+def join_v0(group: bytes) -> bytes:
+    """JoinGroup v0 body: a new member of `group` with one protocol."""
+    return (string(group) + struct.pack(">i", 10_000) + string(b"") + string(b"consumer")
+            + struct.pack(">i", 1) + string(b"range") + struct.pack(">i", 0))
+
+
+def test_group_ids_client_ids_and_group_size_are_bounded(tmp_path):
+    """Group ids of 30,000 bytes or holding NUL/ESC were accepted, client ids had no bound,
+    and a group had no member limit. Now a group id is at most 255 bytes without control
+    characters (INVALID_GROUP_ID), a client id at most 1024 bytes without control characters
+    (the connection is closed, and the broker's log says why), and a join past
+    groups.max_size gets GROUP_MAX_SIZE_REACHED."""
+    b = Broker(strata_bin(), tmp_path)
+    b.extra_env = {"STRATA__GROUPS__MAX_SIZE": "2"}
+    b.start()
+    try:
+        w = KafkaWire(b.port)
+        for bad in (b"g" * 30_000, b"g" * 256, b"settle\x00ments", b"\x1b[31mred"):
+            assert find_coordinator_error(w, bad) == 24, bad[:20]
+        assert find_coordinator_error(w, b"g" * 255) == 0
+
+        # a client id of 2,000 bytes, or with an ESC: the connection is closed
+        for client in (b"c" * 2000, b"app\x1b[2J"):
+            s = socket.create_connection(("127.0.0.1", b.port), timeout=10)
+            frame = struct.pack(">hhi", 18, 0, 1) + string(client)
+            s.sendall(struct.pack(">i", len(frame)) + frame)
+            assert s.recv(4) == b"", f"answered a client id of {len(client)} bytes"
+            s.close()
+        assert "client id" in b.stderr_tail(50)
+
+        # groups.max_size = 2: the third member is refused at once
+        members = [KafkaWire(b.port, timeout=30) for _ in range(3)]
+        resp = members[0].call(11, 0, join_v0(b"payers"))
+        assert struct.unpack_from(">h", resp, 0)[0] == 0
+        # the second join waits for a rebalance: sent, not awaited
+        members[1].correlation += 1
+        frame = struct.pack(">hhih", 11, 0, members[1].correlation, 4) + b"test" + join_v0(b"payers")
+        members[1].sock.sendall(struct.pack(">i", len(frame)) + frame)
+        time.sleep(0.5)
+        started = time.monotonic()
+        resp = members[2].call(11, 0, join_v0(b"payers"))
+        (error,) = struct.unpack_from(">h", resp, 0)
+        print(f"third member of a group with groups.max_size=2: error {error} after "
+              f"{(time.monotonic() - started) * 1000:.0f} ms")
+        assert error == 81, error
+        for m in members:
+            m.close()
+        w.close()
+        assert b.running()
+    finally:
+        b.close()
+
+
+def test_metrics_carry_at_most_a_thousand_groups(broker):
+    """Every group grew /metrics (3,000 anonymous groups: 228 kB -> 2.7 MB). Now /metrics
+    carries the series of the first 1,000 groups by name and counts the rest."""
+    broker.create_topic("ledger", 1)
+    w = KafkaWire(broker.port, timeout=30)
+    try:
+        # FindCoordinator creates __consumer_offsets; its coordinator loads shortly after
+        deadline = time.monotonic() + 30
+        while find_coordinator_error(w, b"tenant-00000") != 0:
+            assert time.monotonic() < deadline, "no coordinator"
+            time.sleep(0.2)
+        for i in range(1100):
+            # OffsetCommit v2 without a member (generation -1): the group exists with an offset
+            body = (string(f"tenant-{i:05}".encode()) + struct.pack(">i", -1) + string(b"")
+                    + struct.pack(">q", -1) + struct.pack(">i", 1) + string(b"ledger")
+                    + struct.pack(">i", 1) + struct.pack(">iq", 0, 0) + string(b""))
+            while True:
+                resp = w.call(8, 2, body)
+                (error,) = struct.unpack_from(">h", resp, len(resp) - 2)
+                if error not in (14, 15, 16) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)  # the coordinator is still loading
+            assert error == 0, f"commit {i}: error {error}"
+    finally:
+        w.close()
+    m = scrape_metrics(broker.metrics_port)
+    series = [k for k in m if k.startswith("strata_group_committed_offset{")]
+    print(f"1,100 groups: strata_groups {m['strata_groups']:.0f}, "
+          f"{len(series)} committed-offset series, {m['strata_groups_not_in_metrics']:.0f} left out")
+    assert m["strata_groups"] == 1100
+    assert m["strata_groups_not_in_metrics"] == 100
+    assert len(series) == 1000
+    assert not any("tenant-0110" in k for k in series), "the groups kept are the first by name"

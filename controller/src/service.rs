@@ -82,6 +82,37 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// Requests one gRPC connection may have in progress; more wait (HTTP/2 flow control holds
+/// the client back).
+pub const GRPC_CONCURRENCY_PER_CONNECTION: usize = 256;
+/// HTTP/2 streams one connection may open at once.
+pub const GRPC_MAX_STREAMS: u32 = 512;
+/// The longest any unary gRPC call (or a stream's opening) may take on a server, long
+/// polls included (they wait at most 30 s); a client's shorter `grpc-timeout` wins.
+pub const GRPC_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Largest request message the controller's services decode (tonic's default, stated).
+pub const GRPC_MAX_CONTROLLER_MESSAGE: usize = 4 << 20;
+/// A gRPC server pings a connection silent this long, and drops it when the ping is not
+/// answered within as long again.
+pub const GRPC_KEEPALIVE: Duration = Duration::from_secs(5);
+/// Largest request header block a gRPC server takes.
+pub const GRPC_MAX_HEADER_LIST: u32 = 64 << 10;
+
+/// A tonic server with the limits every Strata gRPC port applies: requests in progress and
+/// streams per connection, a deadline on every call, HTTP/2 keepalive (a peer that stops
+/// answering pings is dropped after 10 s, not when TCP gives up), a bound on header size
+/// and on streams a client resets before they are served (the HTTP/2 rapid-reset attack).
+pub fn server_builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .concurrency_limit_per_connection(GRPC_CONCURRENCY_PER_CONNECTION)
+        .max_concurrent_streams(GRPC_MAX_STREAMS)
+        .timeout(GRPC_REQUEST_TIMEOUT)
+        .http2_keepalive_interval(Some(GRPC_KEEPALIVE))
+        .http2_keepalive_timeout(Some(GRPC_KEEPALIVE))
+        .http2_max_header_list_size(GRPC_MAX_HEADER_LIST)
+        .http2_max_pending_accept_reset_streams(Some(64))
+}
+
 /// Accepted connections with Nagle's algorithm off (tonic ignores its own `tcp_nodelay`
 /// for a given stream of connections): small RPC answers must not wait for delayed ACKs.
 pub fn nodelay(
@@ -174,20 +205,26 @@ impl Controller {
             raft,
             state,
         });
-        let mut builder = tonic::transport::Server::builder();
+        let mut builder = server_builder();
         if let Some(tls) = &controller.config.tls {
             builder = builder
                 .tls_config(tls.server().context("controller TLS")?)
                 .context("controller TLS")?;
         }
         let server = builder
-            .add_service(RaftGrpcServer::new(RaftServer {
-                raft: controller.raft.clone(),
-                leader_contact: controller.leader_contact.clone(),
-                authenticated: controller.config.tls.is_some(),
-                voters: controller.config.voters.keys().copied().collect(),
-            }))
-            .add_service(ControllerServer::new(ControllerService(controller.clone())));
+            .add_service(
+                RaftGrpcServer::new(RaftServer {
+                    raft: controller.raft.clone(),
+                    leader_contact: controller.leader_contact.clone(),
+                    authenticated: controller.config.tls.is_some(),
+                    voters: controller.config.voters.keys().copied().collect(),
+                })
+                .max_decoding_message_size(GRPC_MAX_CONTROLLER_MESSAGE),
+            )
+            .add_service(
+                ControllerServer::new(ControllerService(controller.clone()))
+                    .max_decoding_message_size(GRPC_MAX_CONTROLLER_MESSAGE),
+            );
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
             let stopped = async move {

@@ -443,6 +443,8 @@ pub struct GroupsSection {
     pub offsets_snapshot_records: u64,
     /// `segment.bytes` of `__consumer_offsets` (fixed once it exists).
     pub offsets_topic_segment_bytes: u64,
+    /// Members one group may have (`group.max.size`).
+    pub max_size: usize,
 }
 
 impl Default for GroupsSection {
@@ -459,6 +461,7 @@ impl Default for GroupsSection {
             flap_window: ms(d.group.flap_window_ms),
             offsets_snapshot_records: d.offsets_snapshot_records,
             offsets_topic_segment_bytes: d.offsets_segment_bytes,
+            max_size: d.group.max_size,
         }
     }
 }
@@ -473,6 +476,7 @@ impl GroupsSection {
                 max_session_timeout_ms: ms(self.max_session_timeout),
                 max_rebalances_per_member: self.max_rebalances_per_member,
                 flap_window_ms: ms(self.flap_window),
+                max_size: self.max_size,
                 ..d.group
             },
             offsets_partitions: self.offsets_topic_partitions,

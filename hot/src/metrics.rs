@@ -393,44 +393,74 @@ fn label(v: &str) -> String {
 
 /// The groups this broker coordinates: members, committed offsets, and the lag behind the
 /// high watermark of each partition this broker holds a replica of.
+/// Groups whose series /metrics carries (the first by name); the rest are counted only, so
+/// that clients creating groups cannot grow every scrape without bound.
+pub const MAX_GROUPS_IN_METRICS: usize = 1000;
+
 fn render_groups(out: &mut String, broker: &Broker) {
     let mut members = String::new();
     let mut committed = String::new();
     let mut lag = String::new();
-    for c in broker.groups().coordinators() {
-        for (group, _, _) in c.list() {
-            let g = label(&group);
-            if let Some(view) = c.describe(&group) {
+    let mut groups: Vec<(
+        String,
+        std::sync::Arc<crate::group::coordinator::Coordinator>,
+    )> = broker
+        .groups()
+        .coordinators()
+        .into_iter()
+        .flat_map(|c| {
+            c.list()
+                .into_iter()
+                .map(move |(group, _, _)| (group, c.clone()))
+        })
+        .collect();
+    groups.sort_by(|a, b| a.0.cmp(&b.0));
+    let total = groups.len();
+    groups.truncate(MAX_GROUPS_IN_METRICS);
+    gauge(
+        out,
+        "strata_groups",
+        "Consumer groups this broker coordinates.",
+        total as u64,
+    );
+    gauge(
+        out,
+        "strata_groups_not_in_metrics",
+        "Groups coordinated here whose series are left out (past the first 1000 by name).",
+        total.saturating_sub(MAX_GROUPS_IN_METRICS) as u64,
+    );
+    for (group, c) in groups {
+        let g = label(&group);
+        if let Some(view) = c.describe(&group) {
+            let _ = writeln!(
+                members,
+                "strata_group_members{{group=\"{g}\",state=\"{}\"}} {}",
+                view.state.name(),
+                view.members.len()
+            );
+        }
+        for ((topic, partition), o) in c.committed(&group) {
+            let labels = format!(
+                "group=\"{g}\",topic=\"{}\",partition=\"{partition}\"",
+                label(&topic)
+            );
+            let _ = writeln!(
+                committed,
+                "strata_group_committed_offset{{{labels}}} {}",
+                o.offset
+            );
+            let local = broker.topic(&topic).and_then(|t| {
+                usize::try_from(partition)
+                    .ok()
+                    .and_then(|i| t.partitions.get(i).cloned().flatten())
+            });
+            if let Some(p) = local {
+                let hw = p.progress().high_watermark as i64;
                 let _ = writeln!(
-                    members,
-                    "strata_group_members{{group=\"{g}\",state=\"{}\"}} {}",
-                    view.state.name(),
-                    view.members.len()
+                    lag,
+                    "strata_group_lag_records{{{labels}}} {}",
+                    (hw - o.offset).max(0)
                 );
-            }
-            for ((topic, partition), o) in c.committed(&group) {
-                let labels = format!(
-                    "group=\"{g}\",topic=\"{}\",partition=\"{partition}\"",
-                    label(&topic)
-                );
-                let _ = writeln!(
-                    committed,
-                    "strata_group_committed_offset{{{labels}}} {}",
-                    o.offset
-                );
-                let local = broker.topic(&topic).and_then(|t| {
-                    usize::try_from(partition)
-                        .ok()
-                        .and_then(|i| t.partitions.get(i).cloned().flatten())
-                });
-                if let Some(p) = local {
-                    let hw = p.progress().high_watermark as i64;
-                    let _ = writeln!(
-                        lag,
-                        "strata_group_lag_records{{{labels}}} {}",
-                        (hw - o.offset).max(0)
-                    );
-                }
             }
         }
     }

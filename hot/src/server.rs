@@ -141,7 +141,7 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         let service = GrpcService::server(broker.clone(), me, oauth.clone());
         let replica_broker = broker.clone();
         let mut stop = listener_stop_rx.clone();
-        let mut builder = tonic::transport::Server::builder();
+        let mut builder = strata_controller::service::server_builder();
         if let Some(tls) = &tls {
             builder = builder
                 .tls_config(tls.server()?)

@@ -26,6 +26,8 @@ pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
 const FIND_WAIT: Duration = Duration::from_millis(500);
 /// Kafka's COORDINATOR_LOAD_IN_PROGRESS.
 pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
+/// Kafka's INVALID_GROUP_ID: empty, too long, or a control character.
+pub const INVALID_GROUP_ID: i16 = 24;
 
 /// Topics clients may not write to or delete.
 pub fn is_internal(topic: &str) -> bool {
@@ -235,6 +237,9 @@ impl GroupManager {
     /// The coordinator of `group` if this broker is it; otherwise Kafka's error:
     /// NOT_COORDINATOR, or COORDINATOR_LOAD_IN_PROGRESS while the partition is replayed.
     pub fn coordinator(&self, group: &str) -> Result<Arc<Coordinator>, i16> {
+        if super::invalid_group_id(group).is_some() {
+            return Err(INVALID_GROUP_ID);
+        }
         let broker = self.broker.upgrade().ok_or(NOT_COORDINATOR)?;
         let topic = broker.topic(OFFSETS_TOPIC).ok_or(NOT_COORDINATOR)?;
         let index = partition_for_group(group, topic.spec.partitions);

@@ -10,3 +10,23 @@ pub mod manager;
 pub mod native;
 pub mod records;
 pub mod state;
+
+/// The longest group id served, in bytes.
+pub const MAX_GROUP_ID_BYTES: usize = 255;
+
+/// Why `group` cannot be a group id: empty, longer than 255 bytes, or holding a control
+/// character (groups are named in logs, metrics and `__consumer_offsets` keys).
+pub fn invalid_group_id(group: &str) -> Option<String> {
+    if group.is_empty() {
+        Some("the group id is empty".into())
+    } else if group.len() > MAX_GROUP_ID_BYTES {
+        Some(format!(
+            "the group id is {} bytes long; at most {MAX_GROUP_ID_BYTES} are allowed",
+            group.len()
+        ))
+    } else if group.chars().any(char::is_control) {
+        Some("the group id holds a control character".into())
+    } else {
+        None
+    }
+}

@@ -87,6 +87,9 @@ pub async fn join(broker: &Broker, j: NativeJoin) -> Result<NativeJoined, (i16, 
             format!("topic '{t}' does not exist"),
         ));
     }
+    if let Some(why) = super::invalid_group_id(&j.group) {
+        return Err((super::manager::INVALID_GROUP_ID, why));
+    }
     let c = broker.groups().coordinator(&j.group).map_err(|code| {
         (
             code,

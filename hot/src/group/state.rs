@@ -25,6 +25,7 @@ pub mod codes {
     pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
     pub const MEMBER_ID_REQUIRED: i16 = 79;
     pub const FENCED_INSTANCE_ID: i16 = 82;
+    pub const GROUP_MAX_SIZE_REACHED: i16 = 81;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +49,9 @@ pub struct GroupConfig {
     pub flap_window_ms: i64,
     pub min_backoff_ms: i64,
     pub max_backoff_ms: i64,
+    /// Members one group may have (`group.max.size`); a join past it gets
+    /// GROUP_MAX_SIZE_REACHED.
+    pub max_size: usize,
 }
 
 impl Default for GroupConfig {
@@ -59,6 +63,7 @@ impl Default for GroupConfig {
             flap_window_ms: 300_000,
             min_backoff_ms: 1_000,
             max_backoff_ms: 60_000,
+            max_size: 1_000,
         }
     }
 }
@@ -365,6 +370,9 @@ impl Group {
         }
 
         if j.member_id.is_empty() {
+            if self.members.len() >= self.config.max_size {
+                return vec![(who, join_error("", codes::GROUP_MAX_SIZE_REACHED))];
+            }
             let id = self.new_member_id(&j.client_id);
             if j.require_known_member_id && j.instance_id.is_none() {
                 // KIP-394: the member must come back with this id, so a lost answer does not
@@ -377,6 +385,12 @@ impl Group {
             None => {
                 // A known id from a member we no longer have (KIP-394's second join comes here).
                 if j.require_known_member_id && j.instance_id.is_none() {
+                    if self.members.len() >= self.config.max_size {
+                        return vec![(
+                            j.member_id.clone(),
+                            join_error(&j.member_id, codes::GROUP_MAX_SIZE_REACHED),
+                        )];
+                    }
                     let id = j.member_id.clone();
                     return self.add_member(id, j, now);
                 }

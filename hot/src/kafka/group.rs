@@ -28,10 +28,11 @@ use strata_controller::metadata::acl::{Operation, ResourceType};
 
 use super::{codes, s, Request};
 use crate::group::coordinator::{Commit, Coordinator, GROUP_ID_NOT_FOUND};
+use crate::group::invalid_group_id;
+use crate::group::manager::INVALID_GROUP_ID;
 use crate::group::state::{codes as group_codes, GroupState, Join};
 
-/// Kafka's INVALID_GROUP_ID and OFFSET_METADATA_TOO_LARGE.
-const INVALID_GROUP_ID: i16 = 24;
+/// Kafka's OFFSET_METADATA_TOO_LARGE.
 const OFFSET_METADATA_TOO_LARGE: i16 = 12;
 /// Kafka's `offset.metadata.max.bytes`.
 const MAX_METADATA_BYTES: usize = 4096;
@@ -42,7 +43,7 @@ fn coordinator(
     group: &str,
     operation: Operation,
 ) -> Result<std::sync::Arc<Coordinator>, i16> {
-    if group.is_empty() {
+    if invalid_group_id(group).is_some() {
         return Err(INVALID_GROUP_ID);
     }
     if !ctx.may_group(operation, group) {
@@ -68,8 +69,8 @@ pub(super) async fn find_coordinator(
                 "only group coordinators exist here; transactions are not supported yet"
                     .to_string(),
             ))
-        } else if key.is_empty() {
-            Err((INVALID_GROUP_ID, "the group id is empty".to_string()))
+        } else if let Some(why) = invalid_group_id(&key) {
+            Err((INVALID_GROUP_ID, why))
         } else if !ctx.may_group(Operation::Describe, &key) {
             Err((
                 codes::GROUP_AUTHORIZATION_FAILED,

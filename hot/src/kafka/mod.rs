@@ -88,6 +88,9 @@ const MAX_RAW_SASL_TOKEN: i32 = 64 << 10;
 /// `sasl.server.max.receive.size` default).
 const MAX_UNAUTHENTICATED_FRAME: i32 = 512 << 10;
 
+/// The longest client id served (it names members, quotas and log lines).
+const MAX_CLIENT_ID_BYTES: usize = 1024;
+
 /// Requests read ahead of the response being written, per connection.
 const MAX_IN_FLIGHT: usize = 64;
 
@@ -819,11 +822,26 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
             })
         }
     };
+    let client_id = header.client_id.map(|c| c.to_string()).unwrap_or_default();
+    if client_id.len() > MAX_CLIENT_ID_BYTES || client_id.chars().any(char::is_control) {
+        return Err(Refusal::Malformed {
+            what: "client id",
+            error: anyhow::anyhow!(
+                "a client id of {} bytes{}; at most {MAX_CLIENT_ID_BYTES} bytes without control characters are allowed",
+                client_id.len(),
+                if client_id.chars().any(char::is_control) {
+                    " with control characters"
+                } else {
+                    ""
+                }
+            ),
+        });
+    }
     Ok(Decoded {
         key,
         version,
         correlation_id: header.correlation_id,
-        client_id: header.client_id.map(|c| c.to_string()).unwrap_or_default(),
+        client_id,
         body,
     })
 }

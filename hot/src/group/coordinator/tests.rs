@@ -59,6 +59,7 @@ const CONFIG: GroupConfig = GroupConfig {
     flap_window_ms: 60_000,
     min_backoff_ms: 1_000,
     max_backoff_ms: 8_000,
+    max_size: 1_000,
 };
 
 fn join(member: &str, client: &str) -> Join {

@@ -7,6 +7,7 @@ const CONFIG: GroupConfig = GroupConfig {
     flap_window_ms: 60_000,
     min_backoff_ms: 1_000,
     max_backoff_ms: 8_000,
+    max_size: 100,
 };
 const SESSION: i64 = 10_000;
 const REBALANCE: i64 = 30_000;
@@ -432,4 +433,38 @@ fn the_last_member_leaving_empties_the_group_and_a_dead_group_answers_everyone()
     assert_eq!(g.state(), GroupState::Dead);
     let r = g.join(join("", None, "e"), 23);
     assert_eq!(r[0].1, join_error("", codes::COORDINATOR_NOT_AVAILABLE));
+}
+
+#[test]
+fn a_join_past_group_max_size_is_refused_and_a_known_member_still_rejoins() {
+    let mut g = Group::new(
+        "g",
+        GroupConfig {
+            max_size: 3,
+            ..CONFIG
+        },
+    );
+    let (a, _b) = stable_pair(&mut g);
+    g.join(join("", None, "c"), 10);
+    assert_eq!(g.member_ids().len(), 3);
+    // a fourth member: GROUP_MAX_SIZE_REACHED, not added, nothing rebalanced for it
+    let r = g.join(join("", None, "d"), 11);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert!(
+        matches!(&r[0].1, Reply::Join(j) if j.error == codes::GROUP_MAX_SIZE_REACHED),
+        "{r:?}"
+    );
+    assert_eq!(g.member_ids().len(), 3);
+    // KIP-394's second join of an id handed out before the group filled up: refused too
+    let mut second = join("d-1-99", None, "d");
+    second.require_known_member_id = true;
+    let r = g.join(second, 12);
+    assert!(
+        matches!(&r[0].1, Reply::Join(j) if j.error == codes::GROUP_MAX_SIZE_REACHED),
+        "{r:?}"
+    );
+    // a member already in the group rejoins as usual
+    g.join(join(&a, None, "a"), 13);
+    assert!(g.member_ids().contains(&a));
+    assert_eq!(g.member_ids().len(), 3);
 }
