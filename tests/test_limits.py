@@ -446,3 +446,71 @@ def test_metrics_carry_at_most_a_thousand_groups(broker):
     assert m["strata_groups_not_in_metrics"] == 100
     assert len(series) == 1000
     assert not any("tenant-0110" in k for k in series), "the groups kept are the first by name"
+
+
+# --- file descriptors -----------------------------------------------------------------------
+
+
+def test_sockets_cannot_take_the_file_descriptors_the_log_needs(tmp_path):
+    """With the process's fd limit reached by client sockets: `accept failed: Too many open
+    files`, then `fsync failed; partition stops accepting writes`, and the partition stayed
+    failed after the connections closed. Now client connections get only what the rest of
+    the process leaves, less a reserve for the log engine; past that, accepting waits. Here
+    the limit is 1024 (of which the cold tier's cache holds 256) and 800 connections arrive
+    while a partition rolls a segment every 16 KiB: every record is acknowledged, nothing
+    fails, and the waiting clients are served once the flood closes."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:  # this test process holds the 800 sockets
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    b = Broker(strata_bin(), tmp_path)
+    b.preexec = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    b.start()
+    socks = []
+    try:
+        b.create_topic("ledger", 1, {"segment.bytes": 16384})
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 0,
+                      "enable.idempotence": True})
+        acked = []
+
+        def produce(n):
+            for _ in range(n):
+                p.produce("ledger", value=b"s" * 100,
+                          on_delivery=lambda err, m: acked.append(m.offset()) if err is None else None)
+                p.poll(0)
+            assert p.flush(30) == 0
+
+        produce(300)
+        for _ in range(800):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", b.port))  # the kernel completes it into the backlog
+            socks.append(s)
+        time.sleep(2)
+        m = scrape_metrics(b.metrics_port)
+        print(f"fd limit {m['strata_fd_limit']:.0f}: {m['strata_open_fds']:.0f} open, "
+              f"{m['strata_kafka_connections']:.0f} client connections, "
+              f"accept paused {m['strata_kafka_accept_paused_total']:.0f} time(s)")
+        assert m["strata_fd_limit"] == 1024
+        assert m["strata_kafka_accept_paused_total"] >= 1, "800 connections fit under 1024 fds?"
+        assert m["strata_open_fds"] <= 1024 - 128 + 8, "the reserve was eaten"
+        produce(700)  # rolls segments (new files) while the sockets wait
+        assert len(acked) == 1000 and sorted(acked) == list(range(1000)), len(acked)
+        for s in socks:
+            s.close()
+        socks = []
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "g", "enable.auto.commit": False})
+        c.assign([TopicPartition("ledger", 0, 0)])
+        got, deadline = 0, time.monotonic() + 30
+        while got < 1000 and time.monotonic() < deadline:
+            got += sum(msg.error() is None for msg in c.consume(1000, 0.5))
+        c.close()
+        assert got == 1000, got
+        log = b.stderr_path.read_text(errors="replace")
+        for bad in ("Too many open files", "fsync failed", "stops accepting writes"):
+            assert bad not in log, f"{bad!r} in the broker's log"
+    finally:
+        for s in socks:
+            s.close()
+        b.close()

@@ -179,6 +179,18 @@ impl Metrics {
             "Request bytes read and not yet answered (kafka.queued_max_request_bytes).",
             l.request_memory.load(Ordering::Relaxed),
         );
+        gauge(
+            &mut out,
+            "strata_open_fds",
+            "Open file descriptors of the process, counted every second.",
+            l.open_fds.load(Ordering::Relaxed),
+        );
+        gauge(
+            &mut out,
+            "strata_fd_limit",
+            "The process's file descriptor limit (RLIMIT_NOFILE, raised to its maximum at start).",
+            l.fd_limit.load(Ordering::Relaxed),
+        );
         counter(
             &mut out,
             "strata_kafka_request_memory_waits_total",

@@ -17,6 +17,17 @@ use crate::kafka::KafkaServer;
 /// Runs the configured roles until a shutdown signal arrives.
 pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
+    match crate::kafka::limits::raise_fd_limit() {
+        Some((before, after)) if after > before => {
+            tracing::info!(
+                before,
+                after,
+                "raised the file descriptor limit to its maximum"
+            )
+        }
+        Some((_, limit)) => tracing::info!(limit, "file descriptor limit"),
+        None => {}
+    }
     if config.roles.contains(&Role::Controller) {
         let controller =
             strata_controller::Controller::start(config.controller_config()?, stop_rx.clone())
@@ -177,6 +188,7 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         &config.kafka.limits()?,
         broker.metrics().listener.clone(),
     );
+    tokio::spawn(limits.clone().watch_fds(listener_stop_rx.clone()));
     for (listener, _, c) in listeners {
         let server = KafkaServer::new(broker.clone(), c, limits.clone());
         serving.push(tokio::spawn(

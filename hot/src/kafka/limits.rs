@@ -1,12 +1,19 @@
 //! What one client may take from a broker's Kafka listeners, with Kafka's names:
 //! `max.connections`, `max.connections.per.ip` (and its overrides) and
-//! `queued.max.request.bytes`.
+//! `queued.max.request.bytes`; and the file descriptors the sockets may take.
 //!
 //! A request frame's buffer grows as its bytes arrive, and every byte read takes its share of
 //! the broker-wide request memory first; the share is held until the request's response has
 //! been written. When the memory is all taken, reads pause (every connection's, fairly, in
 //! arrival order) until responses free some. A frame that stalls half-sent is closed after
 //! `kafka.frame_timeout`, which returns its share.
+//!
+//! File descriptors: at start the process's limit (RLIMIT_NOFILE) is raised to its hard
+//! maximum. Every second the open descriptors are counted; client connections may take
+//! what the rest of the process does not use, less a reserve (an eighth of the limit, at
+//! least 64) kept for the log engine (segment rolls, checkpoints), replication and the
+//! controller link. When that room is used up, accepting waits, as at `max.connections`,
+//! so sockets can never starve a partition of the files it needs.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -37,6 +44,9 @@ pub struct ListenerStats {
     pub request_memory: AtomicU64,
     /// Reads that waited for request memory.
     pub request_memory_waits: AtomicU64,
+    /// Open file descriptors of the process at the last count, and its limit.
+    pub open_fds: AtomicU64,
+    pub fd_limit: AtomicU64,
 }
 
 /// The limits, shared by every listener of a broker.
@@ -48,6 +58,8 @@ pub struct Limits {
     freed: Notify,
     memory: Arc<Semaphore>,
     stats: Arc<ListenerStats>,
+    /// Connections the file descriptors leave room for (see the module doc).
+    fd_room: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Default)]
@@ -94,7 +106,46 @@ impl Limits {
                 config.queued_max_request_bytes.min(Semaphore::MAX_PERMITS),
             )),
             stats,
+            fd_room: std::sync::atomic::AtomicUsize::new(usize::MAX),
         })
+    }
+
+    /// How many connections may be open now: `max.connections`, or fewer when the file
+    /// descriptors leave less room.
+    fn ceiling(&self) -> usize {
+        self.max_connections.min(self.fd_room.load(Relaxed))
+    }
+
+    /// Counts the process's open file descriptors every second and sets the room client
+    /// connections have under the limit (see the module doc), until `stop`.
+    pub async fn watch_fds(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let Some(limit) = fd_limit() else {
+            tracing::warn!("the file descriptor limit is unknown; only kafka.max_connections bounds client connections");
+            return;
+        };
+        let reserve = fd_reserve(limit);
+        self.stats.fd_limit.store(limit, Relaxed);
+        let mut warned = false;
+        loop {
+            if let Some(open) = open_fds() {
+                let connections = self.lock().total as u64;
+                let others = open.saturating_sub(connections);
+                let room = limit.saturating_sub(others + reserve) as usize;
+                let before = self.fd_room.swap(room, Relaxed);
+                self.stats.open_fds.store(open, Relaxed);
+                if room < self.max_connections && !warned {
+                    warned = true;
+                    tracing::warn!(limit, open, reserve, room, max_connections = self.max_connections, "the file descriptor limit leaves room for fewer client connections than kafka.max_connections; raise the limit (LimitNOFILE=) to allow more");
+                }
+                if room > before {
+                    self.freed.notify_waiters();
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
     }
 
     /// Resolves once fewer than `max.connections` are open. The accept loop waits here, so
@@ -103,15 +154,17 @@ impl Limits {
         let mut paused = false;
         loop {
             let freed = self.freed.notified();
-            if self.lock().total < self.max_connections {
+            let ceiling = self.ceiling();
+            if self.lock().total < ceiling {
                 return;
             }
             if !paused {
                 paused = true;
                 self.stats.accept_paused.fetch_add(1, Relaxed);
                 tracing::warn!(
-                    max = self.max_connections,
-                    "max.connections are open; new connections wait until one closes"
+                    open = ceiling,
+                    max_connections = self.max_connections,
+                    "no room for another connection (kafka.max_connections, or the file descriptors the log engine keeps); new connections wait until one closes"
                 );
             }
             freed.await;
@@ -181,6 +234,36 @@ impl Limits {
         }
         Ok((frame, share))
     }
+}
+
+/// Raises the soft file-descriptor limit to the hard one, as servers do at start; returns
+/// (before, after), or `None` when the limit cannot be read.
+pub fn raise_fd_limit() -> Option<(u64, u64)> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut l = getrlimit(Resource::Nofile);
+    let before = l.current?;
+    if l.current < l.maximum {
+        l.current = l.maximum;
+        if setrlimit(Resource::Nofile, l).is_err() {
+            return Some((before, before));
+        }
+    }
+    Some((before, fd_limit()?))
+}
+
+/// The soft file-descriptor limit, `None` when unlimited or unknown.
+fn fd_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+}
+
+/// Descriptors kept from client connections under a limit of `limit`.
+pub fn fd_reserve(limit: u64) -> u64 {
+    (limit / 8).max(64)
+}
+
+/// The process's open file descriptors, counted in /proc (Linux).
+fn open_fds() -> Option<u64> {
+    Some(std::fs::read_dir("/proc/self/fd").ok()?.count() as u64)
 }
 
 impl MemoryShare {
@@ -278,6 +361,31 @@ mod tests {
             .await
             .expect("room once a connection closed")
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn connections_get_only_the_room_the_file_descriptors_leave() {
+        let l = limits(10, 100, 1 << 20);
+        l.fd_room.store(1, Relaxed);
+        let _s = l.admit("10.0.0.1".parse().unwrap()).unwrap();
+        let waiting = tokio::spawn({
+            let l = l.clone();
+            async move { l.room().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !waiting.is_finished(),
+            "one of one connection the fds allow is open"
+        );
+        // the next count finds more room (a partition closed its segments, say)
+        l.fd_room.store(2, Relaxed);
+        l.freed.notify_waiters();
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("room once the descriptors allow it")
+            .unwrap();
+        assert_eq!(fd_reserve(256), 64);
+        assert_eq!(fd_reserve(1 << 20), 1 << 17);
     }
 
     #[tokio::test]

@@ -121,7 +121,9 @@ pub struct OpenReport {
 /// Files to fsync so that the log is durable up to `end`. Runs on a blocking thread.
 pub struct SyncWork {
     files: Vec<Arc<File>>,
-    dir: Option<PathBuf>,
+    /// The log directory, held open: syncing never needs a new file descriptor, so running
+    /// out of them (sockets flooding the process) cannot fail a partition's fsync.
+    dir: Option<Arc<File>>,
     pub end: u64,
     recovery_point: Option<u64>,
     /// The log's cut count when this was handed out (see [`PartitionLog::cuts`]).
@@ -138,7 +140,7 @@ impl SyncWork {
             f.sync_data()?;
         }
         if let Some(dir) = &self.dir {
-            File::open(dir)?.sync_all()?;
+            dir.sync_all()?;
         }
         if let Some(rp) = self.recovery_point {
             // A truncation since this was handed out may have removed the segments this
@@ -210,6 +212,8 @@ fn bad_batch(e: BatchError) -> io::Error {
 /// The log of one partition.
 pub struct PartitionLog {
     dir: PathBuf,
+    /// `dir`, open for fsyncs (see [`SyncWork`]).
+    dir_handle: Arc<File>,
     config: LogConfig,
     segments: BTreeMap<u64, Segment>,
     producers: ProducerStateTable,
@@ -292,6 +296,7 @@ impl PartitionLog {
         }
         let mut log = PartitionLog {
             dir: dir.to_path_buf(),
+            dir_handle: Arc::new(File::open(dir)?),
             config,
             segments,
             producers: ProducerStateTable::default(),
@@ -639,7 +644,7 @@ impl PartitionLog {
         self.messages_since_flush = 0;
         Some(SyncWork {
             files,
-            dir: std::mem::take(&mut self.dir_dirty).then(|| self.dir.clone()),
+            dir: std::mem::take(&mut self.dir_dirty).then(|| self.dir_handle.clone()),
             end,
             recovery_point: self.pending_recovery_point.take(),
             cuts_seen: *self.cuts.lock().unwrap_or_else(|e| e.into_inner()),
