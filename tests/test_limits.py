@@ -514,3 +514,33 @@ def test_sockets_cannot_take_the_file_descriptors_the_log_needs(tmp_path):
         for s in socks:
             s.close()
         b.close()
+
+
+def test_silent_producer_ids_expire(tmp_path):
+    """Producer ids are chosen by clients and were kept forever (~175 B each per partition).
+    Now an id with no batch for topics.producer_id_expiration (KIP-854's
+    producer.id.expiration.ms; 2 s here) is forgotten at the next retention check: a batch
+    that opens a sequence gap, refused with OUT_OF_ORDER_SEQUENCE_NUMBER while the id is
+    remembered, is taken afterwards as from a producer never seen, as Kafka does."""
+    b = Broker(strata_bin(), tmp_path)
+    b.extra_env = {"STRATA__TOPICS__PRODUCER_ID_EXPIRATION": "2s",
+                   "STRATA__TOPICS__RETENTION_CHECK_INTERVAL": "200ms"}
+    b.start()
+    try:
+        b.create_topic("ledger", 1)
+        w = KafkaWire(b.port)
+        pid, epoch = w.init_producer_id()
+        assert w.produce("ledger", 0, [b"a"], pid, epoch, 0) == (0, 0)
+        error, _ = w.produce("ledger", 0, [b"b"], pid, epoch, 5)
+        assert error == 45, f"a gap from a remembered producer: error {error}"
+        time.sleep(3)
+        m = scrape_metrics(b.metrics_port)
+        print(f"after 3 s of silence: strata_producer_ids {m['strata_producer_ids']:.0f}, "
+              f"expired {m['strata_producer_ids_expired_total']:.0f}")
+        assert m["strata_producer_ids_expired_total"] >= 1
+        assert m["strata_producer_ids"] == 0
+        error, offset = w.produce("ledger", 0, [b"b"], pid, epoch, 5)
+        assert (error, offset) == (0, 1), (error, offset)
+        w.close()
+    finally:
+        b.close()

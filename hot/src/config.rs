@@ -496,6 +496,9 @@ pub struct TopicsSection {
     pub auto_create: bool,
     #[serde(deserialize_with = "duration")]
     pub retention_check_interval: Duration,
+    /// A producer id with no batch for this long is forgotten (`producer.id.expiration.ms`).
+    #[serde(deserialize_with = "duration")]
+    pub producer_id_expiration: Duration,
     /// Broker-wide defaults for topic configs, under Kafka's names.
     pub defaults: BTreeMap<String, String>,
 }
@@ -549,6 +552,7 @@ impl Default for TopicsSection {
             default_partitions: 1,
             auto_create: false,
             retention_check_interval: Duration::from_secs(30),
+            producer_id_expiration: Duration::from_secs(86_400),
             defaults: BTreeMap::new(),
         }
     }
@@ -902,6 +906,7 @@ impl ServerConfig {
             topic_defaults: self.topics.defaults.clone(),
             default_partitions: self.topics.default_partitions,
             retention_check_interval: self.topics.retention_check_interval,
+            producer_id_expiration: self.topics.producer_id_expiration,
             auto_create_topics: self.topics.auto_create,
             replica_lag_time_max: self
                 .cluster

@@ -83,6 +83,10 @@ pub struct Metrics {
     /// An acks=all append until the high watermark passed it (replication and fsyncs).
     pub commit_latency: Histogram,
     pub fetch_latency: Histogram,
+    /// Idempotent producer ids remembered across this broker's replicas (at the last
+    /// retention check), and those forgotten for silence (KIP-854).
+    pub producer_ids: AtomicU64,
+    pub producer_ids_expired: AtomicU64,
     /// Connections and request memory of the Kafka listeners.
     pub listener: std::sync::Arc<crate::kafka::limits::ListenerStats>,
 }
@@ -153,6 +157,18 @@ impl Metrics {
             &mut out,
             "strata_fetch_latency_seconds",
             "Fetch request to response, long-poll wait included.",
+        );
+        gauge(
+            &mut out,
+            "strata_producer_ids",
+            "Idempotent producer ids remembered, summed over this broker's replicas (at the last retention check).",
+            self.producer_ids.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "strata_producer_ids_expired_total",
+            "Producer ids forgotten after producer_id_expiration without a batch (KIP-854).",
+            &self.producer_ids_expired,
         );
         let l = &self.listener;
         gauge(

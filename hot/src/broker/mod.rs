@@ -50,6 +50,9 @@ pub struct BrokerConfig {
     pub topic_defaults: BTreeMap<String, String>,
     pub default_partitions: u32,
     pub retention_check_interval: Duration,
+    /// A producer id with no batch for this long is forgotten (`producer.id.expiration.ms`,
+    /// KIP-854); checked with retention.
+    pub producer_id_expiration: Duration,
     pub auto_create_topics: bool,
     /// `replica.lag.time.max.ms`: how long a follower may lag before it leaves the ISR.
     pub replica_lag_time_max: Duration,
@@ -1065,11 +1068,24 @@ impl Broker {
                     .iter()
                     .flat_map(|t| t.local().cloned().collect::<Vec<_>>())
                     .collect();
+                let expiration = broker.config.producer_id_expiration.as_millis() as i64;
+                let metrics = broker.clone();
                 let result = tokio::task::spawn_blocking(move || {
+                    let (mut expired, mut remaining) = (0, 0);
                     for p in partitions {
                         if let Err(e) = p.apply_retention(now) {
                             tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "retention failed; will retry");
                         }
+                        let (gone, left) = p.expire_producers(now, expiration);
+                        expired += gone as u64;
+                        remaining += left as u64;
+                    }
+                    let m = metrics.metrics();
+                    m.producer_ids.store(remaining, std::sync::atomic::Ordering::Relaxed);
+                    m.producer_ids_expired
+                        .fetch_add(expired, std::sync::atomic::Ordering::Relaxed);
+                    if expired > 0 {
+                        tracing::debug!(expired, remaining, "expired silent producer ids");
                     }
                 })
                 .await;

@@ -812,6 +812,12 @@ impl Partition {
         Ok(deleted.len())
     }
 
+    /// Forgets the producer ids silent for `after_ms` (KIP-854); returns how many went and
+    /// how many are left.
+    pub fn expire_producers(&self, now_ms: i64, after_ms: i64) -> (usize, usize) {
+        self.lock().expire_producers(now_ms, after_ms)
+    }
+
     /// Stops the flusher and the fetcher and closes the log cleanly (flushing everything).
     pub fn close(&self) -> std::io::Result<()> {
         self.become_idle();

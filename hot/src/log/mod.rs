@@ -315,7 +315,7 @@ impl PartitionLog {
         // truncation the crash interrupted); loading one after the log grows back past it
         // would resurrect that history's producer state.
         log.remove_snapshots_from(log.end_offset() + 1)?;
-        log.rebuild_producer_state()?;
+        log.rebuild_producer_state(now_ms)?;
         log.load_epochs()?;
         if !report.clean {
             // The recovered tail may be in the page cache only (the process died, the machine
@@ -454,7 +454,7 @@ impl PartitionLog {
         stamped.base_offset = base as i64;
         stamped.leader_epoch = epoch;
         self.active_mut().append(&prefix, &batch.bytes, &stamped)?;
-        self.producers.record(&stamped);
+        self.producers.record(&stamped, now_ms);
         self.messages_since_flush += h.record_count as u64;
         let flush_now = match self.config.flush {
             FlushPolicy::EveryAppend => true,
@@ -499,7 +499,7 @@ impl PartitionLog {
         let mut prefix = [0u8; batch::STAMP_LEN];
         prefix.copy_from_slice(&batch.bytes[..batch::STAMP_LEN]);
         self.active_mut().append(&prefix, &batch.bytes, &h)?;
-        self.producers.record(&h);
+        self.producers.record(&h, now_ms);
         self.messages_since_flush += h.record_count as u64;
         Ok(Appended {
             base_offset: end,
@@ -555,9 +555,9 @@ impl PartitionLog {
         // then be appended twice; snapshots past the cut describe a history that is gone.
         self.remove_snapshots_from(self.end_offset() + 1)?;
         self.producers = ProducerStateTable::default();
-        self.rebuild_producer_state()?;
+        self.rebuild_producer_state(now_ms)?;
         self.sync_handed_out = self.sync_handed_out.min(self.end_offset());
-        File::open(&self.dir)?.sync_all()
+        self.dir_handle.sync_all()
     }
 
     /// Removes every segment and restarts the log empty at `offset` (a follower whose next
@@ -577,7 +577,7 @@ impl PartitionLog {
         self.sync_handed_out = offset;
         self.pending_recovery_point = None;
         self.remove_snapshots_from(0)?;
-        File::open(&self.dir)?.sync_all()
+        self.dir_handle.sync_all()
     }
 
     /// After a cut: no segment at or past `base` (the segment now being rewritten) may be
@@ -605,6 +605,13 @@ impl PartitionLog {
             self.roll(now_ms)?;
         }
         Ok(())
+    }
+
+    /// Forgets the producer ids silent for `after_ms` (KIP-854); the next snapshot leaves
+    /// them out. Returns how many went and how many are left.
+    pub fn expire_producers(&mut self, now_ms: i64, after_ms: i64) -> (usize, usize) {
+        let gone = self.producers.expire(now_ms, after_ms);
+        (gone, self.producers.len())
     }
 
     /// Seals the active segment and starts a new one at the log end offset.
@@ -832,8 +839,9 @@ impl PartitionLog {
         write_atomically(&self.dir, CLEAN_SHUTDOWN_FILE, end.to_string().as_bytes())
     }
 
-    /// Loads the newest usable producer snapshot and replays batch headers after it.
-    fn rebuild_producer_state(&mut self) -> io::Result<()> {
+    /// Loads the newest usable producer snapshot and replays batch headers after it; the
+    /// replayed producers count as seen at `now_ms`.
+    fn rebuild_producer_state(&mut self, now_ms: i64) -> io::Result<()> {
         let end = self.end_offset();
         let start = self.start_offset();
         let mut from = start;
@@ -844,7 +852,7 @@ impl PartitionLog {
                 continue;
             }
             let bytes = fs::read(self.dir.join(fmt::file_name(offset, SNAPSHOT_SUFFIX)))?;
-            if let Some((at, table)) = ProducerStateTable::decode_snapshot(&bytes) {
+            if let Some((at, table)) = ProducerStateTable::decode_snapshot(&bytes, now_ms) {
                 if at == offset {
                     self.producers = table;
                     from = offset;
@@ -856,7 +864,7 @@ impl PartitionLog {
         let mut replayed = 0usize;
         let mut producers = std::mem::take(&mut self.producers);
         self.for_each_header(from, |h| {
-            producers.record(h);
+            producers.record(h, now_ms);
             replayed += 1;
         })?;
         self.producers = producers;

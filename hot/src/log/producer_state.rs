@@ -6,6 +6,12 @@
 //! restart replay only the log after the snapshot's offset. After a truncation the log
 //! rebuilds the table (snapshot plus replay) rather than trimming it: a producer whose
 //! retained batches all lay past the cut would be forgotten.
+//!
+//! A producer id silent for `producer.id.expiration.ms` (KIP-854, a day by default) is
+//! forgotten, as in Kafka: ids are chosen by clients, and the table would otherwise grow
+//! forever. "Silent" is measured from the broker's clock when its last batch was appended
+//! here (or when the broker started, for batches replayed from the log), never from a
+//! client-chosen timestamp.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -27,6 +33,8 @@ pub struct WrittenBatch {
 struct ProducerEntry {
     epoch: i16,
     batches: VecDeque<WrittenBatch>,
+    /// Broker time (ms) of its last batch here.
+    last_ms: i64,
 }
 
 /// What to do with an incoming batch.
@@ -94,8 +102,9 @@ impl ProducerStateTable {
         }
     }
 
-    /// Records a batch that is now in the log (stamped header: base offset is final).
-    pub fn record(&mut self, h: &BatchHeader) {
+    /// Records a batch that is now in the log (stamped header: base offset is final),
+    /// appended (or replayed) at broker time `at_ms`.
+    pub fn record(&mut self, h: &BatchHeader, at_ms: i64) {
         if !h.has_producer_id() || h.base_offset < 0 {
             return;
         }
@@ -111,7 +120,9 @@ impl ProducerStateTable {
             .or_insert_with(|| ProducerEntry {
                 epoch: h.producer_epoch,
                 batches: VecDeque::new(),
+                last_ms: at_ms,
             });
+        entry.last_ms = entry.last_ms.max(at_ms);
         if h.producer_epoch != entry.epoch {
             entry.epoch = h.producer_epoch;
             entry.batches.clear();
@@ -124,6 +135,15 @@ impl ProducerStateTable {
 
     pub fn len(&self) -> usize {
         self.producers.len()
+    }
+
+    /// Forgets the producers with no batch for `after_ms` or more by `now_ms`; returns how
+    /// many.
+    pub fn expire(&mut self, now_ms: i64, after_ms: i64) -> usize {
+        let before = self.producers.len();
+        self.producers
+            .retain(|_, e| now_ms.saturating_sub(e.last_ms) < after_ms);
+        before - self.producers.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -142,6 +162,7 @@ impl ProducerStateTable {
             let e = &self.producers[&id];
             out.extend_from_slice(&id.to_be_bytes());
             out.extend_from_slice(&e.epoch.to_be_bytes());
+            out.extend_from_slice(&e.last_ms.to_be_bytes());
             out.push(e.batches.len() as u8);
             for b in &e.batches {
                 out.extend_from_slice(&b.first_seq.to_be_bytes());
@@ -156,21 +177,26 @@ impl ProducerStateTable {
     }
 
     /// Decodes a snapshot; `None` when it is damaged (the caller then replays more log).
-    pub fn decode_snapshot(bytes: &[u8]) -> Option<(u64, Self)> {
+    /// Producers of a snapshot written before expiry existed (`SPS1`) count as last seen at
+    /// `loaded_ms`.
+    pub fn decode_snapshot(bytes: &[u8], loaded_ms: i64) -> Option<(u64, Self)> {
         let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
         if crc32c::crc32c(body) != u32::from_be_bytes(crc.try_into().ok()?) {
             return None;
         }
         let mut r = Reader(body);
-        if r.take(SNAPSHOT_MAGIC.len())? != SNAPSHOT_MAGIC {
-            return None;
-        }
+        let timed = match r.take(SNAPSHOT_MAGIC.len())? {
+            m if m == SNAPSHOT_MAGIC => true,
+            m if m == SNAPSHOT_MAGIC_V1 => false,
+            _ => return None,
+        };
         let offset = r.u64()?;
         let count = r.u32()?;
         let mut table = ProducerStateTable::default();
         for _ in 0..count {
             let id = r.u64()? as i64;
             let epoch = r.u16()? as i16;
+            let last_ms = if timed { r.u64()? as i64 } else { loaded_ms };
             let n = r.take(1)?[0] as usize;
             let mut batches = VecDeque::with_capacity(n);
             for _ in 0..n {
@@ -181,13 +207,22 @@ impl ProducerStateTable {
                     last_offset: r.u64()?,
                 });
             }
-            table.producers.insert(id, ProducerEntry { epoch, batches });
+            table.producers.insert(
+                id,
+                ProducerEntry {
+                    epoch,
+                    batches,
+                    last_ms,
+                },
+            );
         }
         r.0.is_empty().then_some((offset, table))
     }
 }
 
-const SNAPSHOT_MAGIC: &[u8] = b"SPS1";
+/// Snapshots with each producer's last time; `SPS1` ones (without it) are still read.
+const SNAPSHOT_MAGIC: &[u8] = b"SPS2";
+const SNAPSHOT_MAGIC_V1: &[u8] = b"SPS1";
 
 struct Reader<'a>(&'a [u8]);
 
@@ -236,10 +271,10 @@ mod tests {
         let mut t = ProducerStateTable::default();
         let b0 = header(7, 0, 0, 3, 10);
         assert_eq!(t.check(&b0), SequenceCheck::Append);
-        t.record(&b0);
+        t.record(&b0, 0);
         let b1 = header(7, 0, 3, 2, 13);
         assert_eq!(t.check(&b1), SequenceCheck::Append);
-        t.record(&b1);
+        t.record(&b1, 0);
         // retry of b0 with an unstamped base offset
         match t.check(&header(7, 0, 0, 3, 0)) {
             SequenceCheck::Duplicate(w) => assert_eq!((w.base_offset, w.last_offset), (10, 12)),
@@ -258,7 +293,7 @@ mod tests {
     fn only_last_five_batches_are_remembered() {
         let mut t = ProducerStateTable::default();
         for i in 0..6 {
-            t.record(&header(1, 0, i, 1, i as i64));
+            t.record(&header(1, 0, i, 1, i as i64), 0);
         }
         assert!(matches!(
             t.check(&header(1, 0, 0, 1, 0)),
@@ -273,7 +308,7 @@ mod tests {
     #[test]
     fn epochs_fence_and_reset() {
         let mut t = ProducerStateTable::default();
-        t.record(&header(1, 3, 0, 1, 0));
+        t.record(&header(1, 3, 0, 1, 0), 0);
         assert_eq!(
             t.check(&header(1, 2, 1, 1, 0)),
             SequenceCheck::FencedEpoch { current: 3 }
@@ -291,18 +326,61 @@ mod tests {
     #[test]
     fn sequence_wraps_at_i32_max() {
         let mut t = ProducerStateTable::default();
-        t.record(&header(1, 0, i32::MAX - 1, 2, 0));
+        t.record(&header(1, 0, i32::MAX - 1, 2, 0), 0);
         assert_eq!(t.check(&header(1, 0, 0, 1, 2)), SequenceCheck::Append);
     }
 
     #[test]
     fn damaged_snapshot_is_refused() {
         let mut t = ProducerStateTable::default();
-        t.record(&header(1, 0, 0, 1, 0));
+        t.record(&header(1, 0, 0, 1, 0), 0);
         let mut bytes = t.encode_snapshot(1);
         bytes[6] ^= 1;
-        assert!(ProducerStateTable::decode_snapshot(&bytes).is_none());
-        assert!(ProducerStateTable::decode_snapshot(&[]).is_none());
+        assert!(ProducerStateTable::decode_snapshot(&bytes, 0).is_none());
+        assert!(ProducerStateTable::decode_snapshot(&[], 0).is_none());
+    }
+
+    #[test]
+    fn silent_producers_expire_and_leave_the_snapshot() {
+        const DAY: i64 = 86_400_000;
+        let mut t = ProducerStateTable::default();
+        t.record(&header(1, 0, 0, 1, 0), 1_000);
+        t.record(&header(2, 0, 0, 1, 1), 1_000);
+        t.record(&header(2, 0, 1, 1, 2), 1_000 + DAY - 1);
+        assert_eq!(t.expire(1_000 + DAY - 1, DAY), 0);
+        assert_eq!(t.expire(1_000 + DAY, DAY), 1, "producer 1 was silent a day");
+        // expired: any sequence is taken again, as from a producer never seen
+        assert_eq!(t.check(&header(1, 0, 42, 1, 0)), SequenceCheck::Append);
+        assert!(matches!(
+            t.check(&header(2, 0, 42, 1, 0)),
+            SequenceCheck::OutOfOrder { .. }
+        ));
+        let (_, back) =
+            ProducerStateTable::decode_snapshot(&t.encode_snapshot(3), 0).expect("a snapshot");
+        assert_eq!(back.len(), 1);
+        assert_eq!(back, t, "the last-seen time survives the snapshot");
+    }
+
+    #[test]
+    fn a_snapshot_from_before_expiry_reads_as_seen_at_load() {
+        let mut t = ProducerStateTable::default();
+        t.record(&header(5, 1, 0, 2, 0), 123);
+        let mut v1 = t.encode_snapshot(2);
+        // the SPS1 layout: no last-seen time after the epoch
+        v1.truncate(v1.len() - 4);
+        v1[..4].copy_from_slice(SNAPSHOT_MAGIC_V1);
+        let at = 4 + 8 + 4 + 8 + 2;
+        v1.drain(at..at + 8);
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_be_bytes());
+        let (offset, mut old) =
+            ProducerStateTable::decode_snapshot(&v1, 9_999).expect("an SPS1 snapshot");
+        assert_eq!(offset, 2);
+        assert!(matches!(
+            old.check(&header(5, 1, 0, 2, 0)),
+            SequenceCheck::Duplicate(_)
+        ));
+        assert_eq!(old.expire(9_999 + 10, 10), 1, "seen at load, not at 0");
     }
 
     proptest! {
@@ -313,11 +391,11 @@ mod tests {
             let mut seqs = HashMap::new();
             for (pid, epoch, count) in batches {
                 let seq = seqs.entry((pid, epoch)).or_insert(0);
-                t.record(&header(pid, epoch, *seq, count, offset));
+                t.record(&header(pid, epoch, *seq, count, offset), 0);
                 *seq += count;
                 offset += i64::from(count);
             }
-            let decoded = ProducerStateTable::decode_snapshot(&t.encode_snapshot(offset as u64));
+            let decoded = ProducerStateTable::decode_snapshot(&t.encode_snapshot(offset as u64), 0);
             prop_assert_eq!(decoded, Some((offset as u64, t)));
         }
     }

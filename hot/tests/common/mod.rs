@@ -18,6 +18,7 @@ pub fn broker_config(dir: &Path) -> BrokerConfig {
         topic_defaults: BTreeMap::new(),
         default_partitions: 1,
         retention_check_interval: Duration::from_secs(3600),
+        producer_id_expiration: Duration::from_secs(86_400),
         replica_lag_time_max: Duration::from_secs(30),
         replica_open_timeout: Duration::from_secs(30),
         groups: Default::default(),

@@ -587,7 +587,7 @@ impl Replica {
             .next_back()
             .map_or((0, ProducerStateTable::default()), |(o, t)| (*o, t.clone()));
         for (o, rec) in self.log.iter().enumerate().skip(from as usize) {
-            table.record(&header(rec, o as u64));
+            table.record(&header(rec, o as u64), 0);
         }
         table
     }
@@ -620,7 +620,7 @@ impl Replica {
             self.epochs.assign(rec.epoch, at);
         }
         self.log.push(rec);
-        self.producers.record(&header(&rec, at));
+        self.producers.record(&header(&rec, at), 0);
         at
     }
 
