@@ -609,8 +609,8 @@ impl KafkaServer {
             Body::ApiVersions(_) => ctx.respond_now(&api_versions_response(codes::NONE)),
             Body::Metadata(req) => ctx.later(admin::metadata(ctx.clone(), req)),
             Body::Produce(req) => produce::handle(ctx, req, &mut turns.refused),
-            // one at a time per connection, as clients send them: a connection holds at most
-            // one fetch response (kafka.fetch_max_bytes) in memory
+            // one at a time per connection, as clients send them: a connection reads at most
+            // one fetch response (kafka.fetch_max_bytes) at a time
             Body::Fetch(req) => ctx.later(turns.fetches.in_turn(fetch::handle(ctx.clone(), req))),
             Body::ListOffsets(req) => ctx.later(fetch::list_offsets(ctx.clone(), req)),
             Body::CreateTopics(req) => ctx.later(admin::create_topics(ctx.clone(), req)),
@@ -663,11 +663,11 @@ pub(crate) struct ConnectionTurns {
 /// offset commit runs in its own task and is applied when its write is durable, so two
 /// pipelined commits of one partition (librdkafka's async commits) could otherwise be
 /// applied in the other order, an older offset overwriting a newer one; fetches take turns
-/// so that a connection holds one fetch response at a time. Kafka serves a connection's
+/// so that a connection reads one fetch response at a time. Kafka serves a connection's
 /// requests one at a time; Strata keeps other requests pipelined and chains only these.
 #[derive(Default)]
 pub(crate) struct Turns {
-    /// Closed (sent or dropped) when the last commit handed out has finished.
+    /// Closed (sent or dropped) when the last request handed out has finished.
     last: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
