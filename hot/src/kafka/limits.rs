@@ -66,9 +66,29 @@ pub struct Limits {
 struct Open {
     total: usize,
     by_ip: HashMap<IpAddr, usize>,
-    /// Refusals since the last warning, and when it was logged.
-    refused_since_warning: u64,
+    /// Warnings for refused connections and for pauses, each at most every 10 s.
+    refused: WarnEvery,
+    paused: WarnEvery,
+}
+
+/// Counts occurrences of something worth a warning, and says when one is due: at the first,
+/// then at most every 10 s, so that a flood of them costs a line per 10 s, not per event.
+#[derive(Default)]
+pub struct WarnEvery {
+    since_warning: u64,
     warned_at: Option<Instant>,
+}
+
+impl WarnEvery {
+    /// Counts one occurrence; `Some(n)` when a warning is due, `n` the occurrences it covers.
+    pub fn due(&mut self) -> Option<u64> {
+        self.since_warning += 1;
+        if self.warned_at.is_some_and(|at| at.elapsed() < WARN_EVERY) {
+            return None;
+        }
+        self.warned_at = Some(Instant::now());
+        Some(std::mem::take(&mut self.since_warning))
+    }
 }
 
 /// The settings `Limits` is built from.
@@ -161,11 +181,14 @@ impl Limits {
             if !paused {
                 paused = true;
                 self.stats.accept_paused.fetch_add(1, Relaxed);
-                tracing::warn!(
-                    open = ceiling,
-                    max_connections = self.max_connections,
-                    "no room for another connection (kafka.max_connections, or the file descriptors the log engine keeps); new connections wait until one closes"
-                );
+                if let Some(pauses) = self.lock().paused.due() {
+                    tracing::warn!(
+                        open = ceiling,
+                        max_connections = self.max_connections,
+                        pauses,
+                        "no room for another connection (kafka.max_connections, or the file descriptors the log engine keeps); new connections wait until one closes"
+                    );
+                }
             }
             freed.await;
         }
@@ -179,17 +202,13 @@ impl Limits {
         let held = open.by_ip.get(&ip).copied().unwrap_or(0);
         if held >= allowed {
             self.stats.refused_per_ip.fetch_add(1, Relaxed);
-            open.refused_since_warning += 1;
-            let due = open.warned_at.is_none_or(|at| at.elapsed() >= WARN_EVERY);
-            if due {
+            if let Some(refused) = open.refused.due() {
                 tracing::warn!(
                     %ip,
                     max = allowed,
-                    refused = open.refused_since_warning,
+                    refused,
                     "max.connections.per.ip reached; closing new connections from this address"
                 );
-                open.refused_since_warning = 0;
-                open.warned_at = Some(Instant::now());
             }
             return None;
         }
@@ -342,6 +361,15 @@ mod tests {
         assert!(l.admit(a).is_some());
         assert_eq!(l.stats.refused_per_ip.load(Relaxed), 2);
         drop((s2, held));
+    }
+
+    #[test]
+    fn a_flood_of_warnings_is_one_line_per_ten_seconds_with_the_count() {
+        let mut w = WarnEvery::default();
+        assert_eq!(w.due(), Some(1), "the first is logged");
+        assert_eq!((w.due(), w.due()), (None, None));
+        w.warned_at = w.warned_at.and_then(|at| at.checked_sub(WARN_EVERY));
+        assert_eq!(w.due(), Some(3), "the next line counts the two held back");
     }
 
     #[tokio::test]

@@ -197,8 +197,7 @@ impl KafkaServer {
         listener: TcpListener,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        let mut failed_accepts = 0u64;
-        let mut last_accept_warning = None;
+        let mut failed_accepts = limits::WarnEvery::default();
         loop {
             tokio::select! {
                 _ = async { let _ = shutdown.wait_for(|s| *s).await.is_ok(); } => return,
@@ -222,11 +221,8 @@ impl KafkaServer {
                     Err(e) => {
                         // e.g. EMFILE when something other than client sockets used the
                         // descriptors up: one line per 10 s, with the count
-                        failed_accepts += 1;
-                        if last_accept_warning.is_none_or(|at: std::time::Instant| at.elapsed() >= Duration::from_secs(10)) {
-                            tracing::warn!(error = %e, failed = failed_accepts, "accept failed; retrying every 100 ms");
-                            failed_accepts = 0;
-                            last_accept_warning = Some(std::time::Instant::now());
+                        if let Some(failed) = failed_accepts.due() {
+                            tracing::warn!(error = %e, failed, "accept failed; retrying every 100 ms");
                         }
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
