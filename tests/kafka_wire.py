@@ -9,6 +9,36 @@ import struct
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 
+def varint(v):
+    """A zigzag varint, as records encode their lengths and deltas."""
+    z = (v << 1) ^ (v >> 63)
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def record(value, key=None, offset_delta=0):
+    """One record of a v2 batch's records section (no headers)."""
+    def field(b):
+        return varint(-1) if b is None else varint(len(b)) + b
+    body = b"\x00" + varint(0) + varint(offset_delta) + field(key) + field(value) + varint(0)
+    return varint(len(body)) + body
+
+
+def raw_batch(base_offset, attributes, body, timestamp, count=1):
+    """A RecordBatch v2 of `count` records whose records section is `body`, compressed as
+    `attributes` says (1 gzip, 2 snappy, 3 lz4, 4 zstd), CRC included: what any producer
+    can write, whatever `body` holds."""
+    from kafka.record.util import calc_crc32c
+
+    after_crc = struct.pack(">hiqqqhii", attributes, count - 1, timestamp, timestamp, -1, -1, -1, count) + body
+    head = struct.pack(">qiib", base_offset, 4 + 1 + 4 + len(after_crc), 0, 2)
+    return head + struct.pack(">I", calc_crc32c(after_crc)) + after_crc
+
+
 class KafkaWire:
     def __init__(self, port, timeout=10):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
@@ -53,7 +83,11 @@ class KafkaWire:
                                             base_sequence=base_sequence, batch_size=1 << 20)
         for i, v in enumerate(values):
             builder.append(i, timestamp=None, key=None, value=v, headers=[])
-        records = bytes(builder.build())
+        return self.produce_raw(topic, partition, bytes(builder.build()), acks)
+
+    def produce_raw(self, topic, partition, records, acks=-1):
+        """One partition's records, exactly these bytes, with Produce v3; (error code, base
+        offset)."""
         name = topic.encode()
         body = (struct.pack(">hhi", -1, acks, 30000) + struct.pack(">i", 1)
                 + struct.pack(">h", len(name)) + name + struct.pack(">i", 1)

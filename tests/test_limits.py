@@ -544,3 +544,97 @@ def test_silent_producer_ids_expire(tmp_path):
         w.close()
     finally:
         b.close()
+
+
+def vm_hwm_mb(pid: int) -> float:
+    """A process's peak resident memory (VmHWM) in MB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_decompression_bombs_are_refused_at_produce_in_bounded_memory(tmp_path):
+    """Issue 17: any producer could plant a decompression bomb (a 33-byte snappy batch
+    claiming 4 GiB, a gzip batch of a few hundred KB inflating to a gigabyte), and the
+    audit team's replay and export then failed on it. The broker now checks every produced
+    batch's records as it decompresses them, never holding the output, and refuses what
+    passes 64 MiB (what strata-replay and strata-compactor decode) with INVALID_RECORD:
+    nothing is stored, the broker's memory does not grow by the bomb, and every real
+    client's compressed batches still pass."""
+    import gzip
+
+    import lz4.frame
+    import zstandard
+    from confluent_kafka import KafkaError
+    from kafka import KafkaProducer
+    from kafka_wire import raw_batch, record, varint
+
+    b = Broker(strata_bin(), tmp_path)
+    b.start()
+    try:
+        b.create_topic("ledger", 1)
+        w = KafkaWire(b.port)
+        now = int(time.time() * 1000)
+        assert w.produce_raw("ledger", 0, raw_batch(0, 0, record(b"first"), now)) == (0, 0)
+        big = record(bytes(200 << 20))
+        bombs = {
+            "snappy claiming 4 GiB": (2, bytes([0xFF, 0xFF, 0xFF, 0xFF, 0x0F]) + bytes(28)),
+            "gzip": (1, gzip.compress(big, compresslevel=9)),
+            "lz4": (3, lz4.frame.compress(record(bytes(150 << 20)))),
+            "zstd": (4, zstandard.ZstdCompressor().compress(big)),
+        }
+        del big
+        before = vm_hwm_mb(b.proc.pid)
+        for name, (attributes, body) in bombs.items():
+            assert len(body) < 1 << 20, f"{name}: {len(body)} bytes, past max.message.bytes"
+            started = time.monotonic()
+            error, _ = w.produce_raw("ledger", 0, raw_batch(0, attributes, body, now))
+            took = time.monotonic() - started
+            peak = vm_hwm_mb(b.proc.pid)
+            print(f"{name} bomb ({len(body):,} bytes): error {error} in {took * 1000:.0f} ms, "
+                  f"broker peak RSS {peak:.0f} MB (before the bombs: {before:.0f} MB)")
+            assert error == 87, f"{name}: error {error}, not INVALID_RECORD"
+        assert vm_hwm_mb(b.proc.pid) < before + 48, "the broker held a bomb's output"
+        assert w.latest_offset("ledger", 0) == (0, 1), "a bomb was stored"
+        # a malformed record under a good CRC, and a batch claiming more records than it holds
+        bad = record(b"x")[:-1] + varint(5)  # five headers in no bytes
+        assert w.produce_raw("ledger", 0, raw_batch(0, 0, bad, now))[0] == 87
+        assert w.produce_raw("ledger", 0, raw_batch(0, 0, record(b"x"), now, count=2))[0] == 87
+        assert w.latest_offset("ledger", 0) == (0, 1)
+        w.close()
+
+        # Real clients' compressed batches pass: librdkafka (raw snappy) and kafka-python
+        # (xerial-framed snappy), every codec.
+        for codec in ("gzip", "snappy", "lz4", "zstd"):
+            p = Producer({"bootstrap.servers": b.bootstrap, "compression.type": codec,
+                          "enable.idempotence": True, "linger.ms": 20})
+            failed = []
+            for i in range(500):
+                p.produce("ledger", key=b"k%d" % i, value=b"settlement %d " % i * 20,
+                          on_delivery=lambda e, m: e and failed.append(e))
+            assert p.flush(30) == 0 and not failed, (codec, failed[:3])
+            kp = KafkaProducer(bootstrap_servers=b.bootstrap, compression_type=codec, linger_ms=20)
+            futures = [kp.send("ledger", key=b"k%d" % i, value=b"settlement %d " % i * 20) for i in range(500)]
+            for f in futures:
+                f.get(timeout=30)
+            kp.close()
+        c = KafkaWire(b.port)
+        assert c.latest_offset("ledger", 0) == (0, 1 + 8 * 500)
+        c.close()
+
+        # A compacted topic needs a key on every record (Kafka's INVALID_RECORD).
+        b.create_topic("positions", 1, {"cleanup.policy": "compact"})
+        p = Producer({"bootstrap.servers": b.bootstrap})
+        outcomes = []
+        # (apart: a batch holding one keyless record is refused whole, as in Kafka)
+        p.produce("positions", value=b"no key", on_delivery=lambda e, m: outcomes.append(e))
+        assert p.flush(30) == 0
+        p.produce("positions", key=b"fund-7", value=b"keyed", on_delivery=lambda e, m: outcomes.append(e))
+        assert p.flush(30) == 0
+        assert outcomes[0] is not None and outcomes[0].code() == KafkaError.INVALID_RECORD, outcomes
+        assert outcomes[1] is None, outcomes
+    finally:
+        b.close()
+

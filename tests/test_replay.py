@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Broker, free_port, rdkafka_conf, scrape_metrics, strata_bin
+from kafka_wire import raw_batch
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 PER_CODEC = 4000
@@ -191,18 +192,6 @@ def test_a_damaged_object_is_named_and_skipped_only_when_asked(archived, tmp_pat
     assert 0 < printed < len(produced) + PARTITIONS
 
 
-def bomb_batch(base_offset, attributes, body, timestamp):
-    """A RecordBatch v2 of one record whose records section is `body`, compressed as
-    `attributes` says (1 gzip, 2 snappy): what any producer can write."""
-    import struct
-
-    from kafka.record.util import calc_crc32c
-
-    after_crc = (struct.pack(">hiqqqhii", attributes, 0, timestamp, timestamp, -1, -1, -1, 1) + body)
-    head = struct.pack(">qiib", base_offset, 4 + 1 + 4 + len(after_crc), 0, 2)
-    return head + struct.pack(">I", calc_crc32c(after_crc)) + after_crc
-
-
 def plant(cold, part, make_batch):
     """Appends a segment holding `make_batch(base offset)` to partition `part` of the cold
     tier at `cold`, as its leader would have uploaded it (object, empty indexes, a new
@@ -258,7 +247,7 @@ def test_decompression_bombs_in_the_bucket_stop_replay_with_one_line_in_bounded_
         copy = tmp_path / name
         shutil.copytree(cold, copy)
         now = int(time.time() * 1000)
-        offset = plant(copy, 0, lambda base: bomb_batch(base, attributes, body, now))
+        offset = plant(copy, 0, lambda base: raw_batch(base, attributes, body, now))
         r, peak = peak_rss_mb([replay_bin(), "--url", f"file://{copy}", "cat", TOPIC, "--partitions", "0"])
         err = r.stderr.decode(errors="replace").strip()
         print(f"{name} bomb ({len(body)} bytes): exit {r.returncode}, peak RSS {peak:.0f} MB "

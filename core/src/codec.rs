@@ -13,6 +13,7 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::compression::{Compressor, Gzip, Lz4, Snappy, Zstd};
 
 use crate::batch::{BatchHeader, Compression, HEADER_LEN};
+use crate::validate::{check_records, OverLimit, RecordRules, RecordsError};
 
 /// The most one batch's records may decompress to (64 MiB): far above what a producer
 /// writes (Kafka's `max.message.bytes` caps the compressed batch at about 1 MB by default),
@@ -125,6 +126,143 @@ fn snappy_within(body: &[u8], limit: usize) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+/// Checks the records of a produced batch ([`crate::validate::check_records`]),
+/// decompressing them as a stream: gzip, lz4 and zstd through a 64 KiB buffer, snappy one
+/// block at a time (each block's claimed length checked against the limit and against what
+/// snappy can expand its input to before it is allocated). The output is never held whole.
+pub fn check_produced(
+    batch: &[u8],
+    h: &BatchHeader,
+    rules: RecordRules,
+) -> Result<(), RecordsError> {
+    let body = &batch[HEADER_LEN..h.total_len()];
+    let count = h.record_count;
+    let decode = |e: std::io::Error| RecordsError::Decompress(e.to_string());
+    match h.compression() {
+        Compression::None => check_records(body, count, rules),
+        Compression::Gzip => check_records(
+            buffered(flate2::read::MultiGzDecoder::new(body)),
+            count,
+            rules,
+        ),
+        Compression::Snappy => {
+            check_records(buffered(SnappyBlocks::new(body, rules.limit)), count, rules)
+        }
+        Compression::Lz4 => check_records(
+            buffered(lz4::Decoder::new(body).map_err(decode)?),
+            count,
+            rules,
+        ),
+        Compression::Zstd => check_records(
+            buffered(zstd::stream::read::Decoder::new(body).map_err(decode)?),
+            count,
+            rules,
+        ),
+        Compression::Unknown(c) => Err(RecordsError::Decompress(format!(
+            "unknown compression codec {c}"
+        ))),
+    }
+}
+
+/// A decompressing reader behind the 64 KiB buffer a compressed batch is checked through.
+fn buffered<R: Read>(r: R) -> std::io::BufReader<R> {
+    std::io::BufReader::with_capacity(64 << 10, r)
+}
+
+/// The most raw snappy can expand to: a 3-byte copy yields at most 64 bytes.
+fn snappy_max_expansion(compressed: usize) -> u64 {
+    compressed as u64 * 22 + 64
+}
+
+/// Snappy records as a stream: xerial framing (blocks each with a big-endian length) or one
+/// raw block (librdkafka), each decompressed when the reader reaches it.
+struct SnappyBlocks<'a> {
+    rest: &'a [u8],
+    framed: bool,
+    block: Vec<u8>,
+    at: usize,
+    /// Output still allowed.
+    left: u64,
+}
+
+impl<'a> SnappyBlocks<'a> {
+    const MAGIC: &'static [u8; 16] = b"\x82SNAPPY\x00\x00\x00\x00\x01\x00\x00\x00\x01";
+
+    /// `limit`: the output allowed in all (the checker's own bound, known here so that a
+    /// block past it is never allocated).
+    fn new(body: &'a [u8], limit: u64) -> Self {
+        let (rest, framed) = match body.strip_prefix(Self::MAGIC.as_slice()) {
+            Some(rest) => (rest, true),
+            None => (body, false),
+        };
+        SnappyBlocks {
+            rest,
+            framed,
+            block: Vec::new(),
+            at: 0,
+            left: limit,
+        }
+    }
+
+    /// Decompresses the next block; false at the end.
+    fn next_block(&mut self) -> std::io::Result<bool> {
+        let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+        if self.rest.is_empty() {
+            return Ok(false);
+        }
+        let compressed = if self.framed {
+            let (len, after) = self
+                .rest
+                .split_first_chunk::<4>()
+                .ok_or_else(|| bad("a snappy block length is cut short".into()))?;
+            let len = u32::from_be_bytes(*len) as usize;
+            if len > after.len() {
+                return Err(bad(format!(
+                    "a snappy block claims {len} bytes but {} are left",
+                    after.len()
+                )));
+            }
+            let (block, after) = after.split_at(len);
+            self.rest = after;
+            block
+        } else {
+            std::mem::take(&mut self.rest)
+        };
+        let n = snap::raw::decompress_len(compressed).map_err(|e| bad(e.to_string()))?;
+        if n as u64 > snappy_max_expansion(compressed.len()) {
+            return Err(bad(format!(
+                "a snappy block of {} bytes claims {n}, more than snappy can expand it to",
+                compressed.len()
+            )));
+        }
+        if n as u64 > self.left {
+            return Err(std::io::Error::other(OverLimit));
+        }
+        self.left -= n as u64;
+        self.block.clear();
+        self.block.resize(n, 0);
+        snap::raw::Decoder::new()
+            .decompress(compressed, &mut self.block)
+            .map_err(|e| bad(e.to_string()))?;
+        self.at = 0;
+        Ok(true)
+    }
+}
+
+impl Read for SnappyBlocks<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.at == self.block.len() {
+            if !self.next_block()? {
+                return Ok(0);
+            }
+        }
+        let n = buf.len().min(self.block.len() - self.at);
+        buf[..n].copy_from_slice(&self.block[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
 pub fn compress(codec: Compression, raw: &[u8]) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(raw.len() / 2 + 64);
     let fill = |tmp: &mut BytesMut| {
@@ -192,6 +330,132 @@ mod tests {
             );
             let e = decompress_within(codec, &bomb, 1 << 20).unwrap_err();
             assert!(e.contains("more than 1048576 bytes"), "{codec:?}: {e}");
+        }
+    }
+
+    /// `plain` (an uncompressed batch) with its records section compressed by `codec`.
+    fn compressed_batch(codec: Compression, plain: &[u8]) -> Vec<u8> {
+        let packed = match codec {
+            // raw snappy, as librdkafka writes it
+            Compression::Snappy => snap::raw::Encoder::new()
+                .compress_vec(&plain[HEADER_LEN..])
+                .unwrap(),
+            _ => compress(codec, &plain[HEADER_LEN..]).unwrap(),
+        };
+        with_records(plain, codec, &packed)
+    }
+
+    /// `plain`'s header over `records`, with `codec` in the attributes and a fresh CRC.
+    fn with_records(plain: &[u8], codec: Compression, records: &[u8]) -> Vec<u8> {
+        let id = match codec {
+            Compression::Gzip => 1,
+            Compression::Snappy => 2,
+            Compression::Lz4 => 3,
+            Compression::Zstd => 4,
+            _ => 0,
+        };
+        let mut out = plain[..HEADER_LEN].to_vec();
+        out.extend_from_slice(records);
+        let len = (out.len() - crate::batch::LOG_OVERHEAD) as i32;
+        out[8..12].copy_from_slice(&len.to_be_bytes());
+        out[21..23].copy_from_slice(&(id as i16).to_be_bytes());
+        let crc = crate::batch::compute_crc(&out);
+        out[17..21].copy_from_slice(&crc.to_be_bytes());
+        out
+    }
+
+    fn sample_batch() -> Vec<u8> {
+        use crate::batch::build::{batch, ProducerIds, Rec};
+        let values: Vec<Vec<u8>> = (0..500u32)
+            .map(|i| format!("settlement {i} ").repeat(20).into_bytes())
+            .collect();
+        let recs: Vec<Rec> = values
+            .iter()
+            .map(|v| Rec {
+                key: Some(b"fund-7"),
+                value: Some(v),
+                timestamp_delta: 0,
+            })
+            .collect();
+        batch(0, ProducerIds::NONE, &recs)
+    }
+
+    const RULES: RecordRules = RecordRules {
+        keys_required: true,
+        limit: MAX_DECOMPRESSED_BATCH as u64,
+    };
+
+    #[test]
+    fn produced_batches_of_every_codec_are_checked_as_they_decompress() {
+        let plain = sample_batch();
+        for codec in CODECS {
+            let b = compressed_batch(codec, &plain);
+            let h = crate::batch::validate_produced(&b).unwrap();
+            assert_eq!(h.compression(), codec);
+            check_produced(&b, &h, RULES).unwrap_or_else(|e| panic!("{codec:?}: {e}"));
+            // one record fewer than the header claims: bytes left over
+            let mut short = b.clone();
+            short[57..61].copy_from_slice(&499i32.to_be_bytes());
+            let h = crate::batch::BatchHeader::parse(&short).unwrap();
+            assert_eq!(
+                check_produced(&short, &h, RULES),
+                Err(RecordsError::Trailing { count: 499 }),
+                "{codec:?}"
+            );
+        }
+        // xerial-framed snappy, as the Java client writes it
+        let b = with_records(
+            &plain,
+            Compression::Snappy,
+            &compress(Compression::Snappy, &plain[HEADER_LEN..]).unwrap(),
+        );
+        let h = crate::batch::validate_produced(&b).unwrap();
+        check_produced(&b, &h, RULES).unwrap();
+        let h = crate::batch::validate_produced(&plain).unwrap();
+        check_produced(&plain, &h, RULES).unwrap();
+    }
+
+    /// Issue 17: a decompression bomb is refused at produce without its output ever being
+    /// held: every codec stops at the limit.
+    #[test]
+    fn a_produced_bomb_is_refused_at_the_limit() {
+        use crate::batch::build::{batch, ProducerIds, Rec};
+        let zeros = vec![0u8; 8 << 20];
+        let plain = batch(
+            0,
+            ProducerIds::NONE,
+            &[Rec {
+                key: Some(b"k"),
+                value: Some(&zeros),
+                timestamp_delta: 0,
+            }],
+        );
+        let rules = RecordRules {
+            keys_required: false,
+            limit: 1 << 20,
+        };
+        for codec in CODECS {
+            let b = compressed_batch(codec, &plain);
+            assert!(b.len() < 1 << 20, "{codec:?}: {} bytes", b.len());
+            let h = crate::batch::validate_produced(&b).unwrap();
+            assert_eq!(
+                check_produced(&b, &h, rules),
+                Err(RecordsError::TooLarge { limit: 1 << 20 }),
+                "{codec:?}"
+            );
+        }
+        // a raw snappy block claiming 4 GiB - 1 in 33 bytes, and one claiming more than
+        // snappy can expand its input to
+        for claim in [&[0xffu8, 0xff, 0xff, 0xff, 0x0f][..], &[0x80, 0x80, 0x04]] {
+            let mut body = claim.to_vec();
+            body.resize(33, 0);
+            let b = with_records(&plain, Compression::Snappy, &body);
+            let h = crate::batch::validate_produced(&b).unwrap();
+            let e = check_produced(&b, &h, RULES).unwrap_err();
+            assert!(
+                matches!(e, RecordsError::Decompress(ref m) if m.contains("more than snappy")),
+                "{e}"
+            );
         }
     }
 

@@ -8,3 +8,4 @@ pub mod codec;
 pub mod segment;
 pub mod topic;
 pub mod topic_config;
+pub mod validate;

@@ -134,6 +134,13 @@ pub enum ProduceError {
     InternalTopic(String),
     #[error(transparent)]
     Batch(#[from] strata_core::batch::BatchError),
+    /// The records inside a batch whose header and CRC are good.
+    #[error("{topic}-{partition}: {error}")]
+    Records {
+        topic: String,
+        partition: i32,
+        error: strata_core::validate::RecordsError,
+    },
     #[error(transparent)]
     Append(#[from] crate::log::AppendError),
 }
@@ -504,6 +511,14 @@ impl Broker {
         };
         let batch = crate::log::ValidBatch::new(records).inspect_err(|e| {
             tracing::debug!(topic, partition = index, error = %e, "refused produced batch");
+        })?;
+        partition.check_records(&batch).map_err(|error| {
+            tracing::debug!(topic, partition = index, %error, "refused produced records");
+            ProduceError::Records {
+                topic: topic.to_string(),
+                partition: index,
+                error,
+            }
         })?;
         let (appended, epoch) = partition
             .append(&batch, acks, now_ms)

@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
+use strata_core::validate::{RecordRules, RecordsError};
+
 use crate::log::{AppendError, Appended, PartitionLog, ReadError, ReadPlan, ValidBatch};
 use crate::replication::leader::{
     Assignment, FollowerStatus, IsrProposal, IsrRefusal, LeaderState, NotEnoughReplicas, Policy,
@@ -136,6 +138,25 @@ pub struct Partition {
     stop: watch::Sender<bool>,
     /// Counts truncations, so a flush that ran across one does not claim the new data.
     cuts: std::sync::atomic::AtomicU64,
+    /// What a produced batch's records are checked against, from the topic config (kept
+    /// here so that a produce reads it without the log lock).
+    rules: Mutex<ProduceRules>,
+}
+
+/// The parts of a topic's config that [`Partition::check_records`] needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProduceRules {
+    max_message_bytes: u32,
+    keys_required: bool,
+}
+
+impl ProduceRules {
+    fn of(config: &crate::log::LogConfig) -> Self {
+        ProduceRules {
+            max_message_bytes: config.max_message_bytes,
+            keys_required: config.cleanup_policy.split(',').any(|p| p == "compact"),
+        }
+    }
 }
 
 impl Partition {
@@ -159,6 +180,7 @@ impl Partition {
             tiered_end: None,
         });
         let (stop, _) = watch::channel(false);
+        let rules = Mutex::new(ProduceRules::of(log.config()));
         let p = Arc::new(Partition {
             topic,
             index,
@@ -168,6 +190,7 @@ impl Partition {
             flush: Notify::new(),
             stop,
             cuts: std::sync::atomic::AtomicU64::new(0),
+            rules,
         });
         tokio::spawn(p.clone().run_flusher());
         p
@@ -330,6 +353,22 @@ impl Partition {
     /// Whether this replica follows `leader` at `epoch` (the fetcher checks before acting).
     pub fn follows(&self, leader: i32, epoch: i32) -> bool {
         matches!(&*self.role(), Role::Follower { leader: l, epoch: e, .. } if *l == leader && *e == epoch)
+    }
+
+    /// Checks the records inside a produced batch, outside any log lock: well-formed, offset
+    /// deltas in order, keys on a compacted topic; a compressed batch is decompressed as a
+    /// stream, to at most [`strata_core::codec::MAX_DECOMPRESSED_BATCH`] (what the tools that
+    /// decode batches accept), so a decompression bomb is refused before it is stored. A
+    /// batch over `max.message.bytes` is left for the append to refuse, undecompressed.
+    pub fn check_records(&self, batch: &ValidBatch) -> Result<(), RecordsError> {
+        let rules = *self.rules.lock().unwrap_or_else(|e| e.into_inner());
+        if batch.len() > rules.max_message_bytes as usize {
+            return Ok(());
+        }
+        batch.check_records(RecordRules {
+            keys_required: rules.keys_required,
+            limit: strata_core::codec::MAX_DECOMPRESSED_BATCH as u64,
+        })
     }
 
     /// Appends a produced batch as leader. `acks=-1` is refused before append when the ISR
@@ -737,6 +776,7 @@ impl Partition {
     }
 
     pub fn set_config(&self, config: crate::log::LogConfig, replica_lag_max_ms: i64) {
+        *self.rules.lock().unwrap_or_else(|e| e.into_inner()) = ProduceRules::of(&config);
         let policy = Policy {
             min_insync_replicas: usize::from(config.min_insync_replicas),
             replica_lag_max_ms,

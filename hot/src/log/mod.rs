@@ -59,6 +59,15 @@ impl ValidBatch {
         &self.header
     }
 
+    /// Checks the records inside (see [`strata_core::validate`]); a compressed batch is
+    /// decompressed as a stream for it. CPU-bound: about the cost of one decompression.
+    pub fn check_records(
+        &self,
+        rules: strata_core::validate::RecordRules,
+    ) -> Result<(), strata_core::validate::RecordsError> {
+        strata_core::codec::check_produced(&self.bytes, &self.header, rules)
+    }
+
     pub fn len(&self) -> usize {
         self.bytes.len()
     }
