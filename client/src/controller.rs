@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use strata_proto::v1::controller_client::ControllerClient;
 use strata_proto::v1::{
-    AlterScramCredentialsRequest, CreateAclsRequest, CreateTopicRequest, DeleteAclsRequest,
-    DeleteTopicRequest, DescribeQuorumRequest, DescribeQuorumResponse,
+    AlterClientQuotasRequest, AlterScramCredentialsRequest, CreateAclsRequest, CreateTopicRequest,
+    DeleteAclsRequest, DeleteTopicRequest, DescribeQuorumRequest, DescribeQuorumResponse,
     DescribeScramCredentialsRequest, MetadataSnapshot, ScramCredentialInfo, ScramDeletion,
     ScramUpsertion, WatchRequest,
 };
@@ -82,6 +82,18 @@ impl ControllerAdmin {
         Ok(self
             .client
             .create_acls(CreateAclsRequest { acls_json })
+            .await
+            .map_err(ClientError::from)?
+            .into_inner()
+            .version)
+    }
+
+    /// Sets and removes client quotas (JSON alterations, the metadata log's encoding), all
+    /// or none; returns a metadata version that includes them.
+    pub async fn alter_client_quotas_json(&mut self, alterations_json: Vec<u8>) -> Result<u64> {
+        Ok(self
+            .client
+            .alter_client_quotas(AlterClientQuotasRequest { alterations_json })
             .await
             .map_err(ClientError::from)?
             .into_inner()

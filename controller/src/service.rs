@@ -139,6 +139,7 @@ fn status(e: &MetadataError) -> Status {
         | MetadataError::InvalidIsr { .. }
         | MetadataError::InvalidScramCredential(_)
         | MetadataError::InvalidAcl(_)
+        | MetadataError::InvalidQuota(_)
         | MetadataError::InvalidConfig(_)
         | MetadataError::InvalidRequest(_) => Status::invalid_argument(msg),
         MetadataError::StaleBrokerEpoch { .. }
@@ -1033,6 +1034,28 @@ impl ControllerApi for ControllerService {
             tracing::info!(%user, mechanism = m.name(), "SCRAM credential {what}");
         }
         Ok(Response::new(AlterScramCredentialsResponse {
+            version: self.0.state.current().version,
+        }))
+    }
+
+    async fn alter_client_quotas(
+        &self,
+        req: Request<AlterClientQuotasRequest>,
+    ) -> Result<Response<AlterClientQuotasResponse>, Status> {
+        self.admit(&req, Caller::Admin)?;
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.alter_client_quotas(req.into_inner()).await;
+        }
+        let alterations: Vec<crate::metadata::quota::QuotaAlteration> =
+            serde_json::from_slice(&req.into_inner().alterations_json).map_err(|e| {
+                Status::invalid_argument(format!("undecodable quota alterations: {e}"))
+            })?;
+        let n = alterations.len();
+        self.0
+            .propose(Command::AlterClientQuotas { alterations })
+            .await?;
+        tracing::info!(entities = n, "client quotas altered");
+        Ok(Response::new(AlterClientQuotasResponse {
             version: self.0.state.current().version,
         }))
     }

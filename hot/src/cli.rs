@@ -508,6 +508,124 @@ pub async fn acl(controller: &str, command: AclCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whose quota a `quota` command names: a user, a client id, or a user's client id, each
+/// by name or as the default (`--user-default`, `--client-default`).
+#[derive(clap::Args, Clone)]
+pub struct QuotaWho {
+    #[arg(long, conflicts_with = "user_default")]
+    pub user: Option<String>,
+    #[arg(long)]
+    pub user_default: bool,
+    #[arg(long, conflicts_with = "client_default")]
+    pub client_id: Option<String>,
+    #[arg(long)]
+    pub client_default: bool,
+}
+
+impl QuotaWho {
+    fn entity(&self) -> strata_controller::metadata::quota::QuotaEntity {
+        use strata_controller::metadata::quota::EntityName;
+        let part = |name: &Option<String>, default: bool| match (name, default) {
+            (Some(n), _) => Some(EntityName::Named(n.clone())),
+            (None, true) => Some(EntityName::Default),
+            (None, false) => None,
+        };
+        strata_controller::metadata::quota::QuotaEntity {
+            user: part(&self.user, self.user_default),
+            client_id: part(&self.client_id, self.client_default),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum QuotaCommand {
+    /// Set and remove quotas of one entity, e.g. `--user order-service --add-config
+    /// producer_byte_rate=1048576` (producer_byte_rate and consumer_byte_rate in bytes per
+    /// second, request_percentage in percent of one request thread).
+    Alter {
+        #[command(flatten)]
+        who: QuotaWho,
+        /// key=value pairs, comma-separated (repeatable).
+        #[arg(long = "add-config", value_delimiter = ',')]
+        add: Vec<String>,
+        /// Keys to remove, comma-separated (repeatable).
+        #[arg(long = "delete-config", value_delimiter = ',')]
+        delete: Vec<String>,
+    },
+    /// Print every quota (one line per entity), or those naming the given user or client id.
+    Describe {
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        client_id: Option<String>,
+    },
+}
+
+pub async fn quota(controller: &str, command: QuotaCommand) -> anyhow::Result<()> {
+    use strata_controller::metadata::quota::{EntityName, QuotaAlteration, QuotaKey, QuotaValue};
+    let mut admin = controller_admin(controller).await?;
+    match command {
+        QuotaCommand::Alter { who, add, delete } => {
+            let entity = who.entity();
+            let mut a = QuotaAlteration {
+                entity: entity.clone(),
+                set: Default::default(),
+                remove: Vec::new(),
+            };
+            for pair in &add {
+                let (k, v) = pair
+                    .split_once('=')
+                    .with_context(|| format!("--add-config '{pair}' is not key=value"))?;
+                let value: f64 = v
+                    .parse()
+                    .with_context(|| format!("quota '{k}': '{v}' is not a number"))?;
+                a.set.insert(
+                    QuotaKey::from_name(k).map_err(anyhow::Error::msg)?,
+                    QuotaValue::new(value).map_err(anyhow::Error::msg)?,
+                );
+            }
+            for k in &delete {
+                a.remove
+                    .push(QuotaKey::from_name(k).map_err(anyhow::Error::msg)?);
+            }
+            anyhow::ensure!(
+                !a.set.is_empty() || !a.remove.is_empty(),
+                "nothing to change: give --add-config or --delete-config"
+            );
+            a.validate().map_err(anyhow::Error::msg)?;
+            admin
+                .alter_client_quotas_json(serde_json::to_vec(&[a])?)
+                .await
+                .context("altering client quotas")?;
+            println!("altered the quotas of {entity}");
+        }
+        QuotaCommand::Describe { user, client_id } => {
+            let (_, json) = admin
+                .metadata_json()
+                .await
+                .context("reading the cluster metadata")?;
+            let metadata: strata_controller::metadata::ClusterMetadata =
+                serde_json::from_slice(&json).context("decoding the cluster metadata")?;
+            let names = |part: &Option<EntityName>, want: &Option<String>| {
+                want.as_ref()
+                    .is_none_or(|w| matches!(part, Some(EntityName::Named(n)) if n == w))
+            };
+            for (entity, values) in metadata
+                .client_quotas
+                .iter()
+                .filter(|(e, _)| names(&e.user, &user) && names(&e.client_id, &client_id))
+            {
+                let values: Vec<String> = values
+                    .iter()
+                    .map(|(k, v)| format!("{}={}", k.name(), v.get()))
+                    .collect();
+                println!("{entity}\t{}", values.join(","));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[derive(Subcommand)]
 pub enum QuorumCommand {
     /// Print the quorum as this controller sees it (one JSON line).

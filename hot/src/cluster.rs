@@ -13,11 +13,11 @@ use strata_proto::tls::GrpcTls;
 use strata_proto::v1::controller_client::ControllerClient;
 use strata_proto::v1::metadata_update;
 use strata_proto::v1::{
-    AllocateProducerIdsRequest, AlterIsrRequest, AlterIsrResponse, AlterScramCredentialsRequest,
-    AlterTopicConfigsRequest, ControlledShutdownRequest, CreateAclsRequest,
-    CreatePartitionsRequest, CreateTopicRequest, CreateTopicResponse, DeleteAclsRequest,
-    DeleteTopicRequest, Endpoint, HeartbeatRequest, MetadataUpdate, RegisterBrokerRequest,
-    ScramDeletion, ScramUpsertion, SessionRequest, WatchRequest,
+    AllocateProducerIdsRequest, AlterClientQuotasRequest, AlterIsrRequest, AlterIsrResponse,
+    AlterScramCredentialsRequest, AlterTopicConfigsRequest, ControlledShutdownRequest,
+    CreateAclsRequest, CreatePartitionsRequest, CreateTopicRequest, CreateTopicResponse,
+    DeleteAclsRequest, DeleteTopicRequest, Endpoint, HeartbeatRequest, MetadataUpdate,
+    RegisterBrokerRequest, ScramDeletion, ScramUpsertion, SessionRequest, WatchRequest,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -479,6 +479,24 @@ impl ClusterLink {
                 acls_json: acls_json.clone(),
             };
             async move { c.create_acls(req).await }
+        })
+        .await
+        .map(|r| r.version)
+    }
+
+    /// Sets and removes client quotas through the controllers, all or none; returns a
+    /// metadata version that includes them.
+    pub async fn alter_client_quotas(
+        &self,
+        alterations: &[strata_controller::metadata::quota::QuotaAlteration],
+    ) -> Result<u64, tonic::Status> {
+        let alterations_json =
+            serde_json::to_vec(alterations).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        self.call(|mut c| {
+            let req = AlterClientQuotasRequest {
+                alterations_json: alterations_json.clone(),
+            };
+            async move { c.alter_client_quotas(req).await }
         })
         .await
         .map(|r| r.version)

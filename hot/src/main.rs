@@ -158,6 +158,15 @@ enum Command {
         #[command(subcommand)]
         command: cli::AclCommand,
     },
+    /// Set, remove and describe client quotas (kafka-configs.sh's vocabulary; quotas live
+    /// in the metadata log).
+    Quota {
+        /// Any controller's gRPC listener.
+        #[arg(long, default_value = "127.0.0.1:9093", global = true)]
+        controller: String,
+        #[command(subcommand)]
+        command: cli::QuotaCommand,
+    },
     /// Inspect the controller quorum.
     Quorum {
         /// Any controller's gRPC listener.
@@ -232,6 +241,10 @@ fn main() -> anyhow::Result<()> {
             controller,
             command,
         } => runtime.block_on(cli::user(&controller, command)),
+        Command::Quota {
+            controller,
+            command,
+        } => runtime.block_on(cli::quota(&controller, command)),
         Command::Group { bootstrap, command } => runtime.block_on(cli::group(&bootstrap, command)),
         Command::Produce(args) => runtime.block_on(cli::produce(args)),
         Command::Consume(args) => runtime.block_on(cli::consume(args)),

@@ -89,6 +89,8 @@ pub struct Metrics {
     pub producer_ids_expired: AtomicU64,
     /// Connections and request memory of the Kafka listeners.
     pub listener: std::sync::Arc<crate::kafka::limits::ListenerStats>,
+    /// Throttles given for client quotas.
+    pub quotas: std::sync::Arc<crate::kafka::quota::QuotaStats>,
 }
 
 fn counter(out: &mut String, name: &str, help: &str, v: &AtomicU64) {
@@ -170,6 +172,33 @@ impl Metrics {
             "Producer ids forgotten after producer_id_expiration without a batch (KIP-854).",
             &self.producer_ids_expired,
         );
+        let q = &self.quotas;
+        let quotas = [
+            "producer_byte_rate",
+            "consumer_byte_rate",
+            "request_percentage",
+        ];
+        let _ = writeln!(
+            out,
+            "# HELP strata_quota_throttled_total Kafka responses that carried a throttle time, by client quota.\n\
+             # TYPE strata_quota_throttled_total counter"
+        );
+        for (i, name) in quotas.iter().enumerate() {
+            let v = q.throttled[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "strata_quota_throttled_total{{quota=\"{name}\"}} {v}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP strata_quota_throttle_seconds_total Throttle time given to Kafka clients, by client quota.\n\
+             # TYPE strata_quota_throttle_seconds_total counter"
+        );
+        for (i, name) in quotas.iter().enumerate() {
+            let v = q.throttle_ms[i].load(Ordering::Relaxed) as f64 / 1000.0;
+            let _ = writeln!(
+                out,
+                "strata_quota_throttle_seconds_total{{quota=\"{name}\"}} {v}"
+            );
+        }
         let l = &self.listener;
         gauge(
             &mut out,

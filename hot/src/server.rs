@@ -189,8 +189,12 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         broker.metrics().listener.clone(),
     );
     tokio::spawn(limits.clone().watch_fds(listener_stop_rx.clone()));
+    let quotas = crate::kafka::quota::Quotas::new(
+        broker.cluster().map(|l| l.metadata()),
+        broker.metrics().quotas.clone(),
+    );
     for (listener, _, c) in listeners {
-        let server = KafkaServer::new(broker.clone(), c, limits.clone());
+        let server = KafkaServer::new(broker.clone(), c, limits.clone(), quotas.clone());
         serving.push(tokio::spawn(
             server.serve(listener, listener_stop_rx.clone()),
         ));

@@ -9,6 +9,7 @@
 pub mod acl;
 pub mod leases;
 pub mod placement;
+pub mod quota;
 
 use std::collections::BTreeMap;
 
@@ -91,6 +92,9 @@ pub struct ClusterMetadata {
     /// Access control lists (Kafka's model, [`acl`]).
     #[serde(default)]
     pub acls: std::collections::BTreeSet<acl::AclBinding>,
+    /// Client quotas (Kafka's model, [`quota`]).
+    #[serde(default, skip_serializing_if = "quota::ClientQuotas::is_empty")]
+    pub client_quotas: quota::ClientQuotas,
 }
 
 /// A SCRAM mechanism, by its SASL name.
@@ -218,6 +222,10 @@ pub enum Command {
     DeleteAcls {
         filters: Vec<acl::AclFilter>,
     },
+    /// Sets and removes client quotas (all or none).
+    AlterClientQuotas {
+        alterations: Vec<quota::QuotaAlteration>,
+    },
 }
 
 /// What an applied command answers.
@@ -281,6 +289,8 @@ pub enum MetadataError {
     InvalidScramCredential(String),
     #[error("invalid ACL: {0}")]
     InvalidAcl(String),
+    #[error("invalid client quota: {0}")]
+    InvalidQuota(String),
     #[error("{0}")]
     InvalidConfig(String),
     #[error("{0}")]
@@ -326,6 +336,10 @@ impl Command {
                 )))
             }
             Command::AlterTopicConfigs { name, set, .. } => check_topic_configs(name, set),
+            Command::AlterClientQuotas { alterations } => alterations
+                .iter()
+                .try_for_each(|a| a.validate())
+                .map_err(MetadataError::InvalidQuota),
             Command::AllocateProducerIds { count, .. }
                 if *count == 0 || *count > MAX_PRODUCER_ID_BLOCK =>
             {
@@ -679,6 +693,12 @@ impl ClusterMetadata {
                     .partition(|a| filters.iter().any(|f| f.matches(a)));
                 self.acls = kept;
                 Ok(Applied::AclsDeleted(deleted.into_iter().collect()))
+            }
+            Command::AlterClientQuotas { alterations } => {
+                self.client_quotas
+                    .alter(alterations)
+                    .map_err(MetadataError::InvalidQuota)?;
+                Ok(Applied::Done)
             }
             Command::DeleteScramCredential { user, mechanism } => {
                 let unknown = || MetadataError::UnknownScramCredential {

@@ -733,3 +733,49 @@ fn a_config_change_is_checked_against_the_topic_it_lands_on() {
     assert!(matches!(e, MetadataError::InvalidConfig(_)), "{e}");
     assert_eq!(m.topics["settlements"].configs["min.insync.replicas"], "2");
 }
+
+#[test]
+fn client_quotas_are_altered_all_or_none_and_survive_a_snapshot() {
+    use quota::*;
+    let mut m = ClusterMetadata::default();
+    let alteration = |client: &str, v: f64| QuotaAlteration {
+        entity: QuotaEntity {
+            user: None,
+            client_id: Some(EntityName::Named(client.into())),
+        },
+        set: [(QuotaKey::ProducerByteRate, QuotaValue::new(v).unwrap())].into(),
+        remove: vec![],
+    };
+    let nameless = QuotaAlteration {
+        entity: QuotaEntity {
+            user: None,
+            client_id: None,
+        },
+        set: BTreeMap::new(),
+        remove: vec![],
+    };
+    let cmd = |alterations| Command::AlterClientQuotas { alterations };
+    assert!(matches!(
+        m.apply(1, &cmd(vec![alteration("a", 10.0), nameless])),
+        Err(MetadataError::InvalidQuota(_))
+    ));
+    assert!(
+        m.client_quotas.is_empty(),
+        "one bad alteration refuses them all"
+    );
+    m.apply(2, &cmd(vec![alteration("a", 10.0), alteration("b", 20.0)]))
+        .unwrap();
+    assert_eq!(
+        m.client_quotas
+            .resolve("anyone", "b", QuotaKey::ProducerByteRate)
+            .map(|(_, v)| v),
+        Some(20.0)
+    );
+    let snapshot: ClusterMetadata =
+        serde_json::from_slice(&serde_json::to_vec(&m).unwrap()).unwrap();
+    assert_eq!(snapshot, m);
+    // metadata written before quotas existed still loads
+    let mut old = serde_json::to_value(ClusterMetadata::default()).unwrap();
+    old.as_object_mut().unwrap().remove("client_quotas");
+    assert!(serde_json::from_value::<ClusterMetadata>(old).is_ok());
+}

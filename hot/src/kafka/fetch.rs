@@ -5,6 +5,7 @@
 //! high watermarks to move or for `max_wait_ms` to pass. Consumers only ever see offsets
 //! below the high watermark.
 
+use super::quota::QuotaKey;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_controller::metadata::acl::Operation;
@@ -59,6 +60,13 @@ pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
     use std::sync::atomic::Ordering::Relaxed;
     let started = std::time::Instant::now();
     let broker = ctx.broker().clone();
+    // A consumer over its consumer_byte_rate is answered at once with its throttle time and
+    // no data, as Kafka does, and its connection is not read from until the time is over.
+    let owed = ctx.throttle_owed(QuotaKey::ConsumerByteRate);
+    if owed > 0 {
+        return FetchResponse::default().with_throttle_time_ms(owed);
+    }
+    let quota_ctx = ctx.clone();
     let resp = handle_inner(ctx, req).await;
     let bytes: u64 = resp
         .responses
@@ -70,7 +78,12 @@ pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
     m.fetch_requests.fetch_add(1, Relaxed);
     m.fetched_bytes.fetch_add(bytes, Relaxed);
     m.fetch_latency.observe(started.elapsed());
-    resp
+    let throttle_ms = if bytes > 0 {
+        quota_ctx.throttle(QuotaKey::ConsumerByteRate, bytes as f64)
+    } else {
+        0
+    };
+    resp.with_throttle_time_ms(throttle_ms)
 }
 
 async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {

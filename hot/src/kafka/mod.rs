@@ -9,11 +9,13 @@
 
 mod acls;
 mod admin;
+mod client_quotas;
 pub(crate) mod codes;
 mod fetch;
 mod group;
 pub mod limits;
 mod produce;
+pub mod quota;
 pub mod sasl;
 pub mod tls;
 mod users;
@@ -23,14 +25,15 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    api_versions_response::ApiVersion, AlterUserScramCredentialsRequest, ApiKey,
-    ApiVersionsRequest, ApiVersionsResponse, CreateAclsRequest, CreatePartitionsRequest,
+    api_versions_response::ApiVersion, AlterClientQuotasRequest, AlterUserScramCredentialsRequest,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, CreateAclsRequest, CreatePartitionsRequest,
     CreateTopicsRequest, DeleteAclsRequest, DeleteGroupsRequest, DeleteTopicsRequest,
-    DescribeAclsRequest, DescribeConfigsRequest, DescribeGroupsRequest,
-    DescribeUserScramCredentialsRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
-    IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
-    ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
-    OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
+    DescribeAclsRequest, DescribeClientQuotasRequest, DescribeConfigsRequest,
+    DescribeGroupsRequest, DescribeUserScramCredentialsRequest, FetchRequest,
+    FindCoordinatorRequest, HeartbeatRequest, IncrementalAlterConfigsRequest,
+    InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
+    ListOffsetsRequest, MetadataRequest, OffsetCommitRequest, OffsetFetchRequest,
+    OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
     SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
     SyncGroupRequest,
 };
@@ -73,6 +76,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteAcls, 1, 3),
     (ApiKey::DescribeUserScramCredentials, 0, 0),
     (ApiKey::AlterUserScramCredentials, 0, 0),
+    (ApiKey::DescribeClientQuotas, 0, 1),
+    (ApiKey::AlterClientQuotas, 0, 1),
     (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
@@ -152,6 +157,7 @@ pub struct KafkaServer {
     broker: Arc<Broker>,
     config: ListenerConfig,
     limits: Arc<limits::Limits>,
+    quotas: Arc<quota::Quotas>,
 }
 
 /// What a dispatched request produces.
@@ -178,16 +184,18 @@ pub enum Refusal {
 }
 
 impl KafkaServer {
-    /// A listener; `limits` are shared by all the broker's listeners.
+    /// A listener; `limits` and `quotas` are shared by all the broker's listeners.
     pub fn new(
         broker: Arc<Broker>,
         config: ListenerConfig,
         limits: Arc<limits::Limits>,
+        quotas: Arc<quota::Quotas>,
     ) -> Arc<Self> {
         Arc::new(KafkaServer {
             broker,
             config,
             limits,
+            quotas,
         })
     }
 
@@ -291,6 +299,8 @@ impl KafkaServer {
         // When the SASL session ends unless re-authenticated (KIP-368).
         let mut session_ends: Option<tokio::time::Instant> = None;
         let mut turns = ConnectionTurns::default();
+        // Set by a handler whose request took a quota over its limit (KIP-219).
+        let mute = Arc::new(quota::Mute::default());
         // Each reply travels with its request's share of the request memory, returned once
         // the response is written.
         let (tx, mut rx) = mpsc::channel::<(Reply, Option<limits::MemoryShare>)>(MAX_IN_FLIGHT);
@@ -306,6 +316,8 @@ impl KafkaServer {
             anyhow::Ok(())
         });
         loop {
+            // a throttled connection is not read from until its throttle time is over
+            mute.wait().await;
             let mut len = [0u8; 4];
             match tokio::time::timeout(self.config.idle_timeout, rd.read_exact(&mut len)).await {
                 Err(_) => {
@@ -427,6 +439,7 @@ impl KafkaServer {
                         host.clone(),
                         principal.clone().unwrap_or_else(|| Arc::from(ANONYMOUS)),
                         &mut turns,
+                        &mute,
                     ),
                 (_, None) => {
                     tracing::warn!(%peer, listener = %self.config.name, api = ?decoded.key, "request before SASL authentication; closing connection");
@@ -577,7 +590,9 @@ impl KafkaServer {
         host: Arc<str>,
         principal: Arc<str>,
         turns: &mut ConnectionTurns,
+        mute: &Arc<quota::Mute>,
     ) -> Result<Reply, Refusal> {
+        let started = std::time::Instant::now();
         let Decoded {
             key,
             version,
@@ -594,7 +609,25 @@ impl KafkaServer {
             peer,
             host,
             principal,
+            mute: mute.clone(),
         };
+        // request time (KIP-124): this synchronous part here, a spawned handler's polls in
+        // `Request::later`
+        let timed = self.quotas.active().then(|| ctx.clone());
+        let reply = self.handle(ctx, body, turns);
+        if let Some(ctx) = timed {
+            ctx.record_request_time(started.elapsed());
+        }
+        reply
+    }
+
+    fn handle(
+        self: &Arc<Self>,
+        ctx: Request,
+        body: Body,
+        turns: &mut ConnectionTurns,
+    ) -> Result<Reply, Refusal> {
+        let (key, correlation_id) = (ctx.key, ctx.correlation_id);
         match body {
             Body::UnsupportedApiVersions => {
                 // Kafka answers an ApiVersions it cannot parse with a v0 response carrying
@@ -637,6 +670,8 @@ impl KafkaServer {
             Body::DeleteAcls(req) => ctx.later(acls::delete_acls(ctx.clone(), req)),
             Body::DescribeUserScramCredentials(req) => ctx.respond_now(&users::describe(&ctx, req)),
             Body::AlterUserScramCredentials(req) => ctx.later(users::alter(ctx.clone(), req)),
+            Body::DescribeClientQuotas(req) => ctx.respond_now(&client_quotas::describe(&ctx, req)),
+            Body::AlterClientQuotas(req) => ctx.later(client_quotas::alter(ctx.clone(), req)),
             // answered by the connection's SASL session before dispatch
             Body::SaslHandshake(_) | Body::SaslAuthenticate(_) => Err(Refusal::Malformed {
                 what: "SASL request",
@@ -730,6 +765,8 @@ pub enum Body {
     DescribeAcls(DescribeAclsRequest),
     CreateAcls(CreateAclsRequest),
     DescribeUserScramCredentials(DescribeUserScramCredentialsRequest),
+    DescribeClientQuotas(DescribeClientQuotasRequest),
+    AlterClientQuotas(AlterClientQuotasRequest),
     AlterUserScramCredentials(AlterUserScramCredentialsRequest),
     DeleteAcls(DeleteAclsRequest),
 }
@@ -820,6 +857,10 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::AlterUserScramCredentials => {
             Body::AlterUserScramCredentials(decode_body(&mut frame, version)?)
         }
+        ApiKey::DescribeClientQuotas => {
+            Body::DescribeClientQuotas(decode_body(&mut frame, version)?)
+        }
+        ApiKey::AlterClientQuotas => Body::AlterClientQuotas(decode_body(&mut frame, version)?),
         other => {
             return Err(Refusal::UnsupportedVersion {
                 key: other,
@@ -864,6 +905,8 @@ pub(crate) struct Request {
     host: Arc<str>,
     /// Who sent it: `User:<name>` after SASL, else `User:ANONYMOUS`.
     principal: Arc<str>,
+    /// Its connection's mute, for a quota's throttle.
+    mute: Arc<quota::Mute>,
 }
 
 impl Request {
@@ -935,6 +978,40 @@ impl Request {
         &self.server.config
     }
 
+    /// Who this request is, as client quotas name it.
+    fn quota_client(&self) -> quota::Client<'_> {
+        quota::Client {
+            user: self
+                .principal
+                .strip_prefix("User:")
+                .unwrap_or(&self.principal),
+            client_id: &self.client_id,
+        }
+    }
+
+    /// Records `amount` against the client's quota of `key`; a throttle it earned mutes
+    /// the connection. Returns the throttle in milliseconds, for `throttle_time_ms`.
+    pub fn throttle(&self, key: quota::QuotaKey, amount: f64) -> i32 {
+        let d = self.server.quotas.record(&self.quota_client(), key, amount);
+        self.mute.extend(d);
+        d.as_millis().min(i32::MAX as u128) as i32
+    }
+
+    /// The throttle the client owes on `key` now (recording nothing); mutes the connection
+    /// for it.
+    pub fn throttle_owed(&self, key: quota::QuotaKey) -> i32 {
+        let d = self.server.quotas.owed(&self.quota_client(), key);
+        self.mute.extend(d);
+        d.as_millis().min(i32::MAX as u128) as i32
+    }
+
+    /// Time spent handling this request, against the client's `request_percentage`: one
+    /// percent of a thread is 10 ms per second.
+    fn record_request_time(&self, busy: Duration) {
+        let percent_seconds = busy.as_secs_f64() * 100.0;
+        self.throttle(quota::QuotaKey::RequestPercentage, percent_seconds);
+    }
+
     fn respond_now<R: Encodable + HeaderVersion>(&self, resp: &R) -> Result<Reply, Refusal> {
         Ok(Reply::Now(encode(
             self.key,
@@ -951,8 +1028,16 @@ impl Request {
         F: std::future::Future<Output = R> + Send + 'static,
     {
         let (key, version, correlation_id) = (self.key, self.version, self.correlation_id);
+        let timed = self.server.quotas.active().then(|| self.clone());
         Ok(Reply::Later(tokio::spawn(async move {
-            let resp = handler.await;
+            let resp = match timed {
+                Some(ctx) => {
+                    let (resp, busy) = quota::Busy::new(handler).await;
+                    ctx.record_request_time(busy);
+                    resp
+                }
+                None => handler.await,
+            };
             encode(key, version, correlation_id, &resp).map_err(|e| {
                 tracing::error!(api = ?key, version, error = %e, "cannot encode response; closing connection");
                 anyhow::Error::from(e)

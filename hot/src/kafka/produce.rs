@@ -4,6 +4,7 @@
 //! request is dispatched, in connection order; only the wait for durability (acks=all) runs
 //! later. acks=0 gets no response at all, as in Kafka.
 
+use super::quota::QuotaKey;
 use std::time::Duration;
 
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
@@ -129,6 +130,9 @@ pub(super) fn handle(
         None
     };
     let mut topics = Vec::with_capacity(req.topic_data.len());
+    // record bytes offered, for the producer_byte_rate quota (appended or not, as Kafka
+    // counts the request)
+    let mut offered = 0usize;
     for topic in req.topic_data {
         let name = topic.name.0.to_string();
         let mut outcomes = Vec::with_capacity(topic.partition_data.len());
@@ -157,6 +161,7 @@ pub(super) fn handle(
                 ));
                 continue;
             };
+            offered += records.len();
             let appended = broker.append(&name, pd.index, records, acks, now);
             match refused.settle(&name, pd.index, appended) {
                 Ok(pending) => outcomes.push(PartitionOutcome {
@@ -171,6 +176,11 @@ pub(super) fn handle(
         }
         topics.push((topic.name, outcomes));
     }
+    let throttle_ms = if offered > 0 {
+        ctx.throttle(QuotaKey::ProducerByteRate, offered as f64)
+    } else {
+        0
+    };
     if acks == 0 {
         broker.metrics().produce_latency.observe(started.elapsed());
         return Ok(Reply::Nothing);
@@ -213,7 +223,9 @@ pub(super) fn handle(
             );
         }
         broker.metrics().produce_latency.observe(started.elapsed());
-        ProduceResponse::default().with_responses(responses)
+        ProduceResponse::default()
+            .with_responses(responses)
+            .with_throttle_time_ms(throttle_ms)
     })
 }
 

@@ -72,6 +72,7 @@ pub async fn serve_kafka_as(
             fetch_max_wait: Duration::from_secs(30),
         },
         limits,
+        strata_hot::kafka::quota::Quotas::new(None, Default::default()),
     );
     let (stop, stop_rx) = watch::channel(false);
     tokio::spawn(server.serve(listener, stop_rx));
