@@ -356,3 +356,62 @@ def test_bad_input_is_one_clear_line(tmp_path, s3_endpoint):  # noqa: F811
         assert r.returncode != 0, args
         assert len(err.strip().splitlines()) == 1 and needle in lines[0].lower(), f"{args}: {err}"
         assert "panicked" not in err and "backtrace" not in err.lower(), err
+
+
+def test_a_decompression_bomb_in_the_bucket_fails_its_partition_in_bounded_memory(tmp_path):
+    """Issue 17: strata-compactor shares the batch decoder that a 917 KB gzip batch drove to
+    936 MB in strata-replay. With a bomb planted in a compacted topic's cold tier (the
+    broker now refuses one at produce, but a bucket may hold one from before), the
+    compactor fails that partition with one line naming the batch, leaves its manifest
+    as it was, and its memory stays bounded by the decoder's limit (64 MiB per batch)."""
+    import gzip
+    import shutil
+
+    from confluent_kafka import Producer
+    from kafka_wire import raw_batch, record
+    from test_replay import peak_rss_mb, plant
+
+    b = Broker(strata_bin(), tmp_path / "broker")
+    b.extra_env = {"STRATA__COLD__INTERVAL": "200ms", "STRATA__TOPICS__RETENTION_CHECK_INTERVAL": "200ms"}
+    b.start()
+    try:
+        b.create_topic("positions", 1, {"cleanup.policy": "compact", "segment.bytes": 32 << 10, "segment.ms": 1000,
+                                        "remote.storage.enable": "true", "local.retention.bytes": 0})
+        p = Producer(rdkafka_conf({"bootstrap.servers": b.bootstrap, "acks": "all", "compression.type": "lz4"}))
+        for i in range(3000):
+            p.produce("positions", key=b"fund-%d" % (i % 100), value=b"units %d" % i)
+        assert p.flush(30) == 0
+        time.sleep(1.5)
+        p.produce("positions", key=b"filler", value=b"filler")
+        assert p.flush(30) == 0
+        del p
+        cold = b.data_dir / "cold"
+        deadline = time.monotonic() + 60
+        while (manifests(cold)[0]["segments"] or [{"end_offset": 0}])[-1]["end_offset"] < 3000:
+            assert time.monotonic() < deadline, b.stderr_tail()
+            time.sleep(0.3)
+    finally:
+        b.stop()
+    clean, bombed = tmp_path / "clean", tmp_path / "bombed"
+    shutil.copytree(cold, clean)
+    shutil.copytree(cold, bombed)
+    body = gzip.compress(record(bytes(900 << 20), key=b"fund-1"), compresslevel=9)
+    assert len(body) < 1 << 20
+    offset = plant(bombed, 0, lambda base: raw_batch(base, 1, body, int(time.time() * 1000)))
+    before = sorted(bombed.glob("*/*/0/manifest/*.json"))[-1]
+
+    def run(bucket):
+        return peak_rss_mb([compactor_bin(), "--url", f"file://{bucket}", "once", "--work-dir",
+                            str(tmp_path / f"work-{bucket.name}")])
+    r, baseline = run(clean)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    r, peak = run(bombed)
+    out = (r.stdout + r.stderr).decode(errors="replace")
+    failed = [line for line in out.splitlines() if "FAILED" in line]
+    print(f"compactor on a bucket holding a {len(body):,}-byte gzip bomb: exit {r.returncode}, peak RSS "
+          f"{peak:.0f} MB (a clean run: {baseline:.0f} MB): {failed}")
+    assert len(failed) == 1 and "decompress" in failed[0] and f"offset {offset}" in failed[0], out[-2000:]
+    assert "more than 67108864 bytes" in failed[0], failed
+    assert r.returncode != 0, "a failed partition must fail the run"
+    assert sorted(bombed.glob("*/*/0/manifest/*.json"))[-1] == before, "the bombed partition's manifest was swapped"
+    assert peak < baseline + 200, f"peak RSS {peak:.0f} MB against {baseline:.0f} MB for a clean run"

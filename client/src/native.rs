@@ -586,7 +586,7 @@ pub(crate) async fn fetch_records(
         .filter_map(|r| r.ok())
         .map(|(h, _)| h.last_offset() + 1)
         .fold(offset, i64::max);
-    let sets = RecordBatchDecoder::decode_all(&mut buf).map_err(|e| {
+    let sets = decode_batches(&mut buf).map_err(|e| {
         ClientError::Protocol(format!("undecodable records from {topic}-{partition}: {e}"))
     })?;
     let mut out = Vec::new();
@@ -605,6 +605,40 @@ pub(crate) async fn fetch_records(
         }
     }
     Ok((out, next))
+}
+
+/// Every record batch in `buf`, decoded by kafka-protocol but decompressed with
+/// strata-core's bounded codecs: a batch is untrusted input (a bucket or a broker may hold
+/// one written before brokers checked them), and kafka-protocol's own decompressors
+/// allocate whatever a batch claims. At most [`strata_core::codec::MAX_DECOMPRESSED_BATCH`]
+/// bytes per batch.
+pub fn decode_batches(buf: &mut Bytes) -> anyhow::Result<Vec<kafka_protocol::records::RecordSet>> {
+    use kafka_protocol::records::Compression as Wire;
+    use strata_core::batch::Compression;
+    let bounded = |body: &mut Bytes, codec: Wire| -> anyhow::Result<Bytes> {
+        let codec = match codec {
+            Wire::None => Compression::None,
+            Wire::Gzip => Compression::Gzip,
+            Wire::Snappy => Compression::Snappy,
+            Wire::Lz4 => Compression::Lz4,
+            Wire::Zstd => Compression::Zstd,
+        };
+        strata_core::codec::decompress_within(
+            codec,
+            body,
+            strata_core::codec::MAX_DECOMPRESSED_BATCH,
+        )
+        .map(Bytes::from)
+        .map_err(anyhow::Error::msg)
+    };
+    let mut sets = Vec::new();
+    while bytes::Buf::has_remaining(buf) {
+        sets.push(RecordBatchDecoder::decode_with_custom_compression(
+            buf,
+            Some(bounded),
+        )?);
+    }
+    Ok(sets)
 }
 
 #[cfg(test)]

@@ -27,11 +27,12 @@ use kafka_protocol::messages::offset_for_leader_epoch_request::{
 };
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    AlterUserScramCredentialsRequest, ApiVersionsRequest, CreateAclsRequest,
-    CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest, DeleteTopicsRequest,
-    DescribeAclsRequest, DescribeConfigsRequest, DescribeUserScramCredentialsRequest, FetchRequest,
-    IncrementalAlterConfigsRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest,
-    OffsetForLeaderEpochRequest, ProduceRequest, TopicName,
+    AlterClientQuotasRequest, AlterUserScramCredentialsRequest, ApiVersionsRequest,
+    CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest,
+    DeleteTopicsRequest, DescribeAclsRequest, DescribeClientQuotasRequest, DescribeConfigsRequest,
+    DescribeUserScramCredentialsRequest, FetchRequest, IncrementalAlterConfigsRequest,
+    InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, OffsetForLeaderEpochRequest,
+    ProduceRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use strata_client::{fetch, list_offset, produce, Admin, ClientError, Connection};
@@ -365,6 +366,41 @@ async fn every_served_api_answers_at_every_served_version() {
                     )
                     .await
                     .map(|r| assert_eq!(r.results[0].error_code, 42, "v{v}")),
+                // Quotas, like ACLs, need the controllers (tests/test_limits.py).
+                DescribeClientQuotas => conn
+                    .send(
+                        &DescribeClientQuotasRequest::default().with_components(vec![
+                            kafka_protocol::messages::describe_client_quotas_request::ComponentData::default()
+                                .with_entity_type(s("client-id"))
+                                .with_match_type(2)
+                                .with_match(None),
+                        ]),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!(r.error_code, 0, "v{v}: {:?}", r.error_message);
+                        assert_eq!(r.entries.map(|e| e.len()), Some(0));
+                    }),
+                AlterClientQuotas => conn
+                    .send(
+                        &AlterClientQuotasRequest::default().with_entries(vec![
+                            kafka_protocol::messages::alter_client_quotas_request::EntryData::default()
+                                .with_entity(vec![
+                                    kafka_protocol::messages::alter_client_quotas_request::EntityData::default()
+                                        .with_entity_type(s("user"))
+                                        .with_entity_name(Some(s("carol"))),
+                                ])
+                                .with_ops(vec![
+                                    kafka_protocol::messages::alter_client_quotas_request::OpData::default()
+                                        .with_key(s("producer_byte_rate"))
+                                        .with_value(1024.0),
+                                ]),
+                        ]),
+                        v,
+                    )
+                    .await
+                    .map(|r| assert_eq!(r.entries[0].error_code, 42, "v{v}")),
                 other => panic!("no sweep case for {other:?}"),
             };
             result.unwrap_or_else(|e| panic!("{key:?} v{v}: {e}"));

@@ -359,6 +359,8 @@ impl Decoder<Option<StdString>> for String {
         match Int16.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
+                // Strata: never allocate more than the buffer holds
+                check_remaining(buf, n as usize)?;
                 let mut strbuf = vec![0; n as usize];
                 buf.try_copy_to_slice(&mut strbuf)?;
                 Ok(Some(std::string::String::from_utf8(strbuf)?))
@@ -511,6 +513,8 @@ impl Decoder<Option<StdString>> for CompactString {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
+                // Strata: never allocate more than the buffer holds
+                check_remaining(buf, (n - 1) as usize)?;
                 let mut strbuf = vec![0; (n - 1) as usize];
                 buf.try_copy_to_slice(&mut strbuf)?;
                 Ok(Some(std::string::String::from_utf8(strbuf)?))
@@ -655,6 +659,8 @@ impl Decoder<Option<Vec<u8>>> for Bytes {
         match Int32.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
+                // Strata: never allocate more than the buffer holds
+                check_remaining(buf, n as usize)?;
                 let mut data = vec![0; n as usize];
                 buf.try_copy_to_slice(&mut data)?;
                 Ok(Some(data))
@@ -804,6 +810,8 @@ impl Decoder<Option<Vec<u8>>> for CompactBytes {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
+                // Strata: never allocate more than the buffer holds
+                check_remaining(buf, (n - 1) as usize)?;
                 let mut data = vec![0; (n - 1) as usize];
                 buf.try_copy_to_slice(&mut data)?;
                 Ok(Some(data))
@@ -1198,4 +1206,16 @@ mod tests {
         test_encoder_decoder(CompactBytes, vec![1, 2, 3, 4], &[5, 1, 2, 3, 4]);
         test_encoder_decoder(CompactBytes, None::<Vec<u8>>, &[0]);
     }
+}
+
+/// Strata: a length read from the wire may not claim more bytes than are left, so that
+/// nothing is allocated for a claim the input cannot back.
+fn check_remaining<B: ByteBuf>(buf: &B, n: usize) -> Result<()> {
+    if n > buf.remaining() {
+        bail!(
+            "field claims {n} bytes but {} are left in the buffer",
+            buf.remaining()
+        );
+    }
+    Ok(())
 }
