@@ -475,12 +475,7 @@ pub async fn acl(controller: &str, command: AclCommand) -> anyhow::Result<()> {
             topic,
             group,
         } => {
-            let (_, json) = admin
-                .metadata_json()
-                .await
-                .context("reading the cluster metadata")?;
-            let metadata: strata_controller::metadata::ClusterMetadata =
-                serde_json::from_slice(&json).context("decoding the cluster metadata")?;
+            let metadata = cluster_metadata(&mut admin).await?;
             for a in metadata.acls.iter().filter(|a| {
                 principal.as_ref().is_none_or(|p| *p == a.principal)
                     && topic.as_ref().is_none_or(|t| {
@@ -600,12 +595,7 @@ pub async fn quota(controller: &str, command: QuotaCommand) -> anyhow::Result<()
             println!("altered the quotas of {entity}");
         }
         QuotaCommand::Describe { user, client_id } => {
-            let (_, json) = admin
-                .metadata_json()
-                .await
-                .context("reading the cluster metadata")?;
-            let metadata: strata_controller::metadata::ClusterMetadata =
-                serde_json::from_slice(&json).context("decoding the cluster metadata")?;
+            let metadata = cluster_metadata(&mut admin).await?;
             let names = |part: &Option<EntityName>, want: &Option<String>| {
                 want.as_ref()
                     .is_none_or(|w| matches!(part, Some(EntityName::Named(n)) if n == w))
@@ -648,6 +638,17 @@ fn warn_if_stale(controller: &str, snapshot: &strata_proto::v1::MetadataSnapshot
          behind the cluster's; ask another controller",
         snapshot.version
     );
+}
+
+/// The cluster metadata as the controller asked holds it.
+async fn cluster_metadata(
+    admin: &mut ControllerAdmin,
+) -> anyhow::Result<strata_controller::metadata::ClusterMetadata> {
+    let (_, json) = admin
+        .metadata_json()
+        .await
+        .context("reading the cluster metadata")?;
+    serde_json::from_slice(&json).context("decoding the cluster metadata")
 }
 
 async fn controller_admin(addr: &str) -> anyhow::Result<ControllerAdmin> {
