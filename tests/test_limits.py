@@ -730,6 +730,13 @@ def test_client_quotas_hold_a_noisy_tenant_to_its_rate_while_others_are_served(t
         r = subprocess.run([strata_bin(), "quota", "--controller", controller, "describe"],
                            capture_output=True, text=True, timeout=30)
         assert "client-id=noisy\tproducer_byte_rate=200000" in r.stdout, r.stdout
+        for args, says in [(["--client-id", "x", "--add-config", "foo=1"], "unknown quota 'foo'"),
+                           (["--client-id", "x", "--add-config", "producer_byte_rate=fast"], "not a number"),
+                           (["--client-id", "x", "--add-config", "producer_byte_rate=-5"], "positive"),
+                           (["--add-config", "producer_byte_rate=5"], "names a user, a client id, or both")]:
+            r = subprocess.run([strata_bin(), "quota", "--controller", controller, "alter", *args],
+                               capture_output=True, text=True, timeout=30)
+            assert r.returncode != 0 and says in r.stderr, (args, r.stderr)
         w.close()
 
         throttles = []
