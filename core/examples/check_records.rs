@@ -13,7 +13,14 @@ use strata_core::validate::RecordRules;
 
 fn main() {
     let values: Vec<Vec<u8>> = (0..1300u32)
-        .map(|i| format!("{{\"order\":{i},\"fund\":\"MF-{}\",\"units\":{}}}", i % 97, i * 7).into_bytes())
+        .map(|i| {
+            format!(
+                "{{\"order\":{i},\"fund\":\"MF-{}\",\"units\":{}}}",
+                i % 97,
+                i * 7
+            )
+            .into_bytes()
+        })
         .map(|mut v| {
             v.resize(800, b' ');
             v
