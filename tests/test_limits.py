@@ -761,9 +761,9 @@ def test_client_quotas_hold_a_noisy_tenant_to_its_rate_while_others_are_served(t
         t = threading.Thread(target=flood)
         t.start()
         try:
-            time.sleep(2)
-            quiet = ack_latencies_ms(producer(b.bootstrap), "settlements", 6.0)
-            time.sleep(6)
+            time.sleep(2)  # the first burst (ten seconds of quota) passes; then it is throttled
+            quiet = ack_latencies_ms(producer(b.bootstrap), "settlements", 5.0)
+            time.sleep(3)
         finally:
             stop.set()
             t.join()
@@ -777,7 +777,7 @@ def test_client_quotas_hold_a_noisy_tenant_to_its_rate_while_others_are_served(t
               f"quiet producer beside it: ack p99 {p99(quiet):.1f} ms over {len(quiet)} records")
         # Kafka's sampled rate lets about ten seconds of quota through whenever the windows
         # have aged out, and a request is throttled after it is taken (librdkafka's are up
-        # to 1 MB): in 15 s, two such bursts at most
+        # to 1 MB): in 10 s, two such bursts at most
         assert sent < quota_rate * (elapsed + 12) + 2 * 1_000_000, "the producer was not held to its quota"
         assert sent > quota_rate * elapsed * 0.3, "the producer was starved, not throttled"
         assert throttles and max(throttles) > 0.5  # seconds
@@ -785,7 +785,7 @@ def test_client_quotas_hold_a_noisy_tenant_to_its_rate_while_others_are_served(t
 
         # the consumer with a quota reads at its rate; one without reads everything at once
         total = acked[0]
-        assert total > 3_000_000, "too little to read for the consumer test"
+        assert total > 2_500_000, "too little to read for the consumer test"
 
         def consumed_in(client_id: str, seconds: float) -> int:
             c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": client_id, "client.id": client_id,
@@ -799,12 +799,12 @@ def test_client_quotas_hold_a_noisy_tenant_to_its_rate_while_others_are_served(t
             c.close()
             return got
         free = consumed_in("free-reader", 20)
-        limited = consumed_in("reader", 8)
+        limited = consumed_in("reader", 5)
         print(f"consumers over {total:,} bytes: without a quota {free:,} bytes, with consumer_byte_rate "
-              f"{read_rate:,} B/s {limited:,} bytes in 8 s")
+              f"{read_rate:,} B/s {limited:,} bytes in 5 s")
         assert free == total
         # the first ten seconds of quota, and one fetch (up to 1 MB) throttled after it is sent
-        assert limited < read_rate * (8 + 12) + 1_100_000 and limited < total, limited
+        assert limited < read_rate * (5 + 12) + 1_100_000 and limited < total, limited
         m = scrape_metrics(b.metrics_port)
         assert m['strata_quota_throttled_total{quota="producer_byte_rate"}'] > 0
         assert m['strata_quota_throttled_total{quota="consumer_byte_rate"}'] > 0
