@@ -1,6 +1,12 @@
 //! Batch header parsing, CRC checks and produce validation never panic on any bytes.
 #![no_main]
 
+#[path = "bounded_alloc.rs"]
+mod bounded_alloc;
+
+#[global_allocator]
+static ALLOCATOR: bounded_alloc::Bounded = bounded_alloc::Bounded;
+
 use libfuzzer_sys::fuzz_target;
 use strata_core::batch;
 

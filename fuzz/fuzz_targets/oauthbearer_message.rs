@@ -3,6 +3,12 @@
 //! with: no input authenticates.
 #![no_main]
 
+#[path = "bounded_alloc.rs"]
+mod bounded_alloc;
+
+#[global_allocator]
+static ALLOCATOR: bounded_alloc::Bounded = bounded_alloc::Bounded;
+
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;

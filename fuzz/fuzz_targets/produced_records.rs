@@ -2,9 +2,15 @@
 //! streaming decompression of strata_core::codec) on any bytes: the input is either a batch
 //! as it stands, or a records section (raw, or compressed by the codec its first byte
 //! names) wrapped in a valid header with a fresh CRC, so the checks past the CRC are
-//! reached. Never a panic, never a loop, and never an allocation past the bound: run with
-//! `-malloc_limit_mb=128` (scripts/fuzz.sh), so any single allocation over 128 MiB fails.
+//! reached. Never a panic, never a loop, and never an allocation past the bound (the
+//! bounded allocator aborts on any single allocation over 128 MiB).
 #![no_main]
+
+#[path = "bounded_alloc.rs"]
+mod bounded_alloc;
+
+#[global_allocator]
+static ALLOCATOR: bounded_alloc::Bounded = bounded_alloc::Bounded;
 
 use libfuzzer_sys::fuzz_target;
 use strata_core::batch::{self, HEADER_LEN};

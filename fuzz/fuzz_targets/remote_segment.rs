@@ -4,6 +4,12 @@
 //! time must return whole CRC-checked batches or an error, never panic or loop.
 #![no_main]
 
+#[path = "bounded_alloc.rs"]
+mod bounded_alloc;
+
+#[global_allocator]
+static ALLOCATOR: bounded_alloc::Bounded = bounded_alloc::Bounded;
+
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;

@@ -2,6 +2,12 @@
 //! panic.
 #![no_main]
 
+#[path = "bounded_alloc.rs"]
+mod bounded_alloc;
+
+#[global_allocator]
+static ALLOCATOR: bounded_alloc::Bounded = bounded_alloc::Bounded;
+
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -4,6 +4,12 @@
 //! into messages at 0xFF bytes.
 #![no_main]
 
+#[path = "bounded_alloc.rs"]
+mod bounded_alloc;
+
+#[global_allocator]
+static ALLOCATOR: bounded_alloc::Bounded = bounded_alloc::Bounded;
+
 use libfuzzer_sys::fuzz_target;
 use strata_controller::metadata::{ScramCredential, ScramMechanism};
 use strata_hot::kafka::sasl::{scram, Credentials, Mechanism, SaslSession};

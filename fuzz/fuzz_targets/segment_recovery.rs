@@ -3,6 +3,12 @@
 //! intact batches and leave a usable log.
 #![no_main]
 
+#[path = "bounded_alloc.rs"]
+mod bounded_alloc;
+
+#[global_allocator]
+static ALLOCATOR: bounded_alloc::Bounded = bounded_alloc::Bounded;
+
 use libfuzzer_sys::fuzz_target;
 use strata_core::batch::build::{batch, ProducerIds, Rec};
 
