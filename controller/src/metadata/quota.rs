@@ -221,23 +221,29 @@ impl ClientQuotas {
         if self.0.is_empty() {
             return None;
         }
-        use EntityName::{Default, Named};
-        let (u, c) = (Named(user.to_string()), Named(client_id.to_string()));
-        let order: [(Option<&EntityName>, Option<&EntityName>); 8] = [
-            (Some(&u), Some(&c)),
-            (Some(&u), Some(&Default)),
-            (Some(&u), None),
-            (Some(&Default), Some(&c)),
-            (Some(&Default), Some(&Default)),
-            (Some(&Default), None),
-            (None, Some(&c)),
-            (None, Some(&Default)),
+        // Kafka's order; `Some(Some(name))` is that name, `Some(None)` the default, `None` an
+        // entity without that part. Compared in place: resolving allocates only the share.
+        let (u, c) = (Some(Some(user)), Some(Some(client_id)));
+        type Want<'a> = Option<Option<&'a str>>;
+        let order: [(Want, Want); 8] = [
+            (u, c),
+            (u, Some(None)),
+            (u, None),
+            (Some(None), c),
+            (Some(None), Some(None)),
+            (Some(None), None),
+            (None, c),
+            (None, Some(None)),
         ];
+        let is = |part: &Option<EntityName>, want: Want| match (part, want) {
+            (None, None) => true,
+            (Some(EntityName::Default), Some(None)) => true,
+            (Some(EntityName::Named(n)), Some(Some(w))) => n == w,
+            _ => false,
+        };
         for (want_user, want_client) in order {
             let found = self.0.iter().find(|(e, values)| {
-                e.user.as_ref() == want_user
-                    && e.client_id.as_ref() == want_client
-                    && values.contains_key(&key)
+                is(&e.user, want_user) && is(&e.client_id, want_client) && values.contains_key(&key)
             });
             if let Some((e, values)) = found {
                 let share = QuotaShare {

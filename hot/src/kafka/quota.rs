@@ -5,7 +5,7 @@
 //! response carries in `throttle_time_ms` and for which the broker stops reading from the
 //! connection (KIP-219), so one tenant cannot starve another however its client behaves.
 //!
-//! Which quota applies, and who shares it, is the metadata's ([`ClientQuotas::resolve`]).
+//! Which quota applies, and who shares it, is the metadata's (`ClientQuotas::resolve`).
 //! This module keeps the rates: one [`Rate`] per quota share, pure logic with the time passed
 //! in, inside [`Quotas`], which the listeners share. With no quota configured nothing is
 //! recorded and nothing is locked.
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use strata_controller::metadata::quota::QuotaKey;
-use strata_controller::metadata::quota::{ClientQuotas, QuotaShare};
+use strata_controller::metadata::quota::QuotaShare;
 use strata_controller::metadata::ClusterMetadata;
 use tokio::sync::watch;
 
@@ -161,7 +161,7 @@ impl Quotas {
 
     fn quota(&self, client: &Client<'_>, key: QuotaKey) -> Option<(QuotaShare, f64)> {
         let m = self.metadata.as_ref()?.borrow();
-        quota_of(&m.client_quotas, client, key)
+        m.client_quotas.resolve(client.user, client.client_id, key)
     }
 
     /// Records `amount` (bytes, or milliseconds of request time) against the client's
@@ -202,15 +202,6 @@ impl Quotas {
         }
         Duration::from_millis(ms)
     }
-}
-
-/// The quota of `key` for `client`, in `quotas`.
-fn quota_of(
-    quotas: &ClientQuotas,
-    client: &Client<'_>,
-    key: QuotaKey,
-) -> Option<(QuotaShare, f64)> {
-    quotas.resolve(client.user, client.client_id, key)
 }
 
 /// The rates of every quota share in use.
