@@ -761,7 +761,7 @@ def test_client_quotas_hold_a_noisy_tenant_to_its_rate_while_others_are_served(t
         t = threading.Thread(target=flood)
         t.start()
         try:
-            time.sleep(2)  # the first burst (ten seconds of quota) passes; then it is throttled
+            time.sleep(3)  # the first burst (ten seconds of quota) passes; then it is throttled
             quiet = ack_latencies_ms(producer(b.bootstrap), "settlements", 5.0)
             time.sleep(3)
         finally:
