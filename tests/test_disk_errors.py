@@ -1,4 +1,5 @@
-"""A full disk fails the writes that hit it and leaves the log readable and writable again.
+"""A full disk fails the writes that hit it and leaves the log readable and writable again;
+a failed fsync costs its partition a restart by the broker, never the broker itself.
 
 The broker runs with RLIMIT_FSIZE (and SIGXFSZ ignored), so a segment write past the limit
 fails with EFBIG exactly as a full disk fails with ENOSPC: the produce gets
@@ -168,3 +169,99 @@ def test_a_leader_whose_disk_fills_hands_over_and_rejoins_once_freed(tmp_path, r
         attach_logs_on_failure(request, c, 80)
         for d in mounts:
             subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def fsync_failpoint(pid, topic, partition):
+    """The failpoint that makes one partition's fsyncs fail with EIO in process `pid`
+    (hot/src/broker/partition.rs, `fsync_fails_while_a_test_asks`)."""
+    return f"fsync-fails-{pid}-{topic}-{partition}"
+
+
+def test_a_partition_whose_fsync_fails_is_restarted_without_restarting_the_broker(broker, tmp_path):
+    """Issue 17, item 3. Single node: while fsyncs fail, acks=all writes fail (nothing is
+    acknowledged that is not on disk); once they succeed again the broker has restarted the
+    partition (reopened, cut back to its last successful fsync) and takes writes, in the
+    same process. The log holds exactly what was acknowledged."""
+    failpoints = tmp_path / "failpoints"
+    failpoints.mkdir()
+    broker.create_topic("fsync", 1)
+    broker.stop()
+    broker.extra_env["STRATA_TEST_FAILPOINTS_DIR"] = str(failpoints)
+    broker.start()
+    pid = broker.proc.pid
+    acked, failed = produce(broker.bootstrap, "fsync", 0, 500)
+    assert not failed and len(acked) == 500
+
+    armed = failpoints / fsync_failpoint(pid, "fsync", 0)
+    armed.touch()
+    during, failed = produce(broker.bootstrap, "fsync", 1000, 50)
+    assert failed, "writes were acknowledged while every fsync failed"
+    assert not during, f"{len(during)} records acknowledged while every fsync failed"
+    assert set(failed) <= {KafkaError.KAFKA_STORAGE_ERROR, KafkaError._MSG_TIMED_OUT}, failed
+    armed.unlink()
+
+    healed = time.monotonic()
+    after = {}
+    while not after:
+        assert time.monotonic() - healed < 20, "the partition never took writes again:\n" + broker.stderr_tail()
+        after, _ = produce(broker.bootstrap, "fsync", 2000, 1)
+        if not after:
+            time.sleep(0.2)
+    writable = time.monotonic() - healed
+    more, failed = produce(broker.bootstrap, "fsync", 3000, 200)
+    assert not failed
+    assert broker.running() and broker.proc.pid == pid, "the broker restarted"
+    log = broker.stderr_tail(400)
+    assert "fsync failed; partition stops accepting writes until the broker restarts it" in log
+    assert "partition restarted after a storage failure" in log
+    stored = consume_all(broker.bootstrap, "fsync")
+    assert stored == {**acked, **after, **more}, "the log must hold exactly the acknowledged records"
+    print(f"writable again {writable:.2f} s after fsyncs succeeded again, in the same process")
+
+
+def test_a_leader_whose_fsync_fails_hands_over_restarts_the_partition_and_rejoins(tmp_path, request):
+    """Issue 17, item 3, in a cluster: 3 brokers, RF=3, min.insync.replicas=2, an idempotent
+    acks=all producer. The leader's fsyncs fail for 3 s (failpoint): it leaves the cluster so
+    the leadership moves to an in-sync follower at a new epoch (it must never append again in
+    the epoch whose unsynced writes it drops), restarts the partition cut back to its last
+    successful fsync, registers again and rejoins the ISR, in the same process. Nothing
+    acknowledged is lost and the replicas agree."""
+    from conftest import strata_bin
+    from test_cluster import Cluster, attach_logs_on_failure
+    from test_replication import LAG_S, LEASE_S, Load, create_topic, partition_leaders, verify, wait_full_isr
+
+    c = Cluster(strata_bin(), tmp_path, broker_extra=f'replica_lag_time_max = "{LAG_S}s"\n')
+    try:
+        c.start_all()
+        create_topic(c, "ledger", 1)
+        load = Load(c, rate=1000, topic="ledger").start()
+        load.wait_acked(2000)
+        victim = partition_leaders(c, "ledger")[0]
+        pid = c.procs[f"broker-{victim}"].pid
+        failpoint = fsync_failpoint(pid, "ledger", 0)
+        c.arm(failpoint)
+        armed = time.monotonic()
+        c.wait_for(lambda m: m["topics"]["ledger"]["partitions"][0]["leader"] not in (None, victim),
+                   f"the leadership moved away from broker {victim}, whose fsyncs fail", timeout=LEASE_S * 3)
+        moved = time.monotonic() - armed
+        load.wait_acked(load.acked_count() + 1000, timeout=30)
+        gap = load.longest_gap(armed, time.monotonic())
+        time.sleep(max(0.0, 3 - (time.monotonic() - armed)))
+        c.disarm(failpoint)
+        healed = time.monotonic()
+        wait_full_isr(c, "ledger", timeout=30)
+        rejoined = time.monotonic() - healed
+        load.wait_acked(load.acked_count() + 1000)
+        load.finish()
+        assert not load.failed, f"{len(load.failed)} produce failures, e.g. {list(load.failed.items())[:3]}"
+        assert c.procs[f"broker-{victim}"].poll() is None, "the broker whose fsyncs failed exited"
+        log = c.log_tail(f"broker-{victim}", 400)
+        assert "a partition this broker leads failed its storage: leaving the cluster" in log
+        assert "partition restarted after a storage failure" in log
+        assert gap < LEASE_S * 2, f"acks=all writes stopped for {gap:.1f} s after the leader's fsyncs failed"
+        verify(c, load, partitions=1, topic="ledger")
+        print(f"leadership moved {moved:.2f} s after fsyncs began failing; longest write gap {gap:.2f} s; "
+              f"back in the ISR {rejoined:.2f} s after they succeeded again; same process")
+    finally:
+        c.stop_all()
+        attach_logs_on_failure(request, c, 80)

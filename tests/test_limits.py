@@ -347,6 +347,58 @@ def test_grpc_ports_drop_a_peer_that_stops_answering(broker):
     assert broker.running()
 
 
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
+
+
+def test_grpc_port_caps_its_connections_and_closes_silent_ones(tmp_path):
+    """Issue 17: the gRPC ports had no connection cap, so sockets that connect and send
+    nothing could take every file descriptor. Now a port keeps at most grpc.max_connections
+    open (more wait in the backlog until one closes), and closes a connection that sends
+    nothing for grpc.idle_timeout (live peers answer the server's keepalive pings)."""
+    from conftest import free_port
+
+    port = free_port()
+    b = Broker(strata_bin(), tmp_path)
+    b.extra_env = {"STRATA__GRPC__LISTEN": f"127.0.0.1:{port}", "STRATA__GRPC__MAX_CONNECTIONS": "4",
+                   "STRATA__GRPC__IDLE_TIMEOUT": "15s"}
+    b.start()
+    silent, waiting = [], None
+    try:
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
+        opened = time.monotonic()
+        time.sleep(0.5)
+        waiting = socket.create_connection(("127.0.0.1", port), timeout=1.5)
+        waiting.sendall(H2_PREFACE)
+        with pytest.raises(socket.timeout):
+            waiting.recv(9)
+        m = scrape_metrics(b.metrics_port)
+        assert m["strata_grpc_connections"] == 4, m["strata_grpc_connections"]
+        assert m["strata_grpc_accept_paused_total"] >= 1
+        silent.pop().close()
+        waiting.settimeout(5)
+        head = waiting.recv(9)
+        assert len(head) == 9 and head[3] == 4, f"no SETTINGS frame once a place was free: {head!r}"
+        # the three left say nothing: closed after the idle timeout
+        for s in silent:
+            s.settimeout(30)
+            try:
+                while s.recv(4096):  # the server's SETTINGS, then the close
+                    pass
+            except ConnectionResetError:
+                pass
+        waited = time.monotonic() - opened
+        m = scrape_metrics(b.metrics_port)
+        print(f"4 silent connections held the port; the 5th was served when one closed; "
+              f"the silent ones were closed after {waited:.1f} s")
+        assert 14 <= waited <= 25, waited
+        assert m["strata_grpc_idle_closed_total"] >= 3
+        assert b.running()
+    finally:
+        for s in silent + ([waiting] if waiting else []):
+            s.close()
+        b.close()
+
+
 # --- state that grows with clients ----------------------------------------------------------
 
 

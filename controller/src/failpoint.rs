@@ -16,6 +16,11 @@ fn dir() -> Option<&'static PathBuf> {
         .as_ref()
 }
 
+/// Whether failpoints are on in this process at all (so a caller can skip building a name).
+pub fn enabled() -> bool {
+    dir().is_some()
+}
+
 /// Whether failpoint `name` is armed now (it stays armed until the test removes its file).
 pub fn armed(name: &str) -> bool {
     dir().is_some_and(|d| d.join(name).exists())

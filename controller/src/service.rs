@@ -22,7 +22,6 @@ use strata_proto::v1::controller_server::{Controller as ControllerApi, Controlle
 use strata_proto::v1::raft_server::RaftServer as RaftGrpcServer;
 use strata_proto::v1::*;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::Stream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -54,6 +53,8 @@ pub struct ControllerConfig {
     pub tls: Option<Arc<GrpcTls>>,
     /// Principals allowed the admin RPCs besides the nodes (`[auth] super_users`).
     pub admins: Vec<String>,
+    /// Connections the gRPC port keeps open at most, and how long one may stay silent.
+    pub connections: crate::incoming::ConnectionLimits,
 }
 
 /// A running controller node.
@@ -111,19 +112,6 @@ pub fn server_builder() -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(GRPC_KEEPALIVE))
         .http2_max_header_list_size(GRPC_MAX_HEADER_LIST)
         .http2_max_pending_accept_reset_streams(Some(64))
-}
-
-/// Accepted connections with Nagle's algorithm off (tonic ignores its own `tcp_nodelay`
-/// for a given stream of connections): small RPC answers must not wait for delayed ACKs.
-pub fn nodelay(
-    incoming: TcpListenerStream,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    incoming.map(|s| {
-        s.inspect(|s| {
-            let _ = s.set_nodelay(true);
-        })
-    })
 }
 
 fn status(e: &MetadataError) -> Status {
@@ -226,15 +214,18 @@ impl Controller {
                 ControllerServer::new(ControllerService(controller.clone()))
                     .max_decoding_message_size(GRPC_MAX_CONTROLLER_MESSAGE),
             );
+        let incoming = crate::incoming::incoming(
+            listener,
+            controller.config.connections,
+            Default::default(),
+            "controller",
+        );
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
             let stopped = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            if let Err(e) = server
-                .serve_with_incoming_shutdown(nodelay(TcpListenerStream::new(listener)), stopped)
-                .await
-            {
+            if let Err(e) = server.serve_with_incoming_shutdown(incoming, stopped).await {
                 tracing::error!(error = %e, "controller gRPC server failed");
             }
         });
@@ -1146,6 +1137,7 @@ mod tests {
             raft_heartbeat: Duration::from_millis(50),
             tls: None,
             admins: vec![],
+            connections: Default::default(),
         };
         let (stop, stopped) = watch::channel(false);
         let c = Controller::start(config, stopped)

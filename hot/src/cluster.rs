@@ -62,6 +62,11 @@ pub struct ClusterLink {
     /// A write to the data directory failed for want of space (see `storage_error`): this
     /// broker steps out of the cluster until the directory has room again.
     disk_full: watch::Sender<bool>,
+    /// A partition this broker leads failed its storage (an fsync returned an error): the
+    /// broker steps out of the cluster, so that its leaderships move and it never leads again
+    /// in the epoch that failed, until the broker has restarted the partition (see
+    /// `Broker::spawn_storage_recovery`).
+    storage_fault: watch::Sender<bool>,
 }
 
 /// The broker's own view of its lease (see `holds_lease`).
@@ -161,6 +166,7 @@ impl ClusterLink {
             active: watch::channel(None).0,
             leading: watch::channel(false).0,
             disk_full: watch::channel(false).0,
+            storage_fault: watch::channel(false).0,
         });
         let membership = tokio::spawn(link.clone().membership_loop(shutdown.clone()));
         tokio::spawn(link.clone().session_loop(shutdown.clone()));
@@ -284,37 +290,63 @@ impl ClusterLink {
         ok
     }
 
-    /// While the data directory is full: leaves the cluster (a controlled shutdown of this
-    /// registration), then waits for room. Returns once there is room again.
-    async fn sit_out_full_disk(&self, shutdown: &mut watch::Receiver<bool>) {
+    /// Takes this broker out of the cluster while `on` (a led partition's storage failed),
+    /// and lets it register again when it is turned off.
+    pub fn storage_fault(&self, on: bool) {
+        if self.storage_fault.send_replace(on) != on && on {
+            tracing::error!(
+                broker = self.config.broker_id,
+                "a partition this broker leads failed its storage: leaving the cluster (leaderships move to in-sync followers) until the partition is restarted"
+            );
+        }
+    }
+
+    /// Whether this broker is out of the cluster for a storage fault and has left: no
+    /// registration is left that the controllers could give leaderships to.
+    pub fn out_for_storage_fault(&self) -> bool {
+        *self.storage_fault.borrow() && self.epoch().is_none()
+    }
+
+    /// While the data directory is full or a led partition's storage failed: leaves the
+    /// cluster (a controlled shutdown of this registration), then waits for room and for the
+    /// storage fault to be over. Returns once both are.
+    async fn sit_out(&self, shutdown: &mut watch::Receiver<bool>) {
         if let Some(epoch) = self.epoch() {
             self.drop_lease();
             self.leading.send_replace(false);
             match self.controlled_shutdown(epoch, CALL_DEADLINE).await {
                 Ok(Ok(())) => tracing::warn!(
                     broker = self.config.broker_id,
-                    "left the cluster for a full data directory: leaderships moved away"
+                    "left the cluster for a storage problem: leaderships moved away"
                 ),
                 // the lease is dropped: the controllers fence this broker when it runs out
-                Ok(Err(e)) => tracing::warn!(error = %e.message(), "leaving the cluster for a full disk: controlled shutdown refused; the lease will run out instead"),
-                Err(_) => tracing::warn!("leaving the cluster for a full disk: controlled shutdown timed out; the lease will run out instead"),
+                Ok(Err(e)) => tracing::warn!(error = %e.message(), "leaving the cluster for a storage problem: controlled shutdown refused; the lease will run out instead"),
+                Err(_) => tracing::warn!("leaving the cluster for a storage problem: controlled shutdown timed out; the lease will run out instead"),
             }
             self.epoch.send_replace(None);
         }
+        let mut fault = self.storage_fault.subscribe();
         loop {
             if *shutdown.borrow() {
                 return;
             }
-            if self.disk_has_room().await {
+            if *self.disk_full.borrow() && self.disk_has_room().await {
                 self.disk_full.send_replace(false);
                 tracing::info!(
                     broker = self.config.broker_id,
-                    "the data directory has room again: registering with the controllers"
+                    "the data directory has room again"
+                );
+            }
+            if !*self.disk_full.borrow() && !*fault.borrow_and_update() {
+                tracing::info!(
+                    broker = self.config.broker_id,
+                    "storage is usable again: registering with the controllers"
                 );
                 return;
             }
             tokio::select! {
                 _ = tokio::time::sleep(DISK_PROBE_EVERY) => {}
+                _ = fault.changed() => {}
                 _ = shutdown.wait_for(|s| *s) => {}
             }
         }
@@ -678,6 +710,7 @@ impl ClusterLink {
         // `None` after a failed heartbeat: the next one asks every controller at once.
         let mut preferred: Option<usize> = Some(0);
         let mut full = self.disk_full.subscribe();
+        let mut fault = self.storage_fault.subscribe();
         loop {
             if *shutdown.borrow() {
                 break;
@@ -686,8 +719,8 @@ impl ClusterLink {
             // a paused or cut-off controller (or one forwarding to such a leader) must not
             // cost this broker its lease.
             let patience = (lease / 4).clamp(Duration::from_millis(250), Duration::from_secs(2));
-            if *self.disk_full.borrow() {
-                self.sit_out_full_disk(&mut shutdown).await;
+            if *self.disk_full.borrow() || *self.storage_fault.borrow() {
+                self.sit_out(&mut shutdown).await;
                 continue;
             }
             let Some(epoch) = self.epoch() else {
@@ -777,6 +810,7 @@ impl ClusterLink {
             tokio::select! {
                 _ = tokio::time::sleep(lease / 10) => {}
                 _ = full.wait_for(|f| *f) => {}
+                _ = fault.wait_for(|f| *f) => {}
                 _ = shutdown.wait_for(|s| *s) => {}
             }
         }

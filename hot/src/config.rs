@@ -102,6 +102,43 @@ pub struct BasicAuthSection {
 #[serde(deny_unknown_fields)]
 pub struct GrpcSection {
     pub listen: SocketAddr,
+    /// Connections the port keeps open at most; more wait until one closes.
+    #[serde(default = "default_grpc_max_connections")]
+    pub max_connections: usize,
+    /// A connection that sends nothing for this long is closed (live peers answer the
+    /// server's keepalive pings every 5 s).
+    #[serde(default = "default_grpc_idle_timeout", deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+}
+
+fn default_grpc_max_connections() -> usize {
+    strata_controller::incoming::DEFAULT_MAX_CONNECTIONS
+}
+
+fn default_grpc_idle_timeout() -> Duration {
+    strata_controller::incoming::DEFAULT_IDLE_TIMEOUT
+}
+
+/// A gRPC port's connection limits, checked.
+fn grpc_limits(
+    section: &str,
+    max_connections: usize,
+    idle_timeout: Duration,
+) -> anyhow::Result<strata_controller::incoming::ConnectionLimits> {
+    if max_connections == 0 {
+        anyhow::bail!("{section}.max_connections must be at least 1");
+    }
+    // Live peers answer a keepalive ping within 10 s of going silent (5 s, then 5 s for the
+    // answer): a shorter idle timeout would close them.
+    if idle_timeout < Duration::from_secs(15) {
+        anyhow::bail!(
+            "{section}.idle_timeout must be at least 15s (gRPC keepalive pings a silent peer after 5 s and waits 5 s for its answer), not {idle_timeout:?}"
+        );
+    }
+    Ok(strata_controller::incoming::ConnectionLimits {
+        max_connections,
+        idle_timeout,
+    })
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -162,6 +199,12 @@ pub struct ControllerSection {
     /// Raft heartbeat interval; elections time out after 3 to 6 of them.
     #[serde(default = "default_raft_heartbeat", deserialize_with = "duration")]
     pub raft_heartbeat: Duration,
+    /// Connections the controller's gRPC port keeps open at most; more wait.
+    #[serde(default = "default_grpc_max_connections")]
+    pub max_connections: usize,
+    /// A connection to it that sends nothing for this long is closed.
+    #[serde(default = "default_grpc_idle_timeout", deserialize_with = "duration")]
+    pub idle_timeout: Duration,
 }
 
 fn default_broker_lease() -> Duration {
@@ -656,6 +699,8 @@ impl ServerConfig {
                 voters: BTreeMap::from([("1".to_string(), listen.to_string())]),
                 broker_lease: default_broker_lease(),
                 raft_heartbeat: default_raft_heartbeat(),
+                max_connections: default_grpc_max_connections(),
+                idle_timeout: default_grpc_idle_timeout(),
             });
             config.cluster = Some(ClusterSection {
                 controllers: vec![listen.to_string()],
@@ -714,6 +759,10 @@ impl ServerConfig {
         }
         if self.kafka.max_connections == 0 || self.kafka.max_connections_per_ip == 0 {
             bail!("kafka.max_connections and kafka.max_connections_per_ip must be at least 1");
+        }
+        self.grpc_connection_limits()?;
+        if let Some(c) = &self.controller {
+            grpc_limits("controller", c.max_connections, c.idle_timeout)?;
         }
         self.kafka.limits()?;
         if self.kafka.fetch_max_bytes < 1024 {
@@ -814,6 +863,16 @@ impl ServerConfig {
         Ok(())
     }
 
+    /// The broker's gRPC port's connection limits (the defaults without a `[grpc]` section).
+    pub fn grpc_connection_limits(
+        &self,
+    ) -> anyhow::Result<strata_controller::incoming::ConnectionLimits> {
+        match &self.grpc {
+            Some(g) => grpc_limits("grpc", g.max_connections, g.idle_timeout),
+            None => Ok(Default::default()),
+        }
+    }
+
     /// The controller settings, when this process runs the controller role.
     pub fn controller_config(&self) -> anyhow::Result<strata_controller::ControllerConfig> {
         let c = self
@@ -845,6 +904,7 @@ impl ServerConfig {
             raft_heartbeat: c.raft_heartbeat,
             tls: self.grpc_tls()?,
             admins: self.auth.super_users.clone(),
+            connections: grpc_limits("controller", c.max_connections, c.idle_timeout)?,
         })
     }
 

@@ -91,6 +91,8 @@ pub struct Metrics {
     pub listener: std::sync::Arc<crate::kafka::limits::ListenerStats>,
     /// Throttles given for client quotas.
     pub quotas: std::sync::Arc<crate::kafka::quota::QuotaStats>,
+    /// Connections of the gRPC data plane.
+    pub grpc: std::sync::Arc<strata_controller::incoming::ConnectionStats>,
 }
 
 fn counter(out: &mut String, name: &str, help: &str, v: &AtomicU64) {
@@ -217,6 +219,25 @@ impl Metrics {
             "strata_kafka_accept_paused_total",
             "Times accepting paused because kafka.max_connections were open.",
             &l.accept_paused,
+        );
+        let g = &self.grpc;
+        gauge(
+            &mut out,
+            "strata_grpc_connections",
+            "Open connections of the gRPC data plane (grpc.max_connections).",
+            g.open.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "strata_grpc_accept_paused_total",
+            "Times the gRPC port paused accepting because grpc.max_connections were open.",
+            &g.accept_paused,
+        );
+        counter(
+            &mut out,
+            "strata_grpc_idle_closed_total",
+            "gRPC connections closed for sending nothing for grpc.idle_timeout.",
+            &g.idle_closed,
         );
         gauge(
             &mut out,

@@ -152,6 +152,12 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         let service = GrpcService::server(broker.clone(), me, oauth.clone());
         let replica_broker = broker.clone();
         let mut stop = listener_stop_rx.clone();
+        let incoming = strata_controller::incoming::incoming(
+            grpc,
+            config.grpc_connection_limits()?,
+            broker.metrics().grpc.clone(),
+            "grpc",
+        );
         let mut builder = strata_controller::service::server_builder();
         if let Some(tls) = &tls {
             builder = builder
@@ -169,12 +175,7 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
                     replica_broker,
                     authenticated,
                 ))
-                .serve_with_incoming_shutdown(
-                    strata_controller::service::nodelay(
-                        tokio_stream::wrappers::TcpListenerStream::new(grpc),
-                    ),
-                    stopped,
-                );
+                .serve_with_incoming_shutdown(incoming, stopped);
             if let Err(e) = serving.await {
                 tracing::error!(error = %e, "gRPC data plane failed");
             }

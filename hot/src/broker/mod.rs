@@ -7,6 +7,7 @@
 mod isr;
 pub mod partition;
 mod reconcile;
+mod storage;
 pub mod tier;
 pub mod topics;
 
@@ -340,6 +341,7 @@ impl Broker {
         } else {
             broker.warn_orphans(&logs)?;
         }
+        broker.spawn_storage_recovery();
         Ok(broker)
     }
 

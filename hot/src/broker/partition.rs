@@ -205,9 +205,15 @@ impl Partition {
         node_id: i32,
     ) -> Arc<Partition> {
         let end = log.end_offset();
-        let min_isr = usize::from(log.config().min_insync_replicas);
         let p = Partition::start(topic, index, log, end);
-        p.become_leader(
+        p.lead_alone(node_id);
+        p
+    }
+
+    /// Leads at epoch 0 with `node_id` the only replica (a single-node broker).
+    pub fn lead_alone(&self, node_id: i32) {
+        let min_isr = usize::from(self.lock().config().min_insync_replicas);
+        self.become_leader(
             0,
             Assignment {
                 me: node_id,
@@ -221,7 +227,6 @@ impl Partition {
             },
             0,
         );
-        p
     }
 
     /// Locks the log. A panic while holding the lock cannot leave a half-written batch
@@ -266,6 +271,11 @@ impl Partition {
     /// A follower's fetcher is stopped first.
     pub fn become_leader(&self, epoch: i32, assignment: Assignment, policy: Policy, now_ms: i64) {
         let mut role = self.role();
+        if self.failed() {
+            // Its role comes back after the restart (see `Partition::restart`).
+            tracing::debug!(topic = %self.topic, partition = self.index, epoch, "not leading a partition whose storage failed");
+            return;
+        }
         if let Role::Leader { epoch: e, state } = &mut *role {
             if *e == epoch {
                 let hw = state.on_isr_committed(assignment.isr, assignment.partition_epoch);
@@ -309,6 +319,10 @@ impl Partition {
     /// new fetcher task when one must be started (`None`: already following so).
     pub fn become_follower(&self, leader: i32, epoch: i32) -> Option<watch::Receiver<bool>> {
         let mut role = self.role();
+        if self.failed() {
+            tracing::debug!(topic = %self.topic, partition = self.index, leader, epoch, "not following for a partition whose storage failed");
+            return None;
+        }
         match &*role {
             Role::Follower {
                 leader: l,
@@ -406,7 +420,7 @@ impl Partition {
     ) -> Result<(Appended, i32), LeaderAppendError> {
         if self.progress.borrow().failed {
             return Err(AppendError::Io(std::io::Error::other(
-                "partition storage failed earlier; restart the broker after checking the disk",
+                "partition storage failed; the broker is restarting the partition, retry shortly",
             ))
             .into());
         }
@@ -757,7 +771,7 @@ impl Partition {
         self.cuts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let (start, end) = (log.start_offset(), log.end_offset());
         if failed {
-            tracing::error!(topic = %self.topic, partition = self.index, "truncating the log failed; partition stops accepting writes until the broker restarts");
+            tracing::error!(topic = %self.topic, partition = self.index, "truncating the log failed; partition stops accepting writes until the broker restarts it");
         }
         self.progress.send_modify(|p| {
             p.log_start = start;
@@ -844,6 +858,10 @@ impl Partition {
         &self,
         delete: impl FnOnce(&mut PartitionLog) -> std::io::Result<Vec<u64>>,
     ) -> std::io::Result<usize> {
+        if self.progress().failed {
+            // The files are left as they are for the restart to reopen.
+            return Ok(0);
+        }
         let mut log = self.lock();
         let deleted = delete(&mut log)?;
         let start = log.start_offset();
@@ -856,6 +874,58 @@ impl Partition {
     /// how many are left.
     pub fn expire_producers(&self, now_ms: i64, after_ms: i64) -> (usize, usize) {
         self.lock().expire_producers(now_ms, after_ms)
+    }
+
+    /// Whether the partition's storage failed (see [`Partition::restart`]).
+    pub fn failed(&self) -> bool {
+        self.progress.borrow().failed
+    }
+
+    /// Reopens the log of a partition whose storage failed (an fsync, or the truncation or
+    /// epoch record after a cut, returned an error), cut back to where its last fsync
+    /// succeeded: after a failed fsync the page cache may hold writes that never reached the
+    /// disk and never will (fsyncgate), so nothing past that point is trusted, and the open
+    /// checks everything past the recovery point again. Nothing committed on an fsync topic
+    /// lies past it (acks=all waited for the fsync).
+    ///
+    /// The replica is left idle: the caller gives it its role again from the metadata (in a
+    /// cluster, a leader only once the controllers have moved its leadership to a newer
+    /// epoch, so that it never appends in the epoch whose writes it dropped). Blocking: reads
+    /// the log's files. Returns the new log end; on an error the partition stays failed and
+    /// the old log stays in place.
+    pub fn restart(&self, now_ms: i64) -> std::io::Result<u64> {
+        if !self.failed() {
+            return Ok(self.progress().log_end);
+        }
+        self.become_idle();
+        let (dir, config) = {
+            let log = self.lock();
+            (log.dir().to_path_buf(), log.config().clone())
+        };
+        let durable = self.progress().durable_end;
+        // Opened beside the old log, which nothing changes while the partition is failed
+        // (appends are refused, the replica is idle, retention skips it).
+        let (mut fresh, report) = PartitionLog::open(&dir, config, now_ms)?;
+        if fresh.end_offset() > durable {
+            fresh.truncate_to(durable, now_ms)?;
+        }
+        let _role = self.role();
+        let mut log = self.lock();
+        let from = log.end_offset();
+        *log = fresh;
+        self.cuts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let (start, end) = (log.start_offset(), log.end_offset());
+        drop(log);
+        self.progress.send_modify(|p| {
+            p.log_start = start;
+            p.log_end = end;
+            p.durable_end = end;
+            p.high_watermark = p.high_watermark.min(end);
+            p.failed = false;
+        });
+        tracing::warn!(topic = %self.topic, partition = self.index, from, to = end, scanned_segments = report.scanned_segments, "partition restarted after a storage failure: reopened and cut back to its last successful fsync");
+        self.flush.notify_one();
+        Ok(end)
     }
 
     /// Stops the flusher and the fetcher and closes the log cleanly (flushing everything).
@@ -872,12 +942,31 @@ impl Partition {
         self.stop.send_replace(true);
     }
 
+    /// Failpoint `fsync-fails-<pid>-<topic>-<partition>`: while armed, this partition's
+    /// fsyncs fail with EIO (as on a disk that lost writes), for the process tests of
+    /// restarting a partition without restarting the broker.
+    fn fsync_fails_while_a_test_asks(&self) -> bool {
+        strata_controller::failpoint::enabled()
+            && strata_controller::failpoint::armed(&format!(
+                "fsync-fails-{}-{}-{}",
+                std::process::id(),
+                self.topic,
+                self.index
+            ))
+    }
+
     async fn run_flusher(self: Arc<Self>) {
         let mut stop = self.stop.subscribe();
         loop {
             tokio::select! {
                 _ = self.flush.notified() => {}
                 _ = async { let _ = stop.wait_for(|s| *s).await.is_ok(); } => return,
+            }
+            if self.progress.borrow().failed {
+                // After a failed fsync the page cache cannot be trusted, and a second fsync
+                // may report success for writes the disk never got (fsyncgate): nothing is
+                // synced again until the partition is restarted (`Partition::restart`).
+                continue;
             }
             let (work, dir, wait_for_fsync, cuts) = {
                 let mut log = self.lock();
@@ -891,7 +980,12 @@ impl Partition {
             };
             let Some(work) = work else { continue };
             let end = work.end;
-            let result = tokio::task::spawn_blocking(move || work.run(&dir)).await;
+            let injected = self.fsync_fails_while_a_test_asks();
+            let result = tokio::task::spawn_blocking(move || match injected {
+                true => Err(std::io::Error::from_raw_os_error(5)), // EIO
+                false => work.run(&dir),
+            })
+            .await;
             match result {
                 Ok(Ok(())) => {
                     // Compared and published under the log lock, which every cut holds: a
@@ -922,14 +1016,12 @@ impl Partition {
                     drop(log);
                 }
                 Ok(Err(e)) => {
-                    tracing::error!(topic = %self.topic, partition = self.index, error = %e, "fsync failed; partition stops accepting writes");
+                    tracing::error!(topic = %self.topic, partition = self.index, error = %e, durable_end = self.progress().durable_end, "fsync failed; partition stops accepting writes until the broker restarts it");
                     self.progress.send_modify(|p| p.failed = true);
-                    return;
                 }
                 Err(e) => {
-                    tracing::error!(topic = %self.topic, partition = self.index, error = %e, "flush task panicked");
+                    tracing::error!(topic = %self.topic, partition = self.index, error = %e, "flush task panicked; partition stops accepting writes until the broker restarts it");
                     self.progress.send_modify(|p| p.failed = true);
-                    return;
                 }
             }
         }
@@ -1231,5 +1323,57 @@ mod tests {
             p.progress()
         );
         assert_eq!(p.progress().durable_end, 1_000);
+    }
+
+    /// Issue 17, item 3: a partition whose fsync failed refused writes until the broker
+    /// restarted. `restart` reopens it cut back to the last successful fsync (what came
+    /// after may never have reached the disk), idle until given a role, then writable.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_partition_restarts_at_its_last_successful_fsync() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::log::LogConfig::from_map(&std::collections::BTreeMap::from([(
+            "flush.messages".to_string(),
+            i64::MAX.to_string(),
+        )]))
+        .unwrap();
+        let (log, _) = PartitionLog::open(dir.path(), config, 0).unwrap();
+        let p = Partition::start(Arc::from("t"), 0, log, 0);
+        p.lead_alone(1);
+        p.append(&records(3), 1, 0).unwrap();
+        p.wait_synced().await.unwrap();
+        // two more records reach the page cache; then a sync of them fails
+        p.append(&records(2), 1, 0).unwrap();
+        p.progress.send_modify(|q| q.failed = true);
+        assert!(matches!(
+            p.append(&records(1), 1, 0),
+            Err(LeaderAppendError::Append(_))
+        ));
+        assert!(
+            p.become_follower(2, 1).is_none(),
+            "a failed partition took a role"
+        );
+        let end = tokio::task::spawn_blocking({
+            let p = p.clone();
+            move || p.restart(0)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        let q = p.progress();
+        assert_eq!(end, 3, "cut back to the last successful fsync");
+        assert_eq!((q.log_end, q.durable_end, q.failed), (3, 3, false), "{q:?}");
+        assert_eq!(q.leader_epoch, None, "idle until given a role again");
+        assert!(matches!(
+            p.append(&records(1), 1, 0),
+            Err(LeaderAppendError::NotLeader)
+        ));
+        p.lead_alone(1);
+        let (a, _) = p.append(&records(1), 1, 0).unwrap();
+        assert_eq!(
+            a.base_offset, 3,
+            "the next write follows the restarted log's end"
+        );
+        p.wait_synced().await.unwrap();
+        assert_eq!(p.progress().durable_end, 4);
     }
 }
