@@ -8,8 +8,16 @@ machine's cores, so it also prints CPU seconds per GB acknowledged, for the brok
 
     cargo build --release --bin strata
     STRATA_BIN=target/release/strata python3 bench/security_bench.py [--seconds 10] [--rounds 2]
+
+With `--client rust` the load comes from `target/release/examples/produce_load` instead (build
+it with `cargo build --release -p strata-hot --example produce_load`): one connection sending
+the same prebuilt 1,000-record batch in pipelined Produce requests, so the client costs a
+fraction of the broker and the broker is what saturates. The broker runs pinned to CPU 0 and
+the client to CPU 1, so the throughput ratio is the broker's own TLS cost per core. Only the
+saturated phase runs in this mode.
 """
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -52,17 +60,10 @@ def context_switches(pid):
     return total
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--binary", default=os.environ.get("STRATA_BIN", "target/release/strata"))
-    ap.add_argument("--seconds", type=float, default=10)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--rate", type=int, default=10_500)
-    ap.add_argument("--record-bytes", type=int, default=800)
-    ap.add_argument("--fixed-rate", type=int, default=50_000,
-                    help="a rate both listeners sustain, with the same linger: the broker's CPU "
-                         "per GB there compares equal batches")
-    args = ap.parse_args()
+def start_broker(args, cpus=None):
+    """A `strata dev` node with a PLAINTEXT and a SASL_SSL listener, user `bench` and topic
+    `bench`; `cpus`: the CPUs it may run on. Returns (work dir, certs dir, process, log file,
+    PLAINTEXT port, SASL_SSL port)."""
     work = Path(tempfile.mkdtemp(prefix="strata-security-bench-"))
     certs = work / "certs"
     subprocess.run([args.binary, "certs", "--out", str(certs), "--node", "bench"], check=True,
@@ -76,32 +77,107 @@ def main():
         # the cost of authentication and encryption, not of ACL look-ups on an open cluster
         '[auth]\nallow_everyone_if_no_acl_found = true\n')
     log = open(work / "strata.log", "wb")
+    env = dict(os.environ, STRATA__TOPICS__RETENTION_CHECK_INTERVAL="1s")
     proc = subprocess.Popen([args.binary, "dev", "--config", str(config), "--data-dir", str(work / "data"),
                              "--listen", f"127.0.0.1:{plain}", "--controller-listen", f"127.0.0.1:{controller}"],
-                            stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", secure), timeout=1).close()
+                            stdout=log, stderr=log, env=env,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", secure), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                sys.exit("strata did not start; see " + str(work / "strata.log"))
+            time.sleep(0.2)
+    (work / "pw").write_text("bench-password\n")
+    (work / "pw").chmod(0o600)
+    admin = ["--controller", f"127.0.0.1:{controller}"]
+    for cmd in (["user", "create", "bench", "--password-file", str(work / "pw"), *admin],
+                # a bounded log: deleted segments give their page cache back to the next
+                # writes (on a VM, page cache that only grows costs every run a host page
+                # fault per fresh page, and more in later phases than in earlier ones)
+                ["topic", "create", "bench", "-p", "1", "--config", "segment.bytes=67108864",
+                 "--config", "retention.bytes=268435456", *admin]):
+        # the broker registers a moment after its listeners accept
+        for _ in range(100):
+            r = subprocess.run([args.binary, *cmd], capture_output=True, text=True)
+            if r.returncode == 0:
                 break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    sys.exit("strata did not start; see " + str(work / "strata.log"))
-                time.sleep(0.2)
-        (work / "pw").write_text("bench-password\n")
-        (work / "pw").chmod(0o600)
-        admin = ["--controller", f"127.0.0.1:{controller}"]
-        for cmd in (["user", "create", "bench", "--password-file", str(work / "pw"), *admin],
-                    ["topic", "create", "bench", "-p", "1", *admin]):
-            # the broker registers a moment after its listeners accept
-            for _ in range(100):
-                r = subprocess.run([args.binary, *cmd], capture_output=True, text=True)
-                if r.returncode == 0:
-                    break
-                time.sleep(0.2)
-            else:
-                sys.exit(f"strata {' '.join(cmd)} failed: {r.stderr}")
+            time.sleep(0.2)
+        else:
+            sys.exit(f"strata {' '.join(cmd)} failed: {r.stderr}")
+    return work, certs, proc, log, plain, secure
+
+
+def main_rust(args):
+    """The saturated phase with the Rust load generator, broker and client on their own CPUs."""
+    loadgen = Path(args.binary).parent / "examples" / "produce_load"
+    if not loadgen.exists():
+        sys.exit(f"{loadgen} is missing: cargo build --release -p strata-hot --example produce_load")
+    two = (os.cpu_count() or 1) >= 2
+    work, certs, proc, log, plain, secure = start_broker(args, cpus={0} if two else None)
+    try:
+        variants = {
+            "PLAINTEXT": ["--bootstrap", f"127.0.0.1:{plain}"],
+            "SASL_SSL": ["--bootstrap", f"127.0.0.1:{secure}", "--tls-ca", str(certs / "ca.pem"),
+                         "--sasl-user", "bench", "--sasl-password", "bench-password"],
+        }
+        results = {name: [] for name in variants}
+        for _ in range(args.rounds):
+            for name, flags in variants.items():
+                broker0 = cpu_seconds(proc.pid)
+                child = subprocess.Popen(
+                    [str(loadgen), "--topic", "bench", "--seconds", str(args.seconds),
+                     "--record-bytes", str(args.record_bytes), *flags],
+                    stdout=subprocess.PIPE, text=True,
+                    preexec_fn=(lambda: os.sched_setaffinity(0, {1})) if two else None)
+                out = child.stdout.read()
+                _, status, usage = os.wait4(child.pid, 0)
+                if status != 0:
+                    sys.exit(f"{name}: produce_load failed (status {status})")
+                child.returncode = 0
+                r = json.loads(out)
+                gb = r["acked"] * args.record_bytes / 1e9
+                r["broker_cpu_s_per_gb"] = (cpu_seconds(proc.pid) - broker0) / gb
+                r["client_cpu_s_per_gb"] = (usage.ru_utime + usage.ru_stime) / gb
+                results[name].append(r)
+        for name in variants:
+            best = max(results[name], key=lambda r: r["msgs_per_s"])
+            print(f"{name:>9}: max {best['msgs_per_s']:>8.0f} msgs/s {best['mb_per_s']:>6.1f} MB/s; CPU per GB "
+                  f"acknowledged: broker {min(r['broker_cpu_s_per_gb'] for r in results[name]):.2f} s, client "
+                  f"{min(r['client_cpu_s_per_gb'] for r in results[name]):.2f} s (best of {args.rounds}, "
+                  f"{args.record_bytes} B records, acks=all, broker on CPU 0 and client on CPU 1: {two})")
+        ratio = (max(r["msgs_per_s"] for r in results["SASL_SSL"])
+                 / max(r["msgs_per_s"] for r in results["PLAINTEXT"]))
+        cpu = (min(r["broker_cpu_s_per_gb"] for r in results["SASL_SSL"])
+               / min(r["broker_cpu_s_per_gb"] for r in results["PLAINTEXT"]))
+        print(f"SASL_SSL / PLAINTEXT (Rust client): throughput {ratio:.2f}x (cost {100 * (1 - ratio):.0f}%), "
+              f"broker CPU per byte {cpu:.2f}x")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--binary", default=os.environ.get("STRATA_BIN", "target/release/strata"))
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rate", type=int, default=10_500)
+    ap.add_argument("--record-bytes", type=int, default=800)
+    ap.add_argument("--fixed-rate", type=int, default=50_000,
+                    help="a rate both listeners sustain, with the same linger: the broker's CPU "
+                         "per GB there compares equal batches")
+    ap.add_argument("--client", choices=("librdkafka", "rust"), default="librdkafka")
+    args = ap.parse_args()
+    if args.client == "rust":
+        return main_rust(args)
+    work, certs, proc, log, plain, secure = start_broker(args)
+    try:
         variants = {
             "PLAINTEXT": (f"127.0.0.1:{plain}", {}),
             "SASL_SSL": (f"127.0.0.1:{secure}", {

@@ -293,7 +293,10 @@ impl ClusterLink {
     /// Takes this broker out of the cluster while `on` (a led partition's storage failed),
     /// and lets it register again when it is turned off.
     pub fn storage_fault(&self, on: bool) {
-        if self.storage_fault.send_replace(on) != on && on {
+        let changed = self
+            .storage_fault
+            .send_if_modified(|f| std::mem::replace(f, on) != on);
+        if changed && on {
             tracing::error!(
                 broker = self.config.broker_id,
                 "a partition this broker leads failed its storage: leaving the cluster (leaderships move to in-sync followers) until the partition is restarted"

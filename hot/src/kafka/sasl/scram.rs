@@ -87,6 +87,47 @@ pub fn password_matches(m: ScramMechanism, credential: &ScramCredential, passwor
 }
 
 /// Random bytes from the operating system.
+/// The client's side of the exchange (RFC 5802), for tools and benchmarks that log in over
+/// SASL/SCRAM: the client-final message answering `server_first`, for a client that sent
+/// `client_first_bare` (`n=<user>,r=<client nonce>`, after the `n,,` GS2 header).
+pub fn client_final(
+    m: ScramMechanism,
+    password: &[u8],
+    client_first_bare: &str,
+    server_first: &str,
+) -> Result<String, ScramError> {
+    let field = |key: &str| {
+        server_first
+            .split(',')
+            .find_map(|f| f.strip_prefix(key))
+            .ok_or(ScramError::Malformed("server-first message lacks a field"))
+    };
+    let nonce = field("r=")?;
+    let client_nonce = client_first_bare
+        .split(',')
+        .find_map(|f| f.strip_prefix("r="))
+        .unwrap_or_default();
+    if !nonce.starts_with(client_nonce) || nonce.len() <= client_nonce.len() {
+        return Err(ScramError::Malformed(
+            "the server's nonce does not extend the client's",
+        ));
+    }
+    let salt = B64
+        .decode(field("s=")?)
+        .map_err(|_| ScramError::Malformed("the salt is not base64"))?;
+    let iterations: u32 = field("i=")?
+        .parse()
+        .map_err(|_| ScramError::Malformed("the iteration count is not a number"))?;
+    let salted = hi(m, password, &salt, iterations);
+    let client_key = hmac(m, &salted, &[b"Client Key"]);
+    let stored = hash(m, &client_key);
+    let without_proof = format!("c=biws,r={nonce}");
+    let auth = format!("{client_first_bare},{server_first},{without_proof}");
+    let sig = hmac(m, &stored, &[auth.as_bytes()]);
+    let proof: Vec<u8> = client_key.iter().zip(&sig).map(|(a, b)| a ^ b).collect();
+    Ok(format!("{without_proof},p={}", B64.encode(proof)))
+}
+
 pub fn random_bytes(n: usize) -> Vec<u8> {
     let mut b = vec![0u8; n];
     getrandom::fill(&mut b).expect("the operating system's random source works");
@@ -322,27 +363,6 @@ mod tests {
         );
     }
 
-    /// A client's side, as the RFC computes it, to drive the server in tests.
-    fn client_final(
-        m: ScramMechanism,
-        password: &[u8],
-        client_first_bare: &str,
-        server_first: &str,
-    ) -> String {
-        let fields: Vec<&str> = server_first.split(',').collect();
-        let nonce = &fields[0][2..];
-        let salt = B64.decode(&fields[1][2..]).unwrap();
-        let iterations: u32 = fields[2][2..].parse().unwrap();
-        let salted = hi(m, password, &salt, iterations);
-        let client_key = hmac(m, &salted, &[b"Client Key"]);
-        let stored = hash(m, &client_key);
-        let without_proof = format!("c=biws,r={nonce}");
-        let auth = format!("{client_first_bare},{server_first},{without_proof}");
-        let sig = hmac(m, &stored, &[auth.as_bytes()]);
-        let proof: Vec<u8> = client_key.iter().zip(&sig).map(|(a, b)| a ^ b).collect();
-        format!("{without_proof},p={}", B64.encode(proof))
-    }
-
     fn exchange(
         m: ScramMechanism,
         stored_password: &[u8],
@@ -356,7 +376,7 @@ mod tests {
             (user_known && u == "alice").then(|| credential.clone())
         })?;
         let server_first = String::from_utf8(server_first).unwrap();
-        let msg = client_final(m, password, bare, &server_first);
+        let msg = super::client_final(m, password, bare, &server_first).unwrap();
         server.client_final(msg.as_bytes()).map(|(_, u)| u)
     }
 
