@@ -178,10 +178,11 @@ def fsync_failpoint(pid, topic, partition):
 
 
 def test_a_partition_whose_fsync_fails_is_restarted_without_restarting_the_broker(broker, tmp_path):
-    """Issue 17, item 3. Single node: while fsyncs fail, acks=all writes fail (nothing is
-    acknowledged that is not on disk); once they succeed again the broker has restarted the
-    partition (reopened, cut back to its last successful fsync) and takes writes, in the
-    same process. The log holds exactly what was acknowledged."""
+    """Issue 17, item 3. `strata dev` (a one-broker cluster): while fsyncs fail, acks=all
+    writes fail (nothing is acknowledged that is not on disk); the broker leaves its own
+    cluster, restarts the partition (reopened, cut back to its last successful fsync) and
+    registers again, so it takes writes once fsyncs succeed again, in the same process. The
+    log holds exactly what was acknowledged."""
     failpoints = tmp_path / "failpoints"
     failpoints.mkdir()
     broker.create_topic("fsync", 1)
