@@ -2,7 +2,7 @@
 //! its fetch offset), the high watermark, and when to propose ISR changes to the controller.
 //! Pure logic with an injected clock: events in, decisions out.
 //!
-//! Rules (DESIGN, Replication):
+//! Rules (docs/replication.md):
 //! - HW = min LEO over the ISR, where the leader's LEO is its durable end; while an ISR
 //!   expansion is pending, the HW is taken over the larger set; the HW never moves back.
 //! - A follower that has not caught up to the leader's LEO for `lag_max_ms` is proposed for
