@@ -111,6 +111,15 @@ def start_broker(args, cpus=None):
     return work, certs, proc, log, plain, secure
 
 
+def stop_broker(work, proc, log):
+    """Stops what `start_broker` started and removes its data (a saturated run writes
+    gigabytes)."""
+    proc.terminate()
+    proc.wait(10)
+    log.close()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main_rust(args):
     """The saturated phase with the Rust load generator, broker and client on their own CPUs."""
     loadgen = Path(args.binary).parent / "examples" / "produce_load"
@@ -156,10 +165,7 @@ def main_rust(args):
         print(f"SASL_SSL / PLAINTEXT (Rust client): throughput {ratio:.2f}x (cost {100 * (1 - ratio):.0f}%), "
               f"broker CPU per byte {cpu:.2f}x")
     finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_broker(work, proc, log)
 
 
 def main():
@@ -223,10 +229,7 @@ def main():
         p99 = best("SASL_SSL", "rate", "p99_ms", min) / best("PLAINTEXT", "rate", "p99_ms", min)
         print(f"SASL_SSL / PLAINTEXT: throughput {ratio:.2f}x (cost {100 * (1 - ratio):.0f}%), p99 ack {p99:.2f}x")
     finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
-        shutil.rmtree(work, ignore_errors=True)  # a saturated run writes gigabytes
+        stop_broker(work, proc, log)
 
 
 if __name__ == "__main__":

@@ -418,7 +418,7 @@ impl Partition {
         now_ms: i64,
         expected_epoch: Option<i32>,
     ) -> Result<(Appended, i32), LeaderAppendError> {
-        if self.progress.borrow().failed {
+        if self.failed() {
             return Err(AppendError::Io(std::io::Error::other(
                 "partition storage failed; the broker is restarting the partition, retry shortly",
             ))
@@ -858,7 +858,7 @@ impl Partition {
         &self,
         delete: impl FnOnce(&mut PartitionLog) -> std::io::Result<Vec<u64>>,
     ) -> std::io::Result<usize> {
-        if self.progress().failed {
+        if self.failed() {
             // The files are left as they are for the restart to reopen.
             return Ok(0);
         }
@@ -962,7 +962,7 @@ impl Partition {
                 _ = self.flush.notified() => {}
                 _ = async { let _ = stop.wait_for(|s| *s).await.is_ok(); } => return,
             }
-            if self.progress.borrow().failed {
+            if self.failed() {
                 // After a failed fsync the page cache cannot be trusted, and a second fsync
                 // may report success for writes the disk never got (fsyncgate): nothing is
                 // synced again until the partition is restarted (`Partition::restart`).
@@ -1044,6 +1044,15 @@ mod tests {
             })
             .collect();
         ValidBatch::new(bytes::Bytes::from(batch(0, ProducerIds::NONE, &recs))).unwrap()
+    }
+
+    /// A log config whose flushing is left to the OS: appends alone never sync.
+    fn flushed_by_the_os() -> crate::log::LogConfig {
+        crate::log::LogConfig::from_map(&std::collections::BTreeMap::from([(
+            "flush.messages".to_string(),
+            i64::MAX.to_string(),
+        )]))
+        .unwrap()
     }
 
     /// Broker 1 (of replicas 1, 2, 3) leads at `epoch` with `isr`, min.insync.replicas 2.
@@ -1283,12 +1292,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_fetch_offset_waits_until_the_tail_is_fsynced() {
         let dir = tempfile::tempdir().unwrap();
-        // flushing left to the OS: appends alone never sync
-        let config = crate::log::LogConfig::from_map(&std::collections::BTreeMap::from([(
-            "flush.messages".to_string(),
-            i64::MAX.to_string(),
-        )]))
-        .unwrap();
+        let config = flushed_by_the_os();
         let (log, _) = PartitionLog::open(dir.path(), config, 0).unwrap();
         let p = following_with_three_records(log);
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1331,11 +1335,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_partition_restarts_at_its_last_successful_fsync() {
         let dir = tempfile::tempdir().unwrap();
-        let config = crate::log::LogConfig::from_map(&std::collections::BTreeMap::from([(
-            "flush.messages".to_string(),
-            i64::MAX.to_string(),
-        )]))
-        .unwrap();
+        let config = flushed_by_the_os();
         let (log, _) = PartitionLog::open(dir.path(), config, 0).unwrap();
         let p = Partition::start(Arc::from("t"), 0, log, 0);
         p.lead_alone(1);

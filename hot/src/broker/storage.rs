@@ -86,9 +86,9 @@ impl Broker {
     }
 
     /// Whether a failed partition may be restarted now: at once unless it was led here in
-    /// a cluster; then only when no registration of this broker is left for the
-    /// controllers to give leaderships to, and the metadata has moved the leadership past
-    /// the epoch it was led in.
+    /// a cluster (`led_in` is only set then); then only when no registration of this
+    /// broker is left for the controllers to give leaderships to, and the metadata has
+    /// moved the leadership past the epoch it was led in.
     fn may_restart(&self, p: &Partition, f: &Failed) -> bool {
         let Some(led_in) = f.led_in else {
             return true;
@@ -96,7 +96,7 @@ impl Broker {
         let out = self
             .cluster
             .as_ref()
-            .is_none_or(|link| link.out_for_storage_fault());
+            .is_some_and(|link| link.out_for_storage_fault());
         out && self
             .leadership(p)
             .is_none_or(|(leader, epoch)| leader != Some(self.config.node_id) || epoch > led_in)
