@@ -11,9 +11,10 @@ machine's cores, so it also prints CPU seconds per GB acknowledged, for the brok
 
 With `--client rust` the load comes from `target/release/examples/produce_load` instead (build
 it with `cargo build --release -p strata-hot --example produce_load`): one connection sending
-the same prebuilt 1,000-record batch in pipelined Produce requests, so the client costs a
-fraction of the broker and the broker is what saturates. The broker runs pinned to CPU 0 and
-the client to CPU 1, so the throughput ratio is the broker's own TLS cost per core. Only the
+the same prebuilt 1,000-record batch in pipelined Produce requests. The broker runs pinned to
+CPU 0 and the client to CPU 1. Over loopback the client's core also does the receiving side's
+TCP work, so the client, not the broker, is what saturates: the throughput ratio is bound by
+the client, and the broker's CPU per byte ratio is its own TLS cost per core. Only the
 saturated phase runs in this mode.
 """
 import argparse

@@ -248,8 +248,11 @@ impl KafkaServer {
                 self.serve_connection(rd, wr, peer, None).await
             }
             Some(acceptor) => {
-                let tls =
-                    tokio::time::timeout(self.config.frame_timeout, acceptor.accept(stream)).await;
+                let tls = tokio::time::timeout(
+                    self.config.frame_timeout,
+                    acceptor.accept(tls::ReadAhead::new(stream)),
+                )
+                .await;
                 let stream = match tls {
                     Err(_) => {
                         tracing::warn!(%peer, listener = %self.config.name, "TLS handshake did not finish in time; closing connection");

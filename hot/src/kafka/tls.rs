@@ -2,7 +2,12 @@
 //! and optional client-certificate authentication against a CA (Kafka's `ssl.client.auth`).
 
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use anyhow::{bail, Context};
 use rustls::pki_types::pem::PemObject;
@@ -110,9 +115,158 @@ pub fn principal(cert: &CertificateDer<'_>) -> Option<String> {
     strata_proto::tls::certificate_principal(cert.as_ref())
 }
 
+/// How much a TLS connection reads from its socket at a time.
+const READ_AHEAD: usize = 64 * 1024;
+
+/// The socket beneath a TLS session, read in large chunks.
+///
+/// rustls asks its transport for at most 4 KiB at a time, so a connection streaming produce
+/// requests through TLS would cost a read system call per 4 KiB, a quarter of a million per
+/// GB. `ReadAhead` reads up to 64 KiB a call and hands it out from memory. Its buffer exists
+/// only while bytes stream: it is freed whenever it is empty and the socket has nothing
+/// more, so an idle connection holds none. Whatever the socket has is handed on at once:
+/// nothing waits for the buffer to fill.
+pub struct ReadAhead<S> {
+    inner: S,
+    buf: BytesMut,
+}
+
+impl<S> ReadAhead<S> {
+    pub fn new(inner: S) -> Self {
+        ReadAhead {
+            inner,
+            buf: BytesMut::new(),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.buf.is_empty() {
+            if out.remaining() >= READ_AHEAD {
+                return Pin::new(&mut this.inner).poll_read(cx, out);
+            }
+            this.buf.reserve(READ_AHEAD);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut this.buf) {
+                Poll::Pending => {
+                    this.buf = BytesMut::new();
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(_)) => {} // 0 bytes: the end of the stream, handed on as such
+            }
+        }
+        let n = this.buf.len().min(out.remaining());
+        out.put_slice(&this.buf[..n]);
+        this.buf.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for ReadAhead<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+
+    use super::{ReadAhead, READ_AHEAD};
+
+    /// One poll_read of at most `n` bytes, with a waker that does nothing.
+    fn poll_once<S: AsyncRead + Unpin>(r: &mut ReadAhead<S>, n: usize) -> Poll<Vec<u8>> {
+        let mut space = vec![0u8; n];
+        let mut out = ReadBuf::new(&mut space);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match Pin::new(r).poll_read(&mut cx, &mut out) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(res) => {
+                res.unwrap();
+                Poll::Ready(out.filled().to_vec())
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn read_ahead_hands_on_every_byte_in_order_and_holds_no_buffer_when_idle() {
+        let (mut tx, rx) = tokio::io::duplex(4 * READ_AHEAD);
+        let mut r = ReadAhead::new(rx);
+        assert!(poll_once(&mut r, 4096).is_pending());
+        assert_eq!(r.buf.capacity(), 0, "an idle connection holds a buffer");
+
+        let sent: Vec<u8> = (0..150_000u32).map(|i| (i % 251) as u8).collect();
+        tx.write_all(&sent).await.unwrap();
+        let mut got = Vec::new();
+        // small reads, as rustls makes them: one socket read fills the buffer
+        let first = poll_once(&mut r, 4096);
+        assert!(matches!(&first, Poll::Ready(b) if b.len() == 4096));
+        got.extend(match first {
+            Poll::Ready(b) => b,
+            Poll::Pending => unreachable!(),
+        });
+        assert!(
+            r.buf.len() >= READ_AHEAD - 4096,
+            "read {} ahead",
+            r.buf.len()
+        );
+        while let Poll::Ready(b) = poll_once(&mut r, 4096) {
+            assert!(!b.is_empty());
+            got.extend(b);
+        }
+        assert_eq!(got, sent);
+        assert_eq!(r.buf.capacity(), 0, "the buffer outlived the stream");
+
+        // a partial chunk is handed on at once: the tail of a frame never waits for more
+        tx.write_all(b"tail").await.unwrap();
+        assert_eq!(poll_once(&mut r, 4096), Poll::Ready(b"tail".to_vec()));
+        // a large read goes straight to the socket
+        tx.write_all(&sent[..READ_AHEAD + 10]).await.unwrap();
+        let big = poll_once(&mut r, 2 * READ_AHEAD);
+        assert_eq!(big, Poll::Ready(sent[..READ_AHEAD + 10].to_vec()));
+        assert!(poll_once(&mut r, 4096).is_pending());
+        assert_eq!(r.buf.capacity(), 0, "the buffer outlived an idle socket");
+        drop(tx);
+        assert_eq!(
+            poll_once(&mut r, 4096),
+            Poll::Ready(vec![]),
+            "end of stream"
+        );
+    }
 
     #[test]
     fn a_key_others_may_read_is_refused_with_the_fix() {
