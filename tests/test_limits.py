@@ -539,8 +539,15 @@ def test_sockets_cannot_take_the_file_descriptors_the_log_needs(tmp_path):
             s.setblocking(False)
             s.connect_ex(("127.0.0.1", b.port))  # the kernel completes it into the backlog
             socks.append(s)
-        time.sleep(2)
-        m = scrape_metrics(b.metrics_port)
+        # Wait for the broker to take what it will: the accept loop pausing, or (a failure)
+        # every connection accepted. A fixed sleep raced a slow accept loop on a loaded machine.
+        deadline = time.monotonic() + 20
+        while True:
+            time.sleep(0.5)
+            m = scrape_metrics(b.metrics_port)
+            if (m["strata_kafka_accept_paused_total"] >= 1 or m["strata_kafka_connections"] >= 800
+                    or time.monotonic() > deadline):
+                break
         print(f"fd limit {m['strata_fd_limit']:.0f}: {m['strata_open_fds']:.0f} open, "
               f"{m['strata_kafka_connections']:.0f} client connections, "
               f"accept paused {m['strata_kafka_accept_paused_total']:.0f} time(s)")
