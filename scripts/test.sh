@@ -22,8 +22,23 @@ if ! command -v ip >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq iproute2 >/dev/null
 fi
 
+# The Python clients go into a virtual environment of their own: a stock Debian python3
+# refuses a system-wide pip install (externally-managed-environment).
+venv="${STRATA_TEST_VENV:-$PWD/.venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  step "making the test virtualenv in $venv"
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    # Debian ships venv's pip bootstrap separately.
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+  fi
+fi
+python="$venv/bin/python"
+
 step "installing Python test clients (tests/requirements.txt)"
-python3 -m pip install -q --disable-pip-version-check -r tests/requirements.txt
+"$python" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
 
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 
@@ -35,4 +50,4 @@ step "Rust tests: unit, property, integration"
 cargo test --locked --workspace
 
 step "real clients and crash recovery (pytest)"
-STRATA_BIN="$target_dir/debug/strata" python3 -m pytest tests -q -p no:cacheprovider --durations=25
+STRATA_BIN="$target_dir/debug/strata" "$python" -m pytest tests -q -p no:cacheprovider --durations=25
