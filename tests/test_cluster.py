@@ -42,6 +42,7 @@ class Cluster:
         self.broker_ports = {i: free_port() for i in (1, 2, 3)}
         self.grpc_ports = {i: free_port() for i in (1, 2, 3)}
         self.metrics_ports = {i: free_port() for i in (1, 2, 3)}
+        self.controller_metrics_ports = {i: free_port() for i in (1, 2, 3)}
         self.procs = {}
         # Failpoints (controller/src/failpoint.rs): a test arms one by creating its file here.
         self.failpoints = workdir / "failpoints"
@@ -96,6 +97,7 @@ class Cluster:
                 f'roles = ["controller"]\ndata_dir = "{self.workdir / name}"\n'
                 f"[controller]\nnode_id = {i}\nlisten = \"{self.controller_addr(i)}\"\n"
                 f'broker_lease = "{int(self.lease_s * 1000)}ms"\nraft_heartbeat = "{self.raft_heartbeat_ms}ms"\n[controller.voters]\n{voters}\n'
+                f'[metrics]\nlisten = "{host}:{self.controller_metrics_ports[i]}"\n'
                 + ('[auth]\nsuper_users = ["User:CN=admin"]\n' if self.certs else "")
             )
         else:

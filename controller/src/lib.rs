@@ -4,6 +4,7 @@
 //! Raft between controllers over gRPC; `service` runs a controller node and its gRPC API.
 
 pub mod failpoint;
+pub mod health;
 pub mod incoming;
 pub mod metadata;
 pub mod network;

@@ -57,6 +57,19 @@ pub struct ControllerConfig {
     pub connections: crate::incoming::ConnectionLimits,
 }
 
+/// A controller's view of the metadata quorum ([`Controller::raft_status`]).
+#[derive(Debug, Clone)]
+pub struct RaftStatus {
+    pub node_id: NodeId,
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    pub last_log_index: u64,
+    pub last_applied: u64,
+    pub voters: usize,
+    /// Since this controller was last in touch with the quorum (None: never, or no leader).
+    pub quorum_contact_age: Option<Duration>,
+}
+
 /// A running controller node.
 pub struct Controller {
     config: ControllerConfig,
@@ -194,6 +207,7 @@ impl Controller {
             raft,
             state,
         });
+        let (health, health_service) = crate::health::service();
         let mut builder = server_builder();
         if let Some(tls) = &controller.config.tls {
             builder = builder
@@ -213,7 +227,14 @@ impl Controller {
             .add_service(
                 ControllerServer::new(ControllerService(controller.clone()))
                     .max_decoding_message_size(GRPC_MAX_CONTROLLER_MESSAGE),
-            );
+            )
+            .add_service(health_service);
+        let me = Arc::downgrade(&controller);
+        tokio::spawn(crate::health::report(
+            health,
+            move || me.upgrade().is_some_and(|c| c.readiness().is_ok()),
+            shutdown.clone(),
+        ));
         let incoming = crate::incoming::incoming(
             listener,
             controller.config.connections,
@@ -279,6 +300,37 @@ impl Controller {
 
     pub fn leader(&self) -> Option<NodeId> {
         self.raft.metrics().borrow().current_leader
+    }
+
+    /// This controller's view of the quorum, for its metrics.
+    pub fn raft_status(&self) -> RaftStatus {
+        let m = self.raft.metrics().borrow().clone();
+        RaftStatus {
+            node_id: self.config.node_id,
+            leader: m.current_leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            last_applied: m.last_applied.map_or(0, |l| l.index),
+            voters: m.membership_config.membership().voter_ids().count(),
+            quorum_contact_age: self.quorum_contact_age(),
+        }
+    }
+
+    /// Whether this controller serves current metadata (`/readyz`, gRPC health): it knows
+    /// the quorum's leader and has heard from the quorum within an election timeout;
+    /// otherwise why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.leader().is_none() {
+            return Err("the controller knows no quorum leader (an election is under way, or a majority of the voters is unreachable)".into());
+        }
+        match self.quorum_contact_age() {
+            Some(age) if age <= self.stale_after() => Ok(()),
+            Some(age) => Err(format!(
+                "the controller has not heard from the quorum for {} ms",
+                age.as_millis()
+            )),
+            None => Err("the controller has not heard from the quorum yet".into()),
+        }
     }
 
     fn is_leader(&self) -> bool {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::broker::BrokerConfig;
 use crate::kafka::ListenerConfig;
@@ -18,7 +18,7 @@ use crate::log::LogConfig;
 /// sets `[kafka] listen`; path segments are separated by `__` and lower-cased.
 pub const ENV_PREFIX: &str = "STRATA__";
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Which roles this process runs: "broker", "controller", or both (combined mode).
@@ -50,7 +50,7 @@ pub struct ServerConfig {
 
 /// `[tls]`: the cluster CA and this node's certificate. A broker's certificate must name it
 /// `CN=broker-<node_id>`, a controller's `CN=controller-<id>` (docs/security.md).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GrpcTlsSection {
     /// PEM CA certificate(s) that sign every node's and client's certificate.
@@ -62,7 +62,7 @@ pub struct GrpcTlsSection {
 }
 
 /// `[auth]`: Kafka's `super.users` and `allow.everyone.if.no.acl.found`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthSection {
     /// Principals that may do anything, e.g. ["User:admin", "User:CN=ops,O=Funds"].
@@ -72,7 +72,7 @@ pub struct AuthSection {
     pub allow_everyone_if_no_acl_found: Option<bool>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsSection {
     pub listen: SocketAddr,
@@ -82,7 +82,7 @@ pub struct MetricsSection {
     pub basic_auth: Option<BasicAuthSection>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsTls {
     pub cert: PathBuf,
@@ -90,7 +90,7 @@ pub struct MetricsTls {
     pub key: PathBuf,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BasicAuthSection {
     pub user: String,
@@ -98,7 +98,7 @@ pub struct BasicAuthSection {
     pub password_file: PathBuf,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GrpcSection {
     pub listen: SocketAddr,
@@ -107,7 +107,11 @@ pub struct GrpcSection {
     pub max_connections: usize,
     /// A connection that sends nothing for this long is closed (live peers answer the
     /// server's keepalive pings every 5 s).
-    #[serde(default = "default_grpc_idle_timeout", deserialize_with = "duration")]
+    #[serde(
+        default = "default_grpc_idle_timeout",
+        deserialize_with = "duration",
+        serialize_with = "show_duration"
+    )]
     pub idle_timeout: Duration,
 }
 
@@ -141,7 +145,7 @@ fn grpc_limits(
     })
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSection {
     /// Controller gRPC addresses; any of them will do.
@@ -153,13 +157,18 @@ pub struct ClusterSection {
     pub cluster_id: String,
     /// A follower not caught up with its leader for this long leaves the ISR (Kafka's
     /// `replica.lag.time.max.ms`).
-    #[serde(default = "default_replica_lag", deserialize_with = "duration")]
+    #[serde(
+        default = "default_replica_lag",
+        deserialize_with = "duration",
+        serialize_with = "show_duration"
+    )]
     pub replica_lag_time_max: Duration,
     /// A replica whose log takes longer to open (recover) is reported stuck (an ERROR and
     /// `strata_partitions_stuck_opening`) and stays unavailable until the open finishes.
     #[serde(
         default = "default_replica_open_timeout",
-        deserialize_with = "duration"
+        deserialize_with = "duration",
+        serialize_with = "show_duration"
     )]
     pub replica_open_timeout: Duration,
 }
@@ -176,7 +185,7 @@ fn default_cluster_id() -> String {
     "strata".to_string()
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     Broker,
@@ -184,7 +193,7 @@ pub enum Role {
 }
 
 /// The metadata quorum member this process runs when `roles` includes "controller".
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControllerSection {
     /// This controller's id among the voters.
@@ -194,16 +203,28 @@ pub struct ControllerSection {
     /// Every voter: id -> address, this one included, e.g. { 1 = "127.0.0.1:19301", ... }.
     pub voters: BTreeMap<String, String>,
     /// Brokers whose heartbeats stop for this long are fenced.
-    #[serde(default = "default_broker_lease", deserialize_with = "duration")]
+    #[serde(
+        default = "default_broker_lease",
+        deserialize_with = "duration",
+        serialize_with = "show_duration"
+    )]
     pub broker_lease: Duration,
     /// Raft heartbeat interval; elections time out after 3 to 6 of them.
-    #[serde(default = "default_raft_heartbeat", deserialize_with = "duration")]
+    #[serde(
+        default = "default_raft_heartbeat",
+        deserialize_with = "duration",
+        serialize_with = "show_duration"
+    )]
     pub raft_heartbeat: Duration,
     /// Connections the controller's gRPC port keeps open at most; more wait.
     #[serde(default = "default_grpc_max_connections")]
     pub max_connections: usize,
     /// A connection to it that sends nothing for this long is closed.
-    #[serde(default = "default_grpc_idle_timeout", deserialize_with = "duration")]
+    #[serde(
+        default = "default_grpc_idle_timeout",
+        deserialize_with = "duration",
+        serialize_with = "show_duration"
+    )]
     pub idle_timeout: Duration,
 }
 
@@ -215,7 +236,7 @@ fn default_raft_heartbeat() -> Duration {
     Duration::from_millis(100)
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaSection {
     pub listen: SocketAddr,
@@ -223,9 +244,9 @@ pub struct KafkaSection {
     pub advertised_host: Option<String>,
     pub advertised_port: Option<u16>,
     pub max_request_bytes: usize,
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub idle_timeout: Duration,
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub frame_timeout: Duration,
     /// Request bytes read and not yet answered, across all connections (Kafka's
     /// `queued.max.request.bytes`); reads pause while it is all in use.
@@ -241,7 +262,7 @@ pub struct KafkaSection {
     /// request asks; the first batch may exceed it (KIP-74).
     pub fetch_max_bytes: usize,
     /// The longest a fetch may wait for data, whatever its `max_wait_ms`.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub fetch_max_wait: Duration,
     /// Named listeners, each with its security protocol (Kafka's `listeners` and
     /// `listener.security.protocol.map`). When given, they replace `listen`.
@@ -274,7 +295,7 @@ impl KafkaSection {
 }
 
 /// One `[[kafka.listeners]]` entry.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NamedListener {
     pub name: String,
@@ -288,7 +309,7 @@ pub struct NamedListener {
 }
 
 /// `[kafka.sasl]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SaslSection {
     /// Offered on SASL_PLAINTEXT and SASL_SSL listeners, in this order.
@@ -297,7 +318,11 @@ pub struct SaslSection {
     /// long; clients re-authenticate on the same connection before it ends, and a
     /// connection that does not is closed at its next request. Absent: sessions last as
     /// long as their connection, and re-authentication is refused.
-    #[serde(default, deserialize_with = "opt_duration")]
+    #[serde(
+        default,
+        deserialize_with = "opt_duration",
+        serialize_with = "show_opt_duration"
+    )]
     pub connections_max_reauth: Option<Duration>,
     /// How OAUTHBEARER tokens are checked; needed when `mechanisms` offers OAUTHBEARER.
     pub oauthbearer: Option<crate::kafka::sasl::oauthbearer::OAuthSection>,
@@ -322,7 +347,7 @@ impl Default for SaslSection {
 }
 
 /// The cold tier (tiered storage).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ColdSection {
     /// `file:///abs/dir`, `s3://bucket[/prefix]`.
@@ -334,7 +359,11 @@ pub struct ColdSection {
     #[serde(default)]
     pub path_style: bool,
     /// How long one object store request may take before it fails and is retried.
-    #[serde(default = "default_request_timeout", deserialize_with = "duration")]
+    #[serde(
+        default = "default_request_timeout",
+        deserialize_with = "duration",
+        serialize_with = "show_duration"
+    )]
     pub request_timeout: Duration,
     /// Partitions uploading at once on this broker (each uploads its segments in order).
     #[serde(default = "default_upload_concurrency")]
@@ -343,11 +372,19 @@ pub struct ColdSection {
     #[serde(default)]
     pub upload_bytes_per_sec: u64,
     /// How often sealed segments are looked for.
-    #[serde(default = "default_tier_interval", deserialize_with = "duration")]
+    #[serde(
+        default = "default_tier_interval",
+        deserialize_with = "duration",
+        serialize_with = "show_duration"
+    )]
     pub interval: Duration,
     /// Objects no manifest names (left by killed or deposed uploads) are deleted once this
     /// old; keep it well above the longest upload.
-    #[serde(default = "default_orphan_grace", deserialize_with = "duration")]
+    #[serde(
+        default = "default_orphan_grace",
+        deserialize_with = "duration",
+        serialize_with = "show_duration"
+    )]
     pub orphan_grace: Duration,
     /// The cold-read budget of this broker: GETs at once and bytes per second (0:
     /// uncapped), so a long replay does not starve real-time traffic.
@@ -459,7 +496,7 @@ impl ColdSection {
 }
 
 /// Consumer group coordination (Kafka's `offsets.*` and `group.*` broker settings).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GroupsSection {
     /// Partitions of `__consumer_offsets` (`offsets.topic.num.partitions`); fixed once the
@@ -469,17 +506,17 @@ pub struct GroupsSection {
     /// of brokers registered when it is created.
     pub offsets_topic_replication_factor: u16,
     /// `group.min.session.timeout.ms` / `group.max.session.timeout.ms`.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub min_session_timeout: Duration,
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub max_session_timeout: Duration,
     /// How long an offset commit may wait to be replicated (`offsets.commit.timeout.ms`).
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub commit_timeout: Duration,
     /// A member that forces more rebalances than this within `flap_window` is turned away
     /// with a backoff that doubles each time.
     pub max_rebalances_per_member: usize,
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub flap_window: Duration,
     /// An offsets partition rewrites its live state and deletes what that supersedes after
     /// this many records (or twice its live state if larger).
@@ -532,17 +569,18 @@ impl GroupsSection {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TopicsSection {
     pub default_partitions: u32,
     pub auto_create: bool,
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub retention_check_interval: Duration,
     /// A producer id with no batch for this long is forgotten (`producer.id.expiration.ms`).
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub producer_id_expiration: Duration,
     /// Broker-wide defaults for topic configs, under Kafka's names.
+    #[serde(deserialize_with = "config_strings")]
     pub defaults: BTreeMap<String, String>,
 }
 
@@ -608,6 +646,18 @@ pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
             "'{text}' is not a duration like \"30s\" or \"10m\": {e}"
         ))
     })
+}
+
+/// A duration as the config file spells it ("30s", "1h 30m").
+pub(crate) fn show_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&humantime::format_duration(*d).to_string())
+}
+
+fn show_opt_duration<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => show_duration(d, s),
+        None => s.serialize_none(),
+    }
 }
 
 /// `strata dev` command-line flags.
@@ -719,7 +769,7 @@ impl ServerConfig {
         path: Option<&Path>,
         env: impl Iterator<Item = (String, String)>,
     ) -> anyhow::Result<Self> {
-        let mut value = match path {
+        let file = match path {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("reading config file {}", p.display()))?;
@@ -728,19 +778,18 @@ impl ServerConfig {
             }
             None => toml::Table::new(),
         };
-        for (key, raw) in env {
-            let Some(path) = key.strip_prefix(ENV_PREFIX) else {
-                continue;
-            };
-            let segments: Vec<String> = path.split("__").map(|s| s.to_ascii_lowercase()).collect();
-            set_path(&mut value, &segments, parse_scalar(&raw))
-                .with_context(|| format!("applying {key}"))?;
-        }
-        let config: ServerConfig = toml::Value::Table(value)
-            .try_into()
-            .context("invalid configuration (see strata.example.toml)")?;
+        let overrides = env
+            .filter_map(|(var, raw)| Override::new(var, &raw))
+            .collect();
+        let config = resolve(file, overrides)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The configuration as a TOML file would give it, every default filled in: what
+    /// `strata config check` prints.
+    pub fn effective_toml(&self) -> anyhow::Result<String> {
+        toml::to_string(self).context("writing the configuration as TOML")
     }
 
     pub(crate) fn validate(&self) -> anyhow::Result<()> {
@@ -1093,14 +1142,133 @@ impl ServerConfig {
     }
 }
 
-fn parse_scalar(raw: &str) -> toml::Value {
-    if let Ok(i) = raw.parse::<i64>() {
-        toml::Value::Integer(i)
-    } else if let Ok(b) = raw.parse::<bool>() {
-        toml::Value::Boolean(b)
-    } else {
-        toml::Value::String(raw.to_string())
+/// One `STRATA__*` variable: the field it sets and the readings of its text, tried in turn
+/// until the field accepts one: a TOML value (`3600000`, `true`, `["a", "b"]`), the text
+/// itself (`STRATA__CLUSTER__RACK=1` for a string field), and a comma-separated list
+/// (`STRATA__ROLES=broker,controller`, `STRATA__CLUSTER__CONTROLLERS=a:9093`).
+struct Override {
+    var: String,
+    raw: String,
+    path: Vec<String>,
+    readings: Vec<toml::Value>,
+    reading: usize,
+    /// Why a reading did not fit (and whether the error was inside the value): what to
+    /// report when none does.
+    error: Option<(bool, String)>,
+}
+
+impl Override {
+    fn new(var: String, raw: &str) -> Option<Self> {
+        let path = var
+            .strip_prefix(ENV_PREFIX)?
+            .split("__")
+            .map(|s| s.to_ascii_lowercase())
+            .collect();
+        let text = toml::Value::String(raw.to_string());
+        let mut readings: Vec<toml::Value> = toml_value(raw).into_iter().collect();
+        if !readings.contains(&text) {
+            readings.push(text);
+        }
+        let items = raw.split(',').map(str::trim).filter(|s| !s.is_empty());
+        readings.push(toml::Value::Array(
+            items
+                .map(|s| toml_value(s).unwrap_or_else(|| toml::Value::String(s.to_string())))
+                .collect(),
+        ));
+        Some(Override {
+            var,
+            raw: raw.to_string(),
+            path,
+            readings,
+            reading: 0,
+            error: None,
+        })
     }
+
+    /// Whether the field at `at` (`kafka.listeners[0].name`) is this override's or in it.
+    fn covers(&self, at: &str) -> bool {
+        let mine = self.path.join(".");
+        at == mine
+            || at
+                .strip_prefix(&mine)
+                .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+    }
+}
+
+/// `raw` read as a TOML value, if it is one.
+fn toml_value(raw: &str) -> Option<toml::Value> {
+    let mut t = format!("v = {raw}").parse::<toml::Table>().ok()?;
+    (t.len() == 1).then(|| t.remove("v")).flatten()
+}
+
+/// The file's table with the overrides applied, as a config: an override whose reading a
+/// field refuses is read the next way, and an error names the field (and the variable).
+fn resolve(file: toml::Table, mut overrides: Vec<Override>) -> anyhow::Result<ServerConfig> {
+    loop {
+        let mut value = file.clone();
+        for o in &overrides {
+            set_path(&mut value, &o.path, o.readings[o.reading].clone())
+                .with_context(|| format!("applying {}", o.var))?;
+        }
+        let error = match serde_path_to_error::deserialize(toml::Value::Table(value)) {
+            Ok(config) => return Ok(config),
+            Err(e) => e,
+        };
+        let at = error.path().to_string();
+        let inner = error.into_inner().to_string();
+        let culprit = overrides
+            .iter_mut()
+            .filter(|o| o.covers(&at))
+            .max_by_key(|o| o.path.len());
+        match culprit {
+            Some(o) => {
+                // A reading whose shape fit and whose part did not (`roles[1]: unknown
+                // variant`) says more than one of the wrong shape.
+                let inside = at != o.path.join(".");
+                if o.error
+                    .as_ref()
+                    .is_none_or(|(was_inside, _)| inside && !was_inside)
+                {
+                    o.error = Some((inside, inner));
+                }
+                if o.reading + 1 < o.readings.len() {
+                    o.reading += 1;
+                    continue;
+                }
+                let (_, why) = o.error.as_ref().expect("set above");
+                bail!("{}={}: {why} (see strata.example.toml)", o.var, o.raw);
+            }
+            None => bail!("invalid configuration: {at}: {inner} (see strata.example.toml)"),
+        }
+    }
+}
+
+/// A map of Kafka-style configs (`"retention.ms" = 3600000`): numbers and booleans are
+/// taken as their text, as Kafka's own configs are, and `_` in a name reads as `.` (Kafka's
+/// names have none, and an environment variable cannot carry a dot:
+/// `STRATA__TOPICS__DEFAULTS__RETENTION_MS` sets `retention.ms`).
+fn config_strings<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        Text(String),
+        Integer(i64),
+        Float(f64),
+        Bool(bool),
+    }
+    let map = BTreeMap::<String, Scalar>::deserialize(d)?;
+    Ok(map
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Scalar::Text(s) => s,
+                Scalar::Integer(i) => i.to_string(),
+                Scalar::Float(f) => f.to_string(),
+                Scalar::Bool(b) => b.to_string(),
+            };
+            (k.replace('_', "."), v)
+        })
+        .collect())
 }
 
 fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> anyhow::Result<()> {
@@ -1268,6 +1436,184 @@ mod tests {
             [("STRATA__NO_SUCH".to_string(), "1".to_string())].into_iter(),
         );
         assert!(format!("{:#}", unknown.unwrap_err()).contains("no_such"));
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> impl Iterator<Item = (String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    #[test]
+    fn env_values_are_read_as_toml_then_as_text_then_as_a_list() {
+        // Each of these failed with "integer, expected a string" or "expected a sequence".
+        let c = ServerConfig::load(
+            None,
+            env(&[
+                ("STRATA__TOPICS__DEFAULTS__RETENTION_MS", "3600000"),
+                ("STRATA__ROLES", "broker"),
+                (
+                    "STRATA__CLUSTER__CONTROLLERS",
+                    "10.0.0.1:9093, 10.0.0.2:9093",
+                ),
+                ("STRATA__CLUSTER__RACK", "1"),
+                ("STRATA__CLUSTER__CLUSTER_ID", "true"),
+                ("STRATA__AUTH__SUPER_USERS", r#"["User:admin", "User:ops"]"#),
+                ("STRATA__NODE_ID", "7"),
+                (
+                    "STRATA__KAFKA__MAX_CONNECTIONS_PER_IP_OVERRIDES__10.0.0.7",
+                    "4000",
+                ),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.topics.defaults["retention.ms"], "3600000");
+        assert_eq!(c.roles, [Role::Broker]);
+        let cluster = c.cluster.unwrap();
+        assert_eq!(cluster.controllers, ["10.0.0.1:9093", "10.0.0.2:9093"]);
+        assert_eq!(cluster.rack.as_deref(), Some("1"));
+        assert_eq!(cluster.cluster_id, "true");
+        assert_eq!(c.auth.super_users, ["User:admin", "User:ops"]);
+        assert_eq!(c.node_id, 7);
+        assert_eq!(c.kafka.max_connections_per_ip_overrides["10.0.0.7"], 4000);
+        let c = ServerConfig::load(None, env(&[("STRATA__ROLES", "broker,controller")]));
+        // both roles need a [controller] section: the error is validation's, not the reading's
+        let e = format!("{:#}", c.unwrap_err());
+        assert!(!e.contains("STRATA__ROLES"), "{e}");
+        // A value no reading fits is reported with its variable and the first reading's
+        // error, or the error inside a reading whose shape fits.
+        let e = format!(
+            "{:#}",
+            ServerConfig::load(None, env(&[("STRATA__KAFKA__MAX_CONNECTIONS", "lots")]))
+                .unwrap_err()
+        );
+        assert!(
+            e.contains("STRATA__KAFKA__MAX_CONNECTIONS=lots") && e.contains("invalid type: string"),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            ServerConfig::load(None, env(&[("STRATA__ROLES", "broker,brokr")])).unwrap_err()
+        );
+        assert!(
+            e.contains("STRATA__ROLES") && e.contains("unknown variant `brokr`"),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            ServerConfig::load(None, env(&[("STRATA__KAFKA__LISTN", "x")])).unwrap_err()
+        );
+        assert!(
+            e.contains("STRATA__KAFKA__LISTN") && e.contains("unknown field"),
+            "{e}"
+        );
+        // A file's mistakes are named by their field.
+        let e = format!(
+            "{:#}",
+            from_toml("[kafka]\nmax_connections = \"many\"\n").unwrap_err()
+        );
+        assert!(e.contains("kafka.max_connections: invalid type"), "{e}");
+        // Kafka configs in a file may be numbers, under either spelling.
+        let c = from_toml("[topics.defaults]\nretention_ms = 60000\n\"segment.bytes\" = 1048576\n")
+            .unwrap();
+        assert_eq!(c.topics.defaults["retention.ms"], "60000");
+        assert_eq!(c.topics.defaults["segment.bytes"], "1048576");
+    }
+
+    /// strata.example.toml with every commented-out setting (`# key = value`, `# [section]`)
+    /// made real.
+    fn example_uncommented() -> toml::Table {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../strata.example.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let setting = |l: &str| {
+            let key_end = l.find(" = ").unwrap_or(0);
+            let code = l.split(" #").next().unwrap_or(l).trim_end();
+            let header = code.starts_with('[') && code.ends_with(']');
+            let key = &l[..key_end];
+            header
+                || (key_end > 0
+                    && key.chars().all(|c| {
+                        c.is_ascii_lowercase() || c.is_ascii_digit() || "_.\"".contains(c)
+                    }))
+        };
+        let lines: Vec<&str> = text
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if setting(rest) => rest,
+                _ => l,
+            })
+            .collect();
+        lines
+            .join("\n")
+            .parse()
+            .expect("the uncommented example is TOML")
+    }
+
+    /// The fields serde expects in the section at `path`: it is given an unknown field, and
+    /// its refusal lists them. None for a map (which takes any key).
+    fn fields_of(example: &toml::Table, path: &[String]) -> Option<Vec<String>> {
+        let mut probed = example.clone();
+        let mut at = &mut probed;
+        for p in path {
+            at = match at.get_mut(p).unwrap() {
+                toml::Value::Table(t) => t,
+                toml::Value::Array(a) => a[0].as_table_mut().unwrap(),
+                _ => unreachable!(),
+            };
+        }
+        at.insert("zz_probe".into(), toml::Value::Integer(0));
+        let e = format!("{:#}", resolve(probed, Vec::new()).err()?);
+        let (_, expected) = e.split_once("unknown field `zz_probe`")?;
+        let expected = expected.lines().next().unwrap_or_default();
+        Some(
+            expected
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn the_example_config_names_every_field() {
+        let example = example_uncommented();
+        resolve(example.clone(), Vec::new()).expect("every setting in the example is valid");
+        let mut sections = vec![Vec::<String>::new()];
+        let (mut checked, mut missing) = (0, Vec::new());
+        while let Some(path) = sections.pop() {
+            let Some(fields) = fields_of(&example, &path) else {
+                continue;
+            };
+            let mut table = &example;
+            for p in &path {
+                table = match &table[p] {
+                    toml::Value::Table(t) => t,
+                    toml::Value::Array(a) => a[0].as_table().unwrap(),
+                    _ => unreachable!(),
+                };
+            }
+            for f in fields {
+                let Some(v) = table.get(&f) else {
+                    missing.push(format!("[{}] {f}", path.join(".")));
+                    continue;
+                };
+                let is_section = v.is_table()
+                    || v.as_array()
+                        .is_some_and(|a| a.first().is_some_and(toml::Value::is_table));
+                if is_section {
+                    sections.push([path.clone(), vec![f]].concat());
+                }
+                checked += 1;
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "strata.example.toml does not show {missing:?}"
+        );
+        assert!(checked > 100, "only {checked} fields checked");
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod config;
 pub mod group;
 pub mod grpc;
+pub mod health;
 pub mod kafka;
 pub mod log;
 pub mod logging;

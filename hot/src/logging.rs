@@ -1,4 +1,5 @@
-//! The process's log output: `RUST_LOG` (default `info,openraft=warn`) to stderr, without
+//! The process's log output: `RUST_LOG` (default `info,openraft=warn`) to stderr, as text or
+//! JSON lines (`--log-format`), without
 //! openraft's per-call errors about an unreachable peer controller.
 //!
 //! openraft 0.9 logs an ERROR for every failed call to a peer: each heartbeat, each read
@@ -38,17 +39,31 @@ pub fn stopping() {
     STOPPING.store(true, Ordering::Relaxed);
 }
 
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// For people: `2026-12-02T10:00:00Z  INFO strata_hot::server: ...`, coloured on a terminal.
+    #[default]
+    Text,
+    /// For log shippers: one JSON object a line with `timestamp`, `level`, `target`,
+    /// `fields` (`message` among them) and the enclosing `spans`.
+    Json,
+}
+
 /// Installs the process-wide subscriber.
-pub fn init() {
-    tracing_subscriber::registry()
+pub fn init(format: LogFormat) {
+    let registry = tracing_subscriber::registry()
         .with(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,openraft=warn".into()))
-        .with(QuietPeerCallErrors)
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
-        )
-        .init();
+        .with(QuietPeerCallErrors);
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => registry
+            .with(lines.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())))
+            .init(),
+        LogFormat::Json => registry
+            .with(lines.json().with_current_span(false).with_span_list(true))
+            .init(),
+    }
 }
 
 /// Drops the events in `PEER_CALL_ERRORS`.

@@ -32,6 +32,15 @@ struct Args {
     /// Mode 600. Also STRATA_TOKEN_FILE.
     #[arg(long, global = true)]
     token_file: Option<PathBuf>,
+    /// Log lines as text, or as JSON objects for a log shipper. Also STRATA_LOG_FORMAT.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "STRATA_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: strata_hot::logging::LogFormat,
 }
 
 /// The bearer token of the native-client commands, from --token-file or the environment.
@@ -117,6 +126,11 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Check a config file as `strata server` would read it.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// Create, list, describe and delete topics.
     Topic {
         /// A broker's Kafka listener.
@@ -177,9 +191,16 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate FILE with the STRATA__* variables applied, and print the effective
+    /// configuration (every default filled in) as TOML; exits non-zero on the first error.
+    Check { file: PathBuf },
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    strata_hot::logging::init();
+    strata_hot::logging::init(args.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -214,6 +235,17 @@ fn main() -> anyhow::Result<()> {
         Command::Server { config } => {
             let config = ServerConfig::load(Some(&config), env)?;
             runtime.block_on(strata_hot::server::run(config))
+        }
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => {
+            let config = ServerConfig::load(Some(&file), env)?;
+            println!(
+                "# {} is valid. The effective configuration, defaults filled in and STRATA__* variables applied:\n",
+                file.display()
+            );
+            print!("{}", config.effective_toml()?);
+            Ok(())
         }
         Command::Topic {
             bootstrap,

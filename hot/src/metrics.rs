@@ -107,6 +107,81 @@ fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
 }
 
+/// The metrics of a controller: its view of the quorum, and on the active controller (the
+/// Raft leader) the cluster-wide partition gauges, so that summing across nodes counts
+/// them once.
+pub fn render_controller(out: &mut String, c: &strata_controller::Controller) {
+    let s = c.raft_status();
+    let active = s.leader == Some(s.node_id);
+    gauge(
+        out,
+        "strata_controller_active",
+        "1 on the active controller (the metadata quorum's Raft leader), 0 on the others.",
+        u64::from(active),
+    );
+    gauge(
+        out,
+        "strata_controller_raft_term",
+        "The Raft term this controller is in.",
+        s.term,
+    );
+    gauge(
+        out,
+        "strata_controller_raft_last_log_index",
+        "Index of the last metadata log entry this controller holds.",
+        s.last_log_index,
+    );
+    gauge(
+        out,
+        "strata_controller_raft_applied_index",
+        "Index of the last metadata log entry this controller has applied.",
+        s.last_applied,
+    );
+    gauge(
+        out,
+        "strata_controller_raft_voters",
+        "Voters in the metadata quorum.",
+        s.voters as u64,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP strata_controller_quorum_contact_age_seconds Since this controller last heard from a quorum (as leader) or its leader (as follower); NaN: never.\n# TYPE strata_controller_quorum_contact_age_seconds gauge\nstrata_controller_quorum_contact_age_seconds {}",
+        s.quorum_contact_age.map_or(f64::NAN, |a| a.as_secs_f64())
+    );
+    if !active {
+        return;
+    }
+    let m = c.metadata().borrow().clone();
+    let partitions: Vec<_> = m.topics.values().flat_map(|t| &t.partitions).collect();
+    gauge(
+        out,
+        "strata_offline_partitions",
+        "Partitions of the cluster with no leader (reported by the active controller only).",
+        partitions.iter().filter(|p| p.leader.is_none()).count() as u64,
+    );
+    gauge(
+        out,
+        "strata_cluster_under_replicated_partitions",
+        "Partitions of the cluster whose ISR is smaller than their replica set (reported by the active controller only).",
+        partitions
+            .iter()
+            .filter(|p| p.isr.len() < p.replicas.len())
+            .count() as u64,
+    );
+    gauge(
+        out,
+        "strata_cluster_brokers",
+        "Brokers registered with the controllers (reported by the active controller only).",
+        m.brokers.len() as u64,
+    );
+    gauge(
+        out,
+        "strata_cluster_fenced_brokers",
+        "Registered brokers fenced for missing their lease (reported by the active controller only).",
+        m.brokers.values().filter(|b| b.fenced).count() as u64,
+    );
+}
+
 impl Metrics {
     /// The Prometheus text exposition of this broker.
     pub fn render(&self, broker: &Broker) -> String {
@@ -333,12 +408,15 @@ impl Metrics {
             "Partitions this broker leads.",
             leading,
         );
-        gauge(
-            &mut out,
-            "strata_offline_partitions",
-            "Partitions of the cluster with no leader.",
-            offline,
-        );
+        if broker.cluster().is_none() {
+            // In a cluster the active controller reports it, once for the cluster.
+            gauge(
+                &mut out,
+                "strata_offline_partitions",
+                "Partitions of the cluster with no leader.",
+                offline,
+            );
+        }
         gauge(
             &mut out,
             "strata_under_replicated_partitions",

@@ -13,8 +13,8 @@ use axum::response::IntoResponse;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use crate::broker::Broker;
 use crate::config::MetricsSection;
+use crate::health::Health;
 use crate::kafka::tls::{check_private, ClientAuth, TlsSection};
 
 /// The `Authorization` header a scrape must send: `Basic base64(user:password)`.
@@ -45,9 +45,11 @@ fn authorized(headers: &HeaderMap, expected: Option<&[u8]>) -> bool {
     }
 }
 
-/// Serves `GET /metrics` until `stop` turns true.
+/// Serves `GET /metrics`, `/livez` and `/readyz` until `stop` turns true. Bound when the
+/// process starts, before any role opens its data: the health endpoints answer through a
+/// long recovery, and `/metrics` has what the roles that are up can tell.
 pub async fn serve(
-    broker: Arc<Broker>,
+    health: Arc<Health>,
     section: &MetricsSection,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
@@ -76,29 +78,48 @@ pub async fn serve(
         .await
         .with_context(|| format!("binding the metrics listener on {}", section.listen))?;
     let local = listener.local_addr()?;
-    tracing::info!(metrics = %local, https = acceptor.is_some(), basic_auth = expected.is_some(), "serving Prometheus metrics on /metrics");
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move |headers: HeaderMap| {
-            let broker = broker.clone();
-            let expected = expected.clone();
-            async move {
-                if !authorized(&headers, expected.as_deref()) {
-                    return (
-                        StatusCode::UNAUTHORIZED,
-                        [(header::WWW_AUTHENTICATE, "Basic realm=\"strata\"")],
-                        "metrics need HTTP basic authentication\n",
+    tracing::info!(metrics = %local, https = acceptor.is_some(), basic_auth = expected.is_some(), "serving Prometheus metrics on /metrics, health on /livez and /readyz");
+    let ready = health.clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move |headers: HeaderMap| {
+                let health = health.clone();
+                let expected = expected.clone();
+                async move {
+                    if !authorized(&headers, expected.as_deref()) {
+                        return (
+                            StatusCode::UNAUTHORIZED,
+                            [(header::WWW_AUTHENTICATE, "Basic realm=\"strata\"")],
+                            "metrics need HTTP basic authentication\n",
+                        )
+                            .into_response();
+                    }
+                    (
+                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        render(&health),
                     )
-                        .into_response();
+                        .into_response()
                 }
-                (
-                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    broker.metrics().render(&broker),
-                )
-                    .into_response()
-            }
-        }),
-    );
+            }),
+        )
+        // Probes carry no credentials (a kubelet's do not): the answers name no data.
+        .route("/livez", axum::routing::get(|| async { "alive\n" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let ready = ready.clone();
+                async move {
+                    match ready.readiness() {
+                        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+                        Err(why) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {why}\n"),
+                        ),
+                    }
+                }
+            }),
+        );
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
@@ -120,6 +141,18 @@ pub async fn serve(
         }
     });
     Ok(())
+}
+
+/// The metrics of the roles that are up.
+fn render(health: &Health) -> String {
+    let mut out = String::new();
+    if let Some(c) = health.controller() {
+        crate::metrics::render_controller(&mut out, c);
+    }
+    if let Some(b) = health.broker() {
+        out.push_str(&b.metrics().render(b));
+    }
+    out
 }
 
 /// Connections whose TLS handshake finished; handshakes run concurrently (and give up after

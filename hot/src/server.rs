@@ -12,6 +12,7 @@ use crate::broker::{Broker, SystemClock};
 use crate::cluster::{ClusterLink, LinkConfig};
 use crate::config::{Role, ServerConfig};
 use crate::grpc::GrpcService;
+use crate::health::Health;
 use crate::kafka::KafkaServer;
 
 /// Runs the configured roles until a shutdown signal arrives.
@@ -28,16 +29,23 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         Some((_, limit)) => tracing::info!(limit, "file descriptor limit"),
         None => {}
     }
+    let health = Health::new(&config.roles);
+    if let Some(m) = &config.metrics {
+        // First: probes are answered (not ready, and why) while the roles below recover.
+        crate::metrics_endpoint::serve(health.clone(), m, stop_rx.clone()).await?;
+    }
     if config.roles.contains(&Role::Controller) {
         let controller =
             strata_controller::Controller::start(config.controller_config()?, stop_rx.clone())
                 .await?;
+        health.controller_started(controller.clone());
         crate::secure_dev::bootstrap_users(&controller, &config.bootstrap_users).await?;
     }
     if config.roles.contains(&Role::Broker) {
-        run_broker(&config, stop_rx).await?;
+        run_broker(&config, &health, stop_rx).await?;
     } else {
         wait_for_signal().await?;
+        health.stopping();
     }
     crate::logging::stopping();
     stop_tx.send_replace(true);
@@ -56,7 +64,11 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 }
 
 /// Runs the broker role until a shutdown signal arrives, then closes it cleanly.
-async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> anyhow::Result<()> {
+async fn run_broker(
+    config: &ServerConfig,
+    health: &Arc<Health>,
+    stop_rx: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let tls = config.grpc_tls()?;
     let oauth = config.oauth_validator()?;
     let mut listeners = Vec::new();
@@ -124,6 +136,7 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
     )
     .await
     .with_context(|| format!("opening data directory {}", config.data_dir.display()))?;
+    health.broker_opened(broker.clone());
     broker
         .wait_until_registered(std::time::Duration::from_secs(60))
         .await
@@ -165,6 +178,13 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
                 .context("setting up TLS on the gRPC port")?;
         }
         let authenticated = tls.is_some();
+        let (reporter, health_service) = strata_controller::health::service();
+        let ready = Arc::downgrade(&broker);
+        tokio::spawn(strata_controller::health::report(
+            reporter,
+            move || ready.upgrade().is_some_and(|b| b.readiness().is_ok()),
+            listener_stop_rx.clone(),
+        ));
         tokio::spawn(async move {
             let stopped = async move {
                 let _ = stop.wait_for(|s| *s).await;
@@ -175,14 +195,12 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
                     replica_broker,
                     authenticated,
                 ))
+                .add_service(health_service)
                 .serve_with_incoming_shutdown(incoming, stopped);
             if let Err(e) = serving.await {
                 tracing::error!(error = %e, "gRPC data plane failed");
             }
         });
-    }
-    if let Some(m) = &config.metrics {
-        crate::metrics_endpoint::serve(broker.clone(), m, listener_stop_rx.clone()).await?;
     }
     let mut serving = Vec::new();
     let limits = crate::kafka::limits::Limits::new(
@@ -205,6 +223,7 @@ async fn run_broker(config: &ServerConfig, stop_rx: watch::Receiver<bool>) -> an
         r = wait_for_signal() => r?,
         _ = stop_rx.wait_for(|s| *s) => {}
     }
+    health.stopping();
     listener_stop_tx.send_replace(true);
     for s in serving {
         let _ = s.await;

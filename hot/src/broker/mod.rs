@@ -986,6 +986,38 @@ impl Broker {
 
     /// In cluster mode, waits until this broker is registered, unfenced, and its topics
     /// reflect the metadata that says so; a broker serves nothing before that.
+    /// Registered under the link's current epoch, not fenced, and every metadata version
+    /// the link has received applied here.
+    fn registered(&self, link: &ClusterLink) -> bool {
+        link.epoch().is_some_and(|epoch| {
+            let m = link.metadata().borrow().clone();
+            m.brokers
+                .get(&self.config.node_id)
+                .is_some_and(|b| b.epoch == epoch && !b.fenced)
+                && *self.metadata_version.borrow() >= m.version
+        })
+    }
+
+    /// Whether this broker serves current data (`/readyz`): registered and unfenced with
+    /// its metadata applied, and no partition still opening; otherwise why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if let Some(link) = &self.cluster {
+            if !self.registered(link) {
+                return Err(
+                    "the broker is not registered with the controllers, is fenced, or is still applying their metadata"
+                        .into(),
+                );
+            }
+        }
+        let opening = self.opening.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if opening > 0 {
+            return Err(format!(
+                "{opening} partition replicas are still opening (recovering their logs)"
+            ));
+        }
+        Ok(())
+    }
+
     pub async fn wait_until_registered(&self, timeout: std::time::Duration) -> io::Result<()> {
         let Some(link) = &self.cluster else {
             return Ok(());
@@ -994,14 +1026,7 @@ impl Broker {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut applied = self.metadata_version.subscribe();
         loop {
-            let ready = link.epoch().is_some_and(|epoch| {
-                let m = link.metadata().borrow().clone();
-                m.brokers
-                    .get(&id)
-                    .is_some_and(|b| b.epoch == epoch && !b.fenced)
-                    && *applied.borrow() >= m.version
-            });
-            if ready {
+            if self.registered(link) {
                 return Ok(());
             }
             let wait = tokio::time::sleep(std::time::Duration::from_millis(50));

@@ -100,7 +100,7 @@ const MAX_CLIENT_ID_BYTES: usize = 1024;
 const MAX_IN_FLIGHT: usize = 64;
 
 /// How a listener secures its connections (Kafka's `listener.security.protocol.map`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum SecurityProtocol {
     Plaintext,

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use tokio_rustls::TlsAcceptor;
 
 /// Whether clients must present a certificate signed by `client_ca`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ClientAuth {
     #[default]
@@ -28,7 +28,7 @@ pub enum ClientAuth {
 }
 
 /// `[kafka.tls]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSection {
     /// PEM certificate chain, the server's certificate first.

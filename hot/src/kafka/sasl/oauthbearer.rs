@@ -15,7 +15,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
 /// `[kafka.sasl.oauthbearer]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct OAuthSection {
     /// The identity provider's public keys, a JWKS document (`{"keys": [...]}`); read at
@@ -29,7 +29,11 @@ pub struct OAuthSection {
     #[serde(default = "default_claim")]
     pub principal_claim: String,
     /// Clock skew allowed on `exp` and `nbf`.
-    #[serde(default = "default_skew", deserialize_with = "crate::config::duration")]
+    #[serde(
+        default = "default_skew",
+        deserialize_with = "crate::config::duration",
+        serialize_with = "crate::config::show_duration"
+    )]
     pub clock_skew: Duration,
 }
 
