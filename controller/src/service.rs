@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -84,6 +85,24 @@ pub struct Controller {
     dead: Mutex<BTreeSet<(i32, u64)>>,
     /// When a leader's AppendEntries was last accepted here (see `quorum_contact_age`).
     leader_contact: Arc<crate::network::LeaderContact>,
+    /// Proposals waiting to be applied: the controller's request queue.
+    pending: AtomicU64,
+}
+
+/// One proposal in [`Controller::pending`], for as long as it waits.
+struct Pending<'a>(&'a AtomicU64);
+
+impl<'a> Pending<'a> {
+    fn count(n: &'a AtomicU64) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Pending(n)
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// How long a call forwarded to the Raft leader may take: a paused or cut-off leader must
@@ -203,6 +222,7 @@ impl Controller {
             leader_channel: Mutex::new(None),
             dead: Mutex::new(BTreeSet::new()),
             leader_contact: Arc::new(crate::network::LeaderContact::default()),
+            pending: AtomicU64::new(0),
             config,
             raft,
             state,
@@ -302,6 +322,11 @@ impl Controller {
         self.raft.metrics().borrow().current_leader
     }
 
+    /// Metadata changes proposed here and not applied yet.
+    pub fn pending_proposals(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
     /// This controller's view of the quorum, for its metrics.
     pub fn raft_status(&self) -> RaftStatus {
         let m = self.raft.metrics().borrow().clone();
@@ -366,6 +391,7 @@ impl Controller {
     async fn propose_at(&self, cmd: Command) -> Result<(Applied, u64), Status> {
         // Refused here with the reason; `apply` checks again for entries that got in anyway.
         cmd.validate().map_err(|e| status(&e))?;
+        let _pending = Pending::count(&self.pending);
         match self.raft.client_write(cmd).await {
             Ok(resp) => {
                 let index = resp.log_id.index;

@@ -422,12 +422,14 @@ impl BrokerApi for GrpcService {
             ResourceType::Topic,
             &req.get_ref().topic,
         )?;
+        let (topic, partition) = (req.get_ref().topic.clone(), req.get_ref().partition);
         let resp = self.fetch_inner(req.into_inner()).await;
         let m = self.broker.metrics();
         m.fetch_requests.fetch_add(1, Relaxed);
         if let Ok(r) = &resp {
-            m.fetched_bytes
-                .fetch_add(r.get_ref().records.len() as u64, Relaxed);
+            let bytes = r.get_ref().records.len() as u64;
+            self.broker
+                .count_fetched(&topic, i32::try_from(partition).unwrap_or(-1), bytes);
         }
         m.fetch_latency.observe(started.elapsed());
         resp

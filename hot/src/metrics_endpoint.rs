@@ -80,11 +80,12 @@ pub async fn serve(
     let local = listener.local_addr()?;
     tracing::info!(metrics = %local, https = acceptor.is_some(), basic_auth = expected.is_some(), "serving Prometheus metrics on /metrics, health on /livez and /readyz");
     let ready = health.clone();
+    let registry = Arc::new(crate::metrics::registry(health));
     let app = axum::Router::new()
         .route(
             "/metrics",
             axum::routing::get(move |headers: HeaderMap| {
-                let health = health.clone();
+                let registry = registry.clone();
                 let expected = expected.clone();
                 async move {
                     if !authorized(&headers, expected.as_deref()) {
@@ -96,8 +97,11 @@ pub async fn serve(
                             .into_response();
                     }
                     (
-                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                        render(&health),
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        crate::metrics::encode(&registry),
                     )
                         .into_response()
                 }
@@ -141,18 +145,6 @@ pub async fn serve(
         }
     });
     Ok(())
-}
-
-/// The metrics of the roles that are up.
-fn render(health: &Health) -> String {
-    let mut out = String::new();
-    if let Some(c) = health.controller() {
-        crate::metrics::render_controller(&mut out, c);
-    }
-    if let Some(b) = health.broker() {
-        out.push_str(&b.metrics().render(b));
-    }
-    out
 }
 
 /// Connections whose TLS handshake finished; handshakes run concurrently (and give up after

@@ -455,6 +455,24 @@ impl Broker {
             .cloned()
     }
 
+    /// Counts record bytes a consumer fetched from `topic`-`index` (all of them, and the
+    /// partition's own count behind the per-topic rate).
+    pub fn count_fetched(&self, topic: &str, index: i32, bytes: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if bytes == 0 {
+            return;
+        }
+        self.metrics.fetched_bytes.fetch_add(bytes, Relaxed);
+        let local = self.topic(topic).and_then(|t| {
+            usize::try_from(index)
+                .ok()
+                .and_then(|i| t.partitions.get(i).cloned().flatten())
+        });
+        if let Some(p) = local {
+            p.bytes_out.fetch_add(bytes, Relaxed);
+        }
+    }
+
     /// Validates and appends one produced batch on this broker, the partition's leader. The
     /// append happens now (callers keep request order); waiting for durability is left to
     /// the returned [`PendingAppend`].
@@ -473,6 +491,7 @@ impl Broker {
             Ok(p) => {
                 self.metrics.produced_records.fetch_add(p.records, Relaxed);
                 self.metrics.produced_bytes.fetch_add(p.bytes, Relaxed);
+                p.partition.bytes_in.fetch_add(p.bytes, Relaxed);
             }
             Err(_) => {
                 self.metrics.produce_errors.fetch_add(1, Relaxed);

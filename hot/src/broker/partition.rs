@@ -141,6 +141,10 @@ pub struct Partition {
     /// What a produced batch's records are checked against, from the topic config (kept
     /// here so that a produce reads it without the log lock).
     rules: Mutex<ProduceRules>,
+    /// Batch bytes appended here as leader, and record bytes fetched by consumers (per-topic
+    /// byte rates in /metrics).
+    pub bytes_in: std::sync::atomic::AtomicU64,
+    pub bytes_out: std::sync::atomic::AtomicU64,
 }
 
 /// The parts of a topic's config that [`Partition::check_records`] needs.
@@ -191,6 +195,8 @@ impl Partition {
             stop,
             cuts: std::sync::atomic::AtomicU64::new(0),
             rules,
+            bytes_in: Default::default(),
+            bytes_out: Default::default(),
         });
         tokio::spawn(p.clone().run_flusher());
         p
@@ -237,6 +243,14 @@ impl Partition {
 
     fn role(&self) -> MutexGuard<'_, Role> {
         self.role.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes of this replica's local log segments.
+    pub fn size_bytes(&self) -> u64 {
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .size_bytes()
     }
 
     pub fn progress(&self) -> Progress {

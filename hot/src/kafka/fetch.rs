@@ -68,15 +68,16 @@ pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
     }
     let quota_ctx = ctx.clone();
     let resp = handle_inner(ctx, req).await;
-    let bytes: u64 = resp
-        .responses
-        .iter()
-        .flat_map(|t| t.partitions.iter())
-        .map(|p| p.records.as_ref().map_or(0, |r| r.len() as u64))
-        .sum();
+    let mut bytes = 0;
+    for t in &resp.responses {
+        for p in &t.partitions {
+            let n = p.records.as_ref().map_or(0, |r| r.len() as u64);
+            broker.count_fetched(t.topic.as_str(), p.partition_index, n);
+            bytes += n;
+        }
+    }
     let m = broker.metrics();
     m.fetch_requests.fetch_add(1, Relaxed);
-    m.fetched_bytes.fetch_add(bytes, Relaxed);
     m.fetch_latency.observe(started.elapsed());
     let throttle_ms = if bytes > 0 {
         quota_ctx.throttle(QuotaKey::ConsumerByteRate, bytes as f64)

@@ -271,7 +271,7 @@ pub fn raise_fd_limit() -> Option<(u64, u64)> {
 }
 
 /// The soft file-descriptor limit, `None` when unlimited or unknown.
-fn fd_limit() -> Option<u64> {
+pub fn fd_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 

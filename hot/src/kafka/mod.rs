@@ -21,7 +21,7 @@ pub mod tls;
 mod users;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
@@ -306,15 +306,38 @@ impl KafkaServer {
         let mute = Arc::new(quota::Mute::default());
         // Each reply travels with its request's share of the request memory, returned once
         // the response is written.
-        let (tx, mut rx) = mpsc::channel::<(Reply, Option<limits::MemoryShare>)>(MAX_IN_FLIGHT);
+        // A dispatched request's reply also carries its API and arrival, for the per-API
+        // request metrics (counted once the response is written).
+        type Queued = (
+            Reply,
+            Option<limits::MemoryShare>,
+            Option<(ApiKey, Instant)>,
+        );
+        let (tx, mut rx) = mpsc::channel::<Queued>(MAX_IN_FLIGHT);
+        let apis = self.broker.metrics().kafka_apis.clone();
         let writer = tokio::spawn(async move {
-            while let Some((reply, _share)) = rx.recv().await {
+            while let Some((reply, _share, request)) = rx.recv().await {
                 let frame = match reply {
-                    Reply::Now(f) => f,
-                    Reply::Later(handle) => handle.await??,
-                    Reply::Nothing => continue,
+                    Reply::Now(f) => Some(f),
+                    Reply::Later(handle) => {
+                        match handle.await.map_err(anyhow::Error::from).and_then(|r| r) {
+                            Ok(f) => Some(f),
+                            Err(e) => {
+                                if let Some((key, _)) = request {
+                                    apis.failed(key);
+                                }
+                                return Err(e);
+                            }
+                        }
+                    }
+                    Reply::Nothing => None,
                 };
-                wr.write_all(&frame).await?;
+                if let Some(frame) = frame {
+                    wr.write_all(&frame).await?;
+                }
+                if let Some((key, arrived)) = request {
+                    apis.answered(key, arrived.elapsed());
+                }
             }
             anyhow::Ok(())
         });
@@ -364,7 +387,7 @@ impl KafkaServer {
                         let mut reply = BytesMut::with_capacity(4 + step.response.len());
                         reply.put_i32(step.response.len() as i32);
                         reply.put_slice(&step.response);
-                        if tx.send((Reply::Now(reply), None)).await.is_err() {
+                        if tx.send((Reply::Now(reply), None, None)).await.is_err() {
                             break;
                         }
                         if let Some(user) = step.authenticated {
@@ -410,11 +433,12 @@ impl KafkaServer {
             // instead of coming back here for the same stale view until the fault heals.
             let stale_metadata =
                 matches!(decoded.body, Body::Metadata(_)) && !self.broker.holds_lease();
+            let request = (decoded.key, Instant::now());
             let step = match (&decoded.body, &principal) {
                 (Body::SaslHandshake(_) | Body::SaslAuthenticate(_), _) => {
                     let (reply, outcome) = self.sasl_step(decoded, sasl.as_mut(), peer);
                     if let Some(reply) = reply {
-                        if tx.send((Reply::Now(reply), None)).await.is_err() {
+                        if tx.send((Reply::Now(reply), None, None)).await.is_err() {
                             break;
                         }
                     }
@@ -451,7 +475,7 @@ impl KafkaServer {
             };
             match step {
                 Ok(reply) => {
-                    if tx.send((reply, Some(share))).await.is_err() {
+                    if tx.send((reply, Some(share), Some(request))).await.is_err() {
                         break; // the writer failed; its error is reported below
                     }
                     if stale_metadata {
@@ -460,6 +484,7 @@ impl KafkaServer {
                     }
                 }
                 Err(refusal) => {
+                    self.broker.metrics().kafka_apis.failed(request.0);
                     tracing::warn!(%peer, reason = %refusal, "refusing request; closing connection");
                     break;
                 }
