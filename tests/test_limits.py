@@ -867,7 +867,9 @@ def test_client_quotas_hold_a_noisy_tenant_to_its_rate_while_others_are_served(t
         limited = consumed_in("reader", 5)
         print(f"consumers over {total:,} bytes: without a quota {free:,} bytes, with consumer_byte_rate "
               f"{read_rate:,} B/s {limited:,} bytes in 5 s")
-        assert free == total
+        # everything acknowledged is read (a request still in flight when acked was read may
+        # add a few records more: a CI run read 11,000,000 bytes of 10,670,000 acknowledged)
+        assert free >= total, (free, total)
         # the first ten seconds of quota, and one fetch (up to 1 MB) throttled after it is sent
         assert limited < read_rate * (5 + 12) + 1_100_000 and limited < total, limited
         m = scrape_metrics(b.metrics_port)
