@@ -40,8 +40,8 @@ def raw_batch(base_offset, attributes, body, timestamp, count=1):
 
 
 class KafkaWire:
-    def __init__(self, port, timeout=10):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port, timeout=10, host="127.0.0.1"):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
         self.correlation = 0
 
     def close(self):

@@ -27,7 +27,10 @@ the consumer group never committed past an acknowledged record it had not consum
 committed offsets never went backwards, no broker fenced while only a controller was faulty,
 and per fault the unavailability: the longest time any partition went without an
 acknowledged write, from the fault until the cluster healed (for two brokers killed at once,
-which min.insync.replicas=2 cannot survive, from their restart).
+which min.insync.replicas=2 cannot survive, from their restart). It is measured twice: by a
+probe that writes to every partition through every broker (the cluster's figure: when the
+partition took acks=all writes again) and by the producers (what an idempotent librdkafka
+producer saw, which adds its request timeout at a silent leader).
 
 It prints one summary line with the seed; `run()` returns the findings for the pytest
 wrapper (tests/test_faults.py).
@@ -39,6 +42,7 @@ import os
 import random
 import signal
 import statistics
+import struct
 import sys
 import threading
 import time
@@ -49,7 +53,8 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from conftest import consume_partitions, parse_value, rdkafka_conf, record_value, strata_bin  # noqa: E402
-from netcluster import NetCluster  # noqa: E402
+from kafka_wire import raw_batch, record  # noqa: E402
+from netcluster import KAFKA_PORT, NetCluster  # noqa: E402
 from test_tiered import newest_manifest_keys  # noqa: E402
 
 TOPIC = "settlements"
@@ -66,10 +71,26 @@ LAG_S = 4
 PRODUCERS = 2
 REQUEST_TIMEOUT_S = 1.0  # the producers' request.timeout.ms (see Producers)
 RATE = 250  # records per second per producer
+PROBE_K0 = 10  # probe values start at 10 * 10^8 (the producers' at 0 and 10^8)
+PROBE_INTERVAL_S = 0.1  # each probe thread's pause between two writes
+PROBE_TIMEOUT_S = 2.0  # how long a probe thread waits for one broker's answer
 KINDS = ["kill-leader", "pause-leader", "kill-controller", "pause-controller", "two-brokers",
          "partition-leader", "isolate-controller", "split-controller", "store-outage", "full-disk"]
 # Faults of controllers only: no broker may be fenced for them.
 CONTROLLER_KINDS = {"kill-controller", "pause-controller", "isolate-controller", "split-controller"}
+
+
+def longest_gap(ack_times, lock, start, end):
+    """(seconds, partition, gap start - `start`): the longest time in [start, end] that a
+    partition went without an acknowledgement, given {partition: [ack times]}."""
+    longest = (0.0, None, 0.0)
+    with lock:
+        for p, times in ack_times.items():
+            inside = [start] + [t for t in times if start <= t <= end] + [end]
+            for a, b in zip(inside, inside[1:]):
+                if b - a > longest[0]:
+                    longest = (b - a, p, a - start)
+    return longest
 
 
 class Producers:
@@ -139,16 +160,73 @@ class Producers:
         return sum(p.flush(timeout) for p in self.producers)
 
     def longest_gap(self, start, end):
-        """(seconds, partition, gap start - `start`): the longest time in [start, end] that a
-        partition went without an acknowledgement."""
-        longest = (0.0, None, 0.0)
-        with self.lock:
-            for p, times in self.ack_times.items():
-                inside = [start] + [t for t in times if start <= t <= end] + [end]
-                for a, b in zip(inside, inside[1:]):
-                    if b - a > longest[0]:
-                        longest = (b - a, p, a - start)
-        return longest
+        return longest_gap(self.ack_times, self.lock, start, end)
+
+
+class Probe:
+    """The cluster's own unavailability, without any client's timeouts in it: for every
+    partition and every broker, a thread sends one acks=all record (Produce v3, no
+    idempotence) every PROBE_INTERVAL_S to that broker, on a connection of its own. Only a
+    broker leading the partition with its lease held and its ISR large enough acknowledges,
+    so the moments a partition "accepts acks=all writes" are the acknowledgements any of its
+    three threads got. A thread stuck at a silent broker holds up only itself: no metadata,
+    no request timeout and no in-order wait decide when the next leader is seen taking
+    writes (the producers' figures carry those, see `Producers`).
+
+    Probe record values are (PROBE_K0 + thread) * 10^8 + i; acknowledged ones must be in the
+    log like any other (checked for loss and duplicates; not for order, since a request that
+    timed out may still be appended after a later one)."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.acked = {}  # value -> (partition, offset)
+        self.ack_times = {p: [] for p in range(PARTITIONS)}
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, args=(p, b), daemon=True)
+                        for p in range(PARTITIONS) for b in (1, 2, 3)]
+
+    def _run(self, p, b):
+        from kafka_wire import KafkaWire
+
+        k = PROBE_K0 + (p * 3 + b - 1)
+        host = self.cluster.host(f"broker-{b}")
+        wire = None
+        i = 0
+        while not self.stop.is_set():
+            try:
+                if wire is None:
+                    wire = KafkaWire(KAFKA_PORT, timeout=PROBE_TIMEOUT_S, host=host)
+                v = k * 10**8 + i
+                i += 1
+                records = raw_batch(0, 0, record(record_value(v).encode(), key=f"probe-{p}".encode()),
+                                    int(time.time() * 1000))
+                error, offset = wire.produce_raw(TOPIC, p, records, acks=-1)
+                if error == 0:
+                    with self.lock:
+                        self.acked[v] = (p, offset)
+                        self.ack_times[p].append(time.monotonic())
+            except (OSError, ConnectionError, AssertionError, struct.error):
+                # a silent, stopped or restarting broker: only this thread waits for it
+                if wire is not None:
+                    wire.close()
+                    wire = None
+            self.stop.wait(PROBE_INTERVAL_S)
+        if wire is not None:
+            wire.close()
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=10)
+
+    def longest_gap(self, start, end):
+        return longest_gap(self.ack_times, self.lock, start, end)
 
 
 class Churn:
@@ -567,6 +645,7 @@ def run(workdir: Path, seed: int, faults: int, log=print, kinds=None):
                     "--config", "min.insync.replicas=2", "--config", f"retention.ms={CHURN_RETENTION_MS}", *tiered)
         assert wait_healthy(cluster, 30), "the topic never got a full ISR"
         producers = Producers(cluster.bootstrap()).start()
+        probe = Probe(cluster).start()
         member = GroupMember(cluster.bootstrap()).start()
         churn = Churn(cluster.bootstrap()).start()
         after_outage = None
@@ -582,15 +661,19 @@ def run(workdir: Path, seed: int, faults: int, log=print, kinds=None):
                 violations.append(f"{desc}: the cluster did not heal within 90 s")
             time.sleep(1)
             since = undone if kind == "two-brokers" else started
-            gap, partition, at = producers.longest_gap(since, time.monotonic())
+            now = time.monotonic()
+            gap, partition, at = probe.longest_gap(since, now)
+            client_gap, client_partition, client_at = producers.longest_gap(since, now)
             findings["faults"].append({"kind": kind, "desc": desc, "unavailable_s": gap,
-                                       "heal_s": healed - undone})
+                                       "client_gap_s": client_gap, "heal_s": healed - undone})
             if kind == "store-outage":
                 after_outage = churn_remote_start(cluster) or 0
             log(f"  unavailable {gap * 1000:.0f} ms (partition {partition}, from {at:.1f} s in); "
-                f"healed {healed - undone:.1f} s after it was undone")
+                f"producers without an ack {client_gap * 1000:.0f} ms (partition {client_partition}, "
+                f"from {client_at:.1f} s in); healed {healed - undone:.1f} s after it was undone")
         time.sleep(3)
         unsent = producers.finish()
+        probe.finish()
         member.finish()
         churn.finish()
         check_cold_tier(cluster, after_outage, violations, log)
@@ -609,11 +692,13 @@ def run(workdir: Path, seed: int, faults: int, log=print, kinds=None):
                     dups.append((v, seen[v], (p, off)))
                 seen[v] = (p, off)
                 k = v // 10**8
+                if k >= PROBE_K0:
+                    continue  # (see Probe: a probe's writes are not ordered)
                 if v <= last.get(k, -1):
                     order.append((p, off, v))
                 last[k] = v
         # (librdkafka may report a delivery without its offset: then only that it is there)
-        lost = [(v, where, seen.get(v)) for v, where in producers.acked.items()
+        lost = [(v, where, seen.get(v)) for v, where in [*producers.acked.items(), *probe.acked.items()]
                 if v not in seen or (where[1] is not None and seen[v] != where)]
         findings["unknown_offsets"] = sum(1 for _, o in producers.acked.values() if o is None)
         if lost:
@@ -640,19 +725,25 @@ def run(workdir: Path, seed: int, faults: int, log=print, kinds=None):
                 violations.append(f"partition {p}: the group committed {top} past {len(skipped)} "
                                   f"acknowledged records it never consumed, e.g. {skipped[:5]}")
         findings["acked"] = len(producers.acked)
+        findings["probe_acked"] = len(probe.acked)
         findings["commits"] = sum(len(c) for c in member.commits.values())
         differ = replicas_identical(cluster)
         if differ:
             violations.append(f"replicas differ: {differ}")
     finally:
         cluster.teardown()
-    by_kind = {}
+    by_kind, clients_by_kind = {}, {}
     for f in findings["faults"]:
         by_kind.setdefault(f["kind"], []).append(f["unavailable_s"])
+        clients_by_kind.setdefault(f["kind"], []).append(f["client_gap_s"])
     findings["by_kind"] = by_kind
-    summary = " ".join(
-        f"{k}=p50:{statistics.median(v) * 1000:.0f}ms/max:{max(v) * 1000:.0f}ms" for k, v in sorted(by_kind.items()))
+    findings["clients_by_kind"] = clients_by_kind
+
+    def ms(v):
+        return f"p50:{statistics.median(v) * 1000:.0f}ms/max:{max(v) * 1000:.0f}ms"
+    summary = " ".join(f"{k}={ms(v)}(producers:{ms(clients_by_kind[k])})" for k, v in sorted(by_kind.items()))
     log(f"faults seed={seed} faults={len(findings['faults'])} acked={findings.get('acked', 0)} "
+        f"probe_acked={findings.get('probe_acked', 0)} "
         f"(without offset: {findings.get('unknown_offsets', 0)}) "
         f"commits={findings.get('commits', 0)} violations={len(violations)} {summary}")
     for v in violations:
