@@ -418,3 +418,46 @@ def test_a_deleted_topic_restored_from_the_bucket_with_strata_replay(tmp_path):
         b.close()
         moto.kill()
         moto.wait()
+
+
+# --- the pages themselves -------------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def test_runbooks_are_indexed_linked_from_alerts_and_name_only_files_that_exist():
+    import yaml
+
+    root = DOCS.parent
+    pages = sorted(p.name for p in (DOCS / "runbooks").glob("*.md") if p.name != "README.md")
+    index = (DOCS / "runbooks" / "README.md").read_text()
+    for name in ("dead-broker.md", "controller-majority-lost.md", "full-disk.md", "rolling-upgrade.md",
+                 "replace-broker-disk.md", "restore-topic-from-bucket.md"):
+        assert name in pages, f"docs/runbooks/{name} is missing"
+    for name in pages:
+        assert f"]({name})" in index, f"docs/runbooks/README.md does not link {name}"
+
+    rules = yaml.safe_load((DOCS / "monitoring" / "alerts.yml").read_text())
+    urls = {r["alert"]: r["annotations"].get("runbook_url") for g in rules["groups"] for r in g["rules"]}
+    linked = {u for u in urls.values() if u}
+    for alert, url in urls.items():
+        if url:
+            assert (root / url).is_file(), f"{alert}: runbook_url {url} does not exist"
+    assert {"docs/runbooks/dead-broker.md", "docs/runbooks/controller-majority-lost.md",
+            "docs/runbooks/full-disk.md"} <= linked, linked
+
+    # Links and repository paths the pages name exist (no file outside the repository).
+    tests = {n for n in re.findall(r"tests/test_\w+\.py::(\w+)", "".join(
+        p.read_text() for p in (DOCS / "runbooks").glob("*.md")))}
+    defined = set(re.findall(r"^def (test_\w+)", Path(__file__).read_text(), re.M))
+    assert tests <= defined, f"runbooks cite tests that do not exist: {tests - defined}"
+    for page in [*(DOCS / "runbooks").glob("*.md"), DOCS / "quickstart-s3.md", DOCS / "deploy.md"]:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" in target:
+                continue
+            assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"
+        for path in re.findall(r"`((?:docs|deploy|tests|hot|cold|compactor|replay-cli|controller|terraform)/[\w./-]*[\w/])`", text):
+            if "<" in path or "*" in path:
+                continue
+            assert (root / path).exists(), f"{page.name} names {path}, which is not in the repository"
