@@ -176,6 +176,9 @@ def test_dead_broker_replaced_by_a_new_machine_with_an_empty_disk(cluster):
     got = read_back(f"127.0.0.1:{cluster.broker_ports[dead]}", topic, parts)
     assert got == acked, f"{len(got)} records read, {len(acked)} acknowledged"
     print(f"dead-broker run-through: {time.monotonic() - t0:.1f} s")
+    # (done: SIGKILL the rest rather than wait out controlled shutdowns with no broker to hand over to)
+    for name in list(cluster.procs):
+        cluster.kill(name)
 
 
 # --- docs/runbooks/controller-majority-lost.md ----------------------------------------------
@@ -268,6 +271,8 @@ def test_controller_majority_lost_and_restored(cluster):
     assert got == acked, f"{len(got)} records read, {len(acked)} acknowledged"
     assert all(d["isr"] == [1, 2, 3] for d in describe(cluster, topic).values())
     print(f"quorum healed {healed:.1f} s after the restart; run-through {time.monotonic() - t0:.1f} s")
+    for name in list(cluster.procs):
+        cluster.kill(name)
 
 
 # --- docs/runbooks/restore-topic-from-bucket.md ---------------------------------------------
