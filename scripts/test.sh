@@ -40,6 +40,17 @@ python="$venv/bin/python"
 step "installing Python test clients (tests/requirements.txt)"
 "$python" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
 
+# checkov scans terraform/ in tests/test_terraform.py. It pins boto3 and packaging below what
+# the clients above need, so it gets a virtualenv of its own.
+checkov_version=3.3.30
+checkov_venv="${STRATA_CHECKOV_VENV:-$PWD/.venv-checkov}"
+if [ "$("$checkov_venv/bin/checkov" --version 2>/dev/null)" != "$checkov_version" ]; then
+  step "installing checkov $checkov_version into $checkov_venv"
+  rm -rf "$checkov_venv"
+  python3 -m venv "$checkov_venv"
+  "$checkov_venv/bin/python" -m pip install -q --disable-pip-version-check "checkov==$checkov_version"
+fi
+
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 
 step "building the strata, strata-replay and strata-compactor binaries"
@@ -50,4 +61,4 @@ step "Rust tests: unit, property, integration"
 cargo test --locked --workspace
 
 step "real clients and crash recovery (pytest)"
-STRATA_BIN="$target_dir/debug/strata" "$python" -m pytest tests -q -p no:cacheprovider --durations=25
+STRATA_BIN="$target_dir/debug/strata" STRATA_CHECKOV="$checkov_venv/bin/checkov" "$python" -m pytest tests -q -p no:cacheprovider --durations=25
