@@ -502,29 +502,38 @@ def test_cloud_init_writes_the_config_and_starts_strata_server():
     expr = module_locals("nodes")["cloud_init"]
     files = dict(re.findall(r'\{path = "([^"]+)", owner = "root:root", permissions = "\d+", content = (config|file\("[^"]+"\))\}', expr))
     assert files["/etc/strata/strata.toml"] == "config"
-    templates = MODULES / "nodes" / "templates"
     written = {}
     for path, content in files.items():
         if path == "/etc/strata/strata.toml":
             continue
-        m = re.fullmatch(r'file\("\$\{path\.module\}/templates/([^"]+)"\)', content)
+        m = re.fullmatch(r'file\("\$\{path\.module\}/([^"]+)"\)', content)
         assert m, content
-        written[path] = (templates / m.group(1)).read_text()
+        written[path] = (MODULES / "nodes" / m.group(1)).resolve().read_text()
     assert "yamlencode({packages" in expr and '"#cloud-config"' in expr
+    # The repository's unit (deploy/strata.service, checked by test_deploy.py) ...
+    assert re.search(r'"/etc/systemd/system/strata.service", [^}]*file\("\$\{path.module\}/../../../deploy/strata.service"\)', expr)
     unit = written["/etc/systemd/system/strata.service"]
+    assert unit == (REPO / "deploy" / "strata.service").read_text()
     service = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
-    assert service["ExecStart"] == "/usr/local/bin/strata server --config /etc/strata/strata.toml"
+    assert service["ExecStart"].startswith("/usr/local/bin/strata server --config /etc/strata/strata.toml"), service
     assert service["Restart"] == "on-failure"
     assert int(service["LimitNOFILE"]) >= 65536
     assert int(service["TimeoutStopSec"]) >= 60
     assert service["User"] == "strata"
-    assert service["Requires"] == "strata-disk.service"
+    assert "/var/lib/strata" in service["ReadWritePaths"]
+    # ... with a drop-in that waits for the NVMe file system.
+    dropin = dict(line.split("=", 1) for line in written["/etc/systemd/system/strata.service.d/10-instance-store.conf"].splitlines()
+                  if "=" in line and not line.startswith("#"))
+    assert dropin == {"Requires": "strata-disk.service", "After": "strata-disk.service", "RequiresMountsFor": "/var/lib/strata"}
     disk = dict(line.split("=", 1) for line in written["/etc/systemd/system/strata-disk.service"].splitlines() if "=" in line)
     script = disk["ExecStart"].split()[0]
     assert script in written, f"{script} is not written by cloud-init"
     assert "/usr/local/bin/strata" in written["/usr/local/sbin/strata-install"]
     assert '["/usr/local/sbin/strata-install", var.strata_binary_url, var.strata_binary_sha256]' in expr
     assert '["systemctl", "enable", "--now", "strata-disk.service", "strata.service"]' in expr
+    # EC2 takes at most 16 KB of user data: what cloud-init carries, with a margin for YAML.
+    configs, _, _ = node_configs()
+    assert sum(map(len, written.values())) + max(map(len, configs.values())) < 12_000
     for path, text in written.items():
         if text.startswith("#!/bin/bash"):
             res = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)

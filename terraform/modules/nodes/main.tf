@@ -6,8 +6,10 @@
 # partition in three zones.
 #
 # At first boot cloud-init writes /etc/strata/strata.toml (templates/*.toml.tftpl, with
-# Strata's own config fields), the systemd units and two scripts, installs the strata binary
-# (checked against its SHA-256) and starts `strata server --config /etc/strata/strata.toml`.
+# Strata's own config fields), the repository's systemd unit (deploy/strata.service) with a
+# drop-in that makes it wait for the NVMe file system, the unit and script that mount it, and
+# an install script; it installs the strata binary (checked against its SHA-256) and starts
+# `strata server --config /etc/strata/strata.toml`.
 #
 # Security groups: the Kafka listener is the only port clients reach (client_cidr_blocks,
 # client_security_group_ids); the controller, replication and metrics ports are open only
@@ -65,7 +67,8 @@ locals {
       packages = ["mdadm", "xfsprogs", "curl"]
       write_files = [
         { path = "/etc/strata/strata.toml", owner = "root:root", permissions = "0644", content = config },
-        { path = "/etc/systemd/system/strata.service", owner = "root:root", permissions = "0644", content = file("${path.module}/templates/strata.service") },
+        { path = "/etc/systemd/system/strata.service", owner = "root:root", permissions = "0644", content = file("${path.module}/../../../deploy/strata.service") },
+        { path = "/etc/systemd/system/strata.service.d/10-instance-store.conf", owner = "root:root", permissions = "0644", content = file("${path.module}/templates/strata-instance-store.conf") },
         { path = "/etc/systemd/system/strata-disk.service", owner = "root:root", permissions = "0644", content = file("${path.module}/templates/strata-disk.service") },
         { path = "/usr/local/sbin/strata-prepare-disk", owner = "root:root", permissions = "0755", content = file("${path.module}/templates/strata-prepare-disk.sh") },
         { path = "/usr/local/sbin/strata-install", owner = "root:root", permissions = "0755", content = file("${path.module}/templates/strata-install.sh") },
