@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::tls::FrameHint;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// Bytes a frame's buffer starts with and the least it grows by.
@@ -227,11 +229,26 @@ impl Limits {
 
     /// Reads a `size`-byte frame body from `rd`. The buffer grows as bytes arrive (doubling
     /// from 64 KiB), and each read first takes its bytes from the request memory, waiting
-    /// while it is all in use.
+    /// while it is all in use. `hint` is told how much of the frame is still to come (a TLS
+    /// connection's socket sleeps until a good part of it is there).
     pub async fn read_frame<R: AsyncRead + Unpin>(
         &self,
         rd: &mut R,
         size: usize,
+        hint: Option<&FrameHint>,
+    ) -> std::io::Result<(BytesMut, MemoryShare)> {
+        let read = self.read_frame_hinted(rd, size, hint).await;
+        if let Some(hint) = hint {
+            hint.still_needs(0);
+        }
+        read
+    }
+
+    async fn read_frame_hinted<R: AsyncRead + Unpin>(
+        &self,
+        rd: &mut R,
+        size: usize,
+        hint: Option<&FrameHint>,
     ) -> std::io::Result<(BytesMut, MemoryShare)> {
         let mut share = MemoryShare {
             permit: None,
@@ -245,6 +262,9 @@ impl Limits {
             frame.reserve(want);
             let target = frame.len() + want;
             while frame.len() < target {
+                if let Some(hint) = hint {
+                    hint.still_needs(size - frame.len());
+                }
                 let left = (target - frame.len()) as u64;
                 if (&mut *rd).take(left).read_buf(&mut frame).await? == 0 {
                     return Err(std::io::ErrorKind::UnexpectedEof.into());
@@ -416,6 +436,101 @@ mod tests {
         assert_eq!(fd_reserve(1 << 20), 1 << 17);
     }
 
+    /// Over TLS, the socket's low-water mark is raised while a large frame streams in, and
+    /// however the client's writes split a frame, its last bytes never wait behind the mark
+    /// (the listener's frame timeout would close the connection). Each frame is sent only
+    /// after the one before was read, so nothing else arrives to lift the mark.
+    #[tokio::test]
+    async fn frames_over_tls_are_read_whole_however_their_bytes_arrive() {
+        use super::super::tls::ReadAhead;
+        use tokio::io::AsyncWriteExt;
+
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let der = cert.cert.der().clone();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![der.clone()], key)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sizes = [
+            3,
+            100 << 10,
+            97 << 10,
+            1 << 20,
+            300 << 10,
+            130 << 10,
+            5 << 20,
+        ];
+        let frame =
+            |i: usize, size: usize| (0..size).map(|j| (i + j % 251) as u8).collect::<Vec<u8>>();
+        let (read_tx, mut read_rx) = tokio::sync::mpsc::channel::<()>(1);
+        let writer = tokio::spawn(async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            tcp.set_nodelay(true).unwrap();
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+                .connect(name, tcp)
+                .await
+                .unwrap();
+            for (i, &size) in sizes.iter().enumerate() {
+                let bytes = frame(i, size);
+                // chunks of uneven sizes, then a pause before a tail of a few bytes
+                let tail = size - (1 + i * 7) % size.min(4096);
+                let mut at = 0;
+                for chunk in [1000, 16 << 10, 70_000, 5, 200 << 10].iter().cycle() {
+                    let end = (at + chunk).min(tail);
+                    tls.write_all(&bytes[at..end]).await.unwrap();
+                    tls.flush().await.unwrap();
+                    at = end;
+                    if at == tail {
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                tls.write_all(&bytes[tail..]).await.unwrap();
+                tls.flush().await.unwrap();
+                read_rx.recv().await.expect("the reader stopped");
+            }
+        });
+        let (tcp, _) = listener.accept().await.unwrap();
+        tcp.set_nodelay(true).unwrap();
+        let hint = FrameHint::default();
+        let tls = tokio_rustls::TlsAcceptor::from(Arc::new(server))
+            .accept(ReadAhead::with_hint(tcp, hint.clone()))
+            .await
+            .unwrap();
+        let (mut rd, _wr) = tokio::io::split(tls);
+        let l = limits(10, 10, 64 << 20);
+        for (i, &size) in sizes.iter().enumerate() {
+            let read = l.read_frame(&mut rd, size, Some(&hint));
+            let (got, _share) = tokio::time::timeout(Duration::from_secs(5), read)
+                .await
+                .unwrap_or_else(|_| panic!("frame {i} ({size} bytes) waited behind the mark"))
+                .unwrap();
+            assert!(got[..] == frame(i, size)[..], "frame {i} read wrong");
+            read_tx.send(()).await.unwrap();
+        }
+        writer.await.unwrap();
+        assert!(
+            hint.raised() >= 4,
+            "the mark was raised {} times for 5 large frames",
+            hint.raised()
+        );
+    }
+
     #[tokio::test]
     async fn a_frame_grows_with_its_bytes_and_reads_wait_for_request_memory() {
         let l = limits(10, 10, 200 << 10);
@@ -425,7 +540,7 @@ mod tests {
         let reading = tokio::spawn({
             let l = l.clone();
             async move {
-                let read = l.read_frame(&mut server, 1 << 20);
+                let read = l.read_frame(&mut server, 1 << 20, None);
                 tokio::time::timeout(Duration::from_millis(500), read).await
             }
         });
@@ -457,7 +572,7 @@ mod tests {
         tokio::io::AsyncWriteExt::write_all(&mut client, &[1, 2, 3])
             .await
             .unwrap();
-        let (frame, share) = l.read_frame(&mut server, 3).await.unwrap();
+        let (frame, share) = l.read_frame(&mut server, 3, None).await.unwrap();
         assert_eq!(&frame[..], &[1, 2, 3]);
         assert_eq!(l.stats.request_memory.load(Relaxed), 3);
         drop(share);

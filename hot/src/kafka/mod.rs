@@ -245,12 +245,13 @@ impl KafkaServer {
         match &self.config.tls {
             None => {
                 let (rd, wr) = stream.into_split();
-                self.serve_connection(rd, wr, peer, None).await
+                self.serve_connection(rd, wr, peer, None, None).await
             }
             Some(acceptor) => {
+                let hint = tls::FrameHint::default();
                 let tls = tokio::time::timeout(
                     self.config.frame_timeout,
-                    acceptor.accept(tls::ReadAhead::new(stream)),
+                    acceptor.accept(tls::ReadAhead::with_hint(stream, hint.clone())),
                 )
                 .await;
                 let stream = match tls {
@@ -271,7 +272,8 @@ impl KafkaServer {
                     .and_then(|c| c.first())
                     .and_then(tls::principal);
                 let (rd, wr) = tokio::io::split(stream);
-                self.serve_connection(rd, wr, peer, certificate).await
+                self.serve_connection(rd, wr, peer, certificate, Some(hint))
+                    .await
             }
         }
     }
@@ -282,6 +284,7 @@ impl KafkaServer {
         mut wr: W,
         peer: std::net::SocketAddr,
         certificate: Option<String>,
+        hint: Option<tls::FrameHint>,
     ) -> anyhow::Result<()>
     where
         R: AsyncRead + Unpin,
@@ -365,7 +368,9 @@ impl KafkaServer {
                 tracing::warn!(%peer, size, max = MAX_UNAUTHENTICATED_FRAME, "request frame too large before SASL authentication; closing connection");
                 break;
             }
-            let read = self.limits.read_frame(&mut rd, size as usize);
+            let read = self
+                .limits
+                .read_frame(&mut rd, size as usize, hint.as_ref());
             let (frame, share) = match tokio::time::timeout(self.config.frame_timeout, read).await {
                 Err(_) => {
                     tracing::warn!(%peer, size, "request frame incomplete after the frame timeout; closing connection");

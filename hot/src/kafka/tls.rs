@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
@@ -118,6 +119,80 @@ pub fn principal(cert: &CertificateDer<'_>) -> Option<String> {
 /// How much a TLS connection reads from its socket at a time.
 const READ_AHEAD: usize = 64 * 1024;
 
+/// What the TLS session above `ReadAhead` may hold of a frame that the frame reader has not
+/// seen yet: rustls asks for at most a few KiB beyond the record it is deframing (16 KiB of
+/// plaintext and its header and tag) and hands plaintext on a record at a time. The mark
+/// stays this far below what the frame still needs, so the bytes it waits for are always
+/// on their way.
+const MARK_SLACK: usize = 64 * 1024;
+/// Frames with less than this left are read as their bytes come (a mark would save little).
+const MARK_FROM: usize = 96 * 1024;
+/// The highest mark: one wake-up per quarter megabyte of a large produce frame.
+const MARK_MAX: usize = 256 * 1024;
+
+/// How many bytes of the frame being read the frame reader still needs, shared with the
+/// `ReadAhead` under its TLS session (0 between frames).
+#[derive(Debug, Default, Clone)]
+pub struct FrameHint(Arc<HintState>);
+
+#[derive(Debug, Default)]
+struct HintState {
+    needs: AtomicUsize,
+    /// How often a mark above 1 was set on the socket.
+    raised: AtomicUsize,
+}
+
+impl FrameHint {
+    pub fn still_needs(&self, bytes: usize) {
+        self.0.needs.store(bytes, Relaxed);
+    }
+
+    /// How often the socket's mark was raised for a large frame.
+    pub fn raised(&self) -> usize {
+        self.0.raised.load(Relaxed)
+    }
+}
+
+/// The socket's receive low-water mark (`SO_RCVLOWAT`) for a frame that still needs
+/// `remaining` bytes: 1 (wake on every byte) unless the frame has more than `MARK_FROM`
+/// left, then `MARK_SLACK` less than that, at most `MARK_MAX`. Since the mark never asks for
+/// more than the frame's own bytes still to come, its tail cannot wait behind it.
+fn low_water(remaining: usize) -> usize {
+    if remaining < MARK_FROM {
+        1
+    } else {
+        (remaining - MARK_SLACK).min(MARK_MAX)
+    }
+}
+
+/// A socket whose receive low-water mark can be set. Only TCP sockets have one.
+pub trait LowWater {
+    fn set_low_water(&self, bytes: usize) -> std::io::Result<()>;
+}
+
+impl LowWater for tokio::net::TcpStream {
+    fn set_low_water(&self, bytes: usize) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        // SAFETY: the descriptor is this stream's own and open for as long as `self` is
+        // borrowed; the option value is a c_int that outlives the call, its size given.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+}
+
 /// The socket beneath a TLS session, read in large chunks.
 ///
 /// rustls asks its transport for at most 4 KiB at a time, so a connection streaming produce
@@ -127,9 +202,17 @@ const READ_AHEAD: usize = 64 * 1024;
 /// more, so an idle connection holds none (tokio's `BufReader` would keep 64 KiB for every
 /// connection, idle or not). Whatever the socket has is handed on at once: nothing waits for
 /// the buffer to fill.
+///
+/// While a large frame is being read (`FrameHint`), it also raises the socket's receive
+/// low-water mark, so the task sleeps until a good part of the frame has arrived instead
+/// of waking for every TLS record (16 KiB) the client's writes happen to deliver; a
+/// non-blocking read still returns whatever is there, so the mark only thins out wake-ups.
 pub struct ReadAhead<S> {
     inner: S,
     buf: BytesMut,
+    hint: Option<FrameHint>,
+    /// The mark last set on the socket.
+    mark: usize,
 }
 
 impl<S> ReadAhead<S> {
@@ -137,35 +220,80 @@ impl<S> ReadAhead<S> {
         ReadAhead {
             inner,
             buf: BytesMut::new(),
+            hint: None,
+            mark: 1,
         }
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for ReadAhead<S> {
+impl<S: LowWater> ReadAhead<S> {
+    /// Reads `inner` with its low-water mark following `hint`.
+    pub fn with_hint(inner: S, hint: FrameHint) -> Self {
+        ReadAhead {
+            hint: Some(hint),
+            ..ReadAhead::new(inner)
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> ReadAhead<S> {
+    fn poll_socket(
+        &mut self,
+        cx: &mut TaskContext<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if out.remaining() >= READ_AHEAD {
+            return Pin::new(&mut self.inner).poll_read(cx, out);
+        }
+        self.buf.reserve(READ_AHEAD);
+        match tokio_util::io::poll_read_buf(Pin::new(&mut self.inner), cx, &mut self.buf) {
+            Poll::Pending => {
+                self.buf = BytesMut::new();
+                return Poll::Pending;
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Ready(Ok(_)) => {} // 0 bytes: the end of the stream, handed on as such
+        }
+        let n = self.buf.len().min(out.remaining());
+        out.put_slice(&self.buf[..n]);
+        self.buf.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncRead + LowWater + Unpin> AsyncRead for ReadAhead<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
         out: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        if this.buf.is_empty() {
-            if out.remaining() >= READ_AHEAD {
-                return Pin::new(&mut this.inner).poll_read(cx, out);
-            }
-            this.buf.reserve(READ_AHEAD);
-            match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut this.buf) {
-                Poll::Pending => {
-                    this.buf = BytesMut::new();
-                    return Poll::Pending;
+        if !this.buf.is_empty() {
+            let n = this.buf.len().min(out.remaining());
+            out.put_slice(&this.buf[..n]);
+            this.buf.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(hint) = &this.hint {
+            let mark = low_water(hint.0.needs.load(Relaxed));
+            if mark != this.mark {
+                // Without the mark the connection only wakes more often; never fail a read
+                // for it.
+                match this.inner.set_low_water(mark) {
+                    Ok(()) => {
+                        if mark > this.mark {
+                            hint.0.raised.fetch_add(1, Relaxed);
+                        }
+                        this.mark = mark;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot set the socket's receive low-water mark");
+                        this.hint = None;
+                    }
                 }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Ready(Ok(_)) => {} // 0 bytes: the end of the stream, handed on as such
             }
         }
-        let n = this.buf.len().min(out.remaining());
-        out.put_slice(&this.buf[..n]);
-        this.buf.advance(n);
-        Poll::Ready(Ok(()))
+        this.poll_socket(cx, out)
     }
 }
 
@@ -207,10 +335,27 @@ mod tests {
 
     use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 
-    use super::{ReadAhead, READ_AHEAD};
+    use super::{low_water, LowWater, ReadAhead, MARK_MAX, READ_AHEAD};
+
+    impl LowWater for tokio::io::DuplexStream {
+        fn set_low_water(&self, _bytes: usize) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_mark_stays_below_what_a_frame_still_needs() {
+        assert_eq!(low_water(0), 1);
+        assert_eq!(low_water(95 * 1024), 1);
+        for remaining in [96 * 1024, 100 * 1024, 300 * 1024, 64 << 20] {
+            let mark = low_water(remaining);
+            assert!(mark > 1 && mark <= MARK_MAX, "{remaining}: {mark}");
+            assert!(mark + 64 * 1024 <= remaining, "{remaining}: {mark}");
+        }
+    }
 
     /// One poll_read of at most `n` bytes, with a waker that does nothing.
-    fn poll_once<S: AsyncRead + Unpin>(r: &mut ReadAhead<S>, n: usize) -> Poll<Vec<u8>> {
+    fn poll_once<S: AsyncRead + LowWater + Unpin>(r: &mut ReadAhead<S>, n: usize) -> Poll<Vec<u8>> {
         let mut space = vec![0u8; n];
         let mut out = ReadBuf::new(&mut space);
         let mut cx = Context::from_waker(std::task::Waker::noop());
