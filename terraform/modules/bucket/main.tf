@@ -38,7 +38,7 @@ resource "aws_kms_key" "cold" {
 }
 
 resource "aws_kms_alias" "cold" {
-  name          = "alias/strata-cold-${var.bucket_name}"
+  name          = "alias/strata-cold-${replace(var.bucket_name, ".", "-")}"
   target_key_id = aws_kms_key.cold.key_id
 }
 
