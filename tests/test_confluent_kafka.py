@@ -203,3 +203,49 @@ def test_a_fetch_never_exceeds_its_max_bytes(broker):
     finally:
         consumer.close()
     assert got == {0: 900_000, 1: 900_000}, f"read {got} within 20 s; consumer errors: {errors[:3]}"
+
+
+def test_consumers_started_together_get_one_generation(broker):
+    """Issue 19, item 3 (librdkafka's 0102 and 0113): Kafka's group.initial.rebalance.delay.ms
+    (3 s). Two consumers of a new group subscribe one second apart; the group waits for more
+    members before its first generation, so each is assigned once, its share of the
+    partitions, and neither is revoked. Without the delay the first took every partition at
+    once and was revoked when the second joined."""
+    import threading
+
+    topic = "ck-initial-delay"
+    broker.create_topic(topic, 4)
+    assigned = {"a": [], "b": []}
+    revoked = {"a": 0, "b": 0}
+    stop = threading.Event()
+
+    def member(name):
+        c = Consumer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "group.id": "initial-delay",
+                                   "enable.auto.commit": False, "session.timeout.ms": 10000,
+                                   "partition.assignment.strategy": "range"}))
+        c.subscribe([topic],
+                    on_assign=lambda _c, parts: assigned[name].append(sorted(p.partition for p in parts)),
+                    # (close() revokes too: only revocations before then count)
+                    on_revoke=lambda _c, parts: revoked.__setitem__(
+                        name, revoked[name] + (1 if parts and not stop.is_set() else 0)))
+        try:
+            while not stop.is_set():
+                c.poll(0.1)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=member, args=("a",), daemon=True)]
+    threads[0].start()
+    time.sleep(1)
+    threads.append(threading.Thread(target=member, args=("b",), daemon=True))
+    threads[1].start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (assigned["a"] and assigned["b"]):
+        time.sleep(0.1)
+    time.sleep(2)  # time for a second rebalance, if there were one
+    stop.set()
+    for t in threads:
+        t.join(timeout=20)
+    assert len(assigned["a"]) == 1 and len(assigned["b"]) == 1 and revoked == {"a": 0, "b": 0}, (
+        f"assignments {assigned}, revocations {revoked}: the group rebalanced more than once")
+    assert sorted(assigned["a"][0] + assigned["b"][0]) == [0, 1, 2, 3] and assigned["a"][0] and assigned["b"][0], assigned

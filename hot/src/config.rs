@@ -525,6 +525,10 @@ pub struct GroupsSection {
     pub offsets_topic_segment_bytes: u64,
     /// Members one group may have (`group.max.size`).
     pub max_size: usize,
+    /// How long a group that was empty waits for more members before its first generation
+    /// (`group.initial.rebalance.delay.ms`); 0 answers at once.
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
+    pub initial_rebalance_delay: Duration,
 }
 
 impl Default for GroupsSection {
@@ -542,6 +546,7 @@ impl Default for GroupsSection {
             offsets_snapshot_records: d.offsets_snapshot_records,
             offsets_topic_segment_bytes: d.offsets_segment_bytes,
             max_size: d.group.max_size,
+            initial_rebalance_delay: ms(d.group.initial_rebalance_delay_ms),
         }
     }
 }
@@ -557,6 +562,7 @@ impl GroupsSection {
                 max_rebalances_per_member: self.max_rebalances_per_member,
                 flap_window_ms: ms(self.flap_window),
                 max_size: self.max_size,
+                initial_rebalance_delay_ms: ms(self.initial_rebalance_delay),
                 ..d.group
             },
             offsets_partitions: self.offsets_topic_partitions,

@@ -44,7 +44,9 @@ pub struct GroupConfig {
     pub min_session_timeout_ms: i64,
     pub max_session_timeout_ms: i64,
     /// A member whose joins forced more rebalances than this within `flap_window_ms` is
-    /// turned away for a backoff that doubles each time (up to `max_backoff_ms`).
+    /// turned away for a backoff that doubles each time (up to `max_backoff_ms`). 0 (the
+    /// default): never; Kafka has no such rule, and a well-behaved client that changes its
+    /// subscription often must not be turned away.
     pub max_rebalances_per_member: usize,
     pub flap_window_ms: i64,
     pub min_backoff_ms: i64,
@@ -52,6 +54,11 @@ pub struct GroupConfig {
     /// Members one group may have (`group.max.size`); a join past it gets
     /// GROUP_MAX_SIZE_REACHED.
     pub max_size: usize,
+    /// `group.initial.rebalance.delay.ms`: a group that was empty waits this long for more
+    /// members before its first generation, and as long again (within the rebalance
+    /// timeout) whenever another member joined meanwhile, so consumers started together
+    /// get one generation instead of one each.
+    pub initial_rebalance_delay_ms: i64,
 }
 
 impl Default for GroupConfig {
@@ -59,11 +66,12 @@ impl Default for GroupConfig {
         GroupConfig {
             min_session_timeout_ms: 6_000,
             max_session_timeout_ms: 1_800_000,
-            max_rebalances_per_member: 5,
+            max_rebalances_per_member: 0,
             flap_window_ms: 300_000,
             min_backoff_ms: 1_000,
             max_backoff_ms: 60_000,
             max_size: 1_000,
+            initial_rebalance_delay_ms: 3_000,
         }
     }
 }
@@ -158,6 +166,16 @@ fn join_client_key(j: &Join) -> String {
         .unwrap_or_else(|| format!("{}@{}", j.client_id, j.client_host))
 }
 
+/// The first rebalance of a group that was empty (Kafka's InitialDelayedJoin): it completes
+/// only at the group's deadline, which moves on by the delay while members keep coming.
+#[derive(Debug, Clone, Copy)]
+struct InitialJoin {
+    /// What is left of the rebalance timeout for further delays.
+    remaining_ms: i64,
+    /// A member joined since the deadline was set.
+    member_added: bool,
+}
+
 /// Recent rebalances a client forced, and its current backoff.
 #[derive(Debug, Clone, Default)]
 struct Flaps {
@@ -187,6 +205,8 @@ pub struct Group {
     next_member: u64,
     /// The member the latest join request was taken in as.
     last_joined: Option<String>,
+    /// Set while the first rebalance after Empty waits for more members.
+    initial_join: Option<InitialJoin>,
 }
 
 fn join_error(member_id: &str, error: i16) -> Reply {
@@ -263,6 +283,7 @@ impl Group {
             departed: HashMap::new(),
             next_member: 0,
             last_joined: None,
+            initial_join: None,
         }
     }
 
@@ -434,6 +455,9 @@ impl Group {
         if self.members.is_empty() {
             self.protocol_type = Some(j.protocol_type.clone());
         }
+        if let Some(initial) = &mut self.initial_join {
+            initial.member_added = true;
+        }
         self.members.insert(
             id.clone(),
             Member {
@@ -534,9 +558,38 @@ impl Group {
                 replies.push((id.clone(), sync_error(codes::REBALANCE_IN_PROGRESS)));
             }
         }
+        let delay = self.config.initial_rebalance_delay_ms;
+        if self.state == GroupState::Empty && delay > 0 {
+            let timeout = self.rebalance_deadline(now) - now;
+            self.initial_join = Some(InitialJoin {
+                remaining_ms: (timeout - delay).max(0),
+                member_added: false,
+            });
+            self.deadline = Some(now + delay);
+        } else {
+            self.deadline = Some(self.rebalance_deadline(now));
+        }
         self.state = GroupState::PreparingRebalance;
-        self.deadline = Some(self.rebalance_deadline(now));
         replies
+    }
+
+    /// The initial delay is over at `now`: another round of it if members came meanwhile
+    /// and the rebalance timeout leaves room, else the join completes with whoever joined.
+    fn initial_delay_over(&mut self, initial: InitialJoin, now: i64) -> Replies {
+        if initial.member_added && initial.remaining_ms > 0 {
+            let delay = self
+                .config
+                .initial_rebalance_delay_ms
+                .min(initial.remaining_ms);
+            self.initial_join = Some(InitialJoin {
+                remaining_ms: initial.remaining_ms - delay,
+                member_added: false,
+            });
+            self.deadline = Some(now + delay);
+            return Replies::new();
+        }
+        self.initial_join = None;
+        self.complete_join(now)
     }
 
     /// When a rebalance phase started at `now` must end: the longest rebalance timeout of
@@ -556,6 +609,9 @@ impl Group {
             self.config.flap_window_ms,
             self.config.max_rebalances_per_member,
         );
+        if max == 0 {
+            return; // not asked for
+        }
         let (min_backoff, max_backoff) = (self.config.min_backoff_ms, self.config.max_backoff_ms);
         let f = self.flaps.entry(key).or_default();
         while f.at.front().is_some_and(|t| now - t > window) {
@@ -585,6 +641,7 @@ impl Group {
     /// chosen, leader picked; every waiting member is answered.
     fn maybe_complete_join(&mut self, now: i64) -> Replies {
         if self.state != GroupState::PreparingRebalance
+            || self.initial_join.is_some()
             || self.members.values().any(|m| !m.awaiting_join)
         {
             return Replies::new();
@@ -819,7 +876,10 @@ impl Group {
         }
         if self.deadline.is_some_and(|d| now >= d) {
             match self.state {
-                GroupState::PreparingRebalance => replies.extend(self.complete_join(now)),
+                GroupState::PreparingRebalance => match self.initial_join {
+                    Some(initial) => replies.extend(self.initial_delay_over(initial, now)),
+                    None => replies.extend(self.complete_join(now)),
+                },
                 GroupState::CompletingRebalance => {
                     // The leader never synced: members that did not sync are dropped and the
                     // rest rebalance again.
@@ -888,12 +948,14 @@ impl Group {
         }
     }
 
+    /// The protocol type stays, as in Kafka: an empty consumer group with offsets is still a
+    /// "consumer" group to ListGroups and DescribeGroups (a new first member sets it anew).
     fn become_empty(&mut self) {
         self.state = GroupState::Empty;
         self.deadline = None;
+        self.initial_join = None;
         self.leader = None;
         self.protocol = None;
-        self.protocol_type = None;
     }
 
     /// The completed generation, as persisted in `__consumer_offsets` once the group is

@@ -60,6 +60,7 @@ const CONFIG: GroupConfig = GroupConfig {
     min_backoff_ms: 1_000,
     max_backoff_ms: 8_000,
     max_size: 1_000,
+    initial_rebalance_delay_ms: 0,
 };
 
 fn join(member: &str, client: &str) -> Join {

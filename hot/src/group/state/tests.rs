@@ -8,6 +8,7 @@ const CONFIG: GroupConfig = GroupConfig {
     min_backoff_ms: 1_000,
     max_backoff_ms: 8_000,
     max_size: 100,
+    initial_rebalance_delay_ms: 0,
 };
 const SESSION: i64 = 10_000;
 const REBALANCE: i64 = 30_000;
@@ -467,4 +468,127 @@ fn a_join_past_group_max_size_is_refused_and_a_known_member_still_rejoins() {
     g.join(join(&a, None, "a"), 13);
     assert!(g.member_ids().contains(&a));
     assert_eq!(g.member_ids().len(), 3);
+}
+
+/// Kafka's `group.initial.rebalance.delay.ms`: consumers started together get one
+/// generation, not one each (librdkafka's 0102 and 0113 count rebalances).
+#[test]
+fn a_group_that_was_empty_waits_the_initial_delay_for_more_members() {
+    let delay = 3_000;
+    let mut g = Group::new(
+        "g",
+        GroupConfig {
+            initial_rebalance_delay_ms: delay,
+            ..CONFIG
+        },
+    );
+    let r = g.join(join("", None, "a"), 0);
+    assert!(r.is_empty(), "the first member waits out the delay: {r:?}");
+    assert_eq!(g.state(), GroupState::PreparingRebalance);
+    assert_eq!(g.next_deadline(), Some(delay));
+    // a second member 1 s later: the window moves on by the delay once the first ends
+    assert!(g.join(join("", None, "b"), 1_000).is_empty());
+    assert!(g.tick(delay - 1).is_empty());
+    let r = g.tick(delay);
+    assert!(
+        r.is_empty(),
+        "a member came during the delay: another round: {r:?}"
+    );
+    assert_eq!(g.next_deadline(), Some(2 * delay));
+    // nobody else came: one generation with both members
+    let r = g.tick(2 * delay);
+    assert_eq!(r.len(), 2, "{r:?}");
+    let ids = g.member_ids();
+    for id in &ids {
+        assert_eq!(joined(&r, id).generation, 1);
+    }
+    assert_eq!(g.generation(), 1);
+    assert_eq!(g.state(), GroupState::CompletingRebalance);
+    // a later rebalance of the non-empty group is not delayed
+    let leader = g.leader().unwrap().to_string();
+    for id in &ids {
+        g.sync(id, 1, vec![], 2 * delay + 1);
+    }
+    g.sync(&leader, 1, vec![], 2 * delay + 1);
+    assert_eq!(g.state(), GroupState::Stable);
+    assert!(g.join(join("", None, "c"), 2 * delay + 10).is_empty());
+    let mut r = Replies::new();
+    for id in &ids {
+        r.extend(g.join(
+            join(id, None, if *id == ids[0] { "a" } else { "b" }),
+            2 * delay + 20,
+        ));
+    }
+    assert_eq!(
+        g.generation(),
+        2,
+        "completed as soon as every member rejoined: {r:?}"
+    );
+}
+
+#[test]
+fn the_initial_delay_is_bounded_by_the_rebalance_timeout() {
+    let mut g = Group::new(
+        "g",
+        GroupConfig {
+            initial_rebalance_delay_ms: 10_000,
+            ..CONFIG
+        },
+    );
+    // a member joins every 9 s: without the bound the group would wait for ever
+    let mut now = 0;
+    g.join(join("", None, "m0"), now);
+    let mut k = 1;
+    while g.generation() == 0 {
+        now += 1_000;
+        assert!(now <= REBALANCE + 10_000, "no generation after {now} ms");
+        if now % 9_000 == 0 {
+            g.join(join("", None, &format!("m{k}")), now);
+            k += 1;
+        }
+        g.tick(now);
+    }
+    assert!(
+        now <= REBALANCE,
+        "first generation at {now} ms, past the rebalance timeout"
+    );
+}
+
+#[test]
+fn an_empty_group_keeps_its_protocol_type() {
+    let mut g = Group::new("g", CONFIG);
+    let a = first_join(&mut g, "a", 0);
+    g.sync(&a, 1, vec![(a.clone(), Bytes::from("a:0-5"))], 0);
+    g.leave(&a, None, 1);
+    assert_eq!(g.state(), GroupState::Empty);
+    assert_eq!(
+        g.view().protocol_type,
+        "consumer",
+        "ListGroups would call it a simple group"
+    );
+}
+
+#[test]
+fn by_default_no_member_is_turned_away_for_rebalancing_often() {
+    let mut g = Group::new(
+        "g",
+        GroupConfig {
+            initial_rebalance_delay_ms: 0,
+            ..GroupConfig::default()
+        },
+    );
+    let mut now = 0;
+    for round in 0..20 {
+        let r = g.join(join("", None, "flappy"), now);
+        assert!(
+            r.iter()
+                .all(|(_, reply)| !matches!(reply, Reply::Join(j) if j.error != codes::NONE)),
+            "round {round}: {r:?}"
+        );
+        settle(&mut g, now + 1);
+        let id = g.member_ids()[0].clone();
+        g.leave(&id, None, now + 2);
+        now += 100;
+    }
+    assert!(g.backoff_of("flappy@10.0.0.1", now).is_none());
 }
