@@ -22,6 +22,12 @@ if ! command -v ip >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq iproute2 >/dev/null
 fi
 
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+  step "installing systemd-analyze (tests/test_deploy.py checks the service unit)"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq systemd >/dev/null
+fi
+
 # The Python clients go into a virtual environment of their own: a stock Debian python3
 # refuses a system-wide pip install (externally-managed-environment).
 venv="${STRATA_TEST_VENV:-$PWD/.venv}"
