@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from conftest import Broker, free_port, rdkafka_conf, scrape_metrics, strata_bin
 from test_tiered import S3_ENV, new_bucket, s3_endpoint  # noqa: F401 (fixture)
@@ -299,9 +300,14 @@ def test_service_against_s3_dry_run_then_rounds_with_metrics(tmp_path, s3_endpoi
         while True:
             assert svc.poll() is None, svc.communicate()[1].decode()[-2000:]
             try:
-                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-                vals = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-                        if line and not line.startswith("#")}
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    kind, text = r.headers["Content-Type"], r.read().decode()
+                # prometheus_client's OpenMetrics parser refuses a split family, a sample
+                # outside its family or a missing # EOF; every family has HELP
+                assert kind.startswith("application/openmetrics-text"), kind
+                families = list(text_string_to_metric_families(text))
+                assert all(f.documentation for f in families), [f.name for f in families if not f.documentation]
+                vals = {s.name: s.value for f in families for s in f.samples}
                 if vals.get("strata_compactor_partitions_compacted_total", 0) >= 1:
                     break
             except OSError:

@@ -226,7 +226,7 @@ async fn serve(
                     (
                         [(
                             axum::http::header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
                         )],
                         m.render(),
                     )

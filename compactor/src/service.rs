@@ -74,33 +74,60 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
-        let rows: [(&str, &str, &AtomicU64); 10] = [
-            ("strata_compactor_rounds_total", "Rounds over the bucket finished.", &self.rounds),
-            ("strata_compactor_partitions_compacted_total", "Partition jobs that swapped in a new manifest.", &self.partitions_compacted),
-            ("strata_compactor_partitions_failed_total", "Partition jobs that failed (retried next round).", &self.partitions_failed),
-            ("strata_compactor_swap_conflicts_total", "Jobs whose manifest changed under them (nothing swapped; their objects become orphans).", &self.swap_conflicts),
-            ("strata_compactor_segments_read_total", "Remote segments rewritten.", &self.segments_in),
-            ("strata_compactor_segments_written_total", "Remote segments they became.", &self.segments_out),
-            ("strata_compactor_bytes_read_total", "Bytes of the segments rewritten.", &self.bytes_in),
-            ("strata_compactor_bytes_written_total", "Bytes of the segments written.", &self.bytes_out),
-            ("strata_compactor_records_removed_total", "Records removed (superseded, expired tombstones, aborted).", &self.records_removed),
-            ("strata_compactor_orphans_deleted_total", "Objects no manifest named, deleted after the grace period.", &self.orphans_deleted),
-        ];
+    /// The OpenMetrics text exposition (prometheus-client's encoder: one block per family,
+    /// HELP and TYPE, `# EOF`), what `GET /metrics` answers.
+    pub fn render(self: &Arc<Self>) -> String {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(Exposition(self.clone())));
         let mut out = String::new();
-        for (name, help, v) in rows {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
-                v.load(Relaxed)
-            ));
-        }
-        let name = "strata_compactor_last_round_seconds";
-        out.push_str(&format!(
-            "# HELP {name} How long the last round took.\n# TYPE {name} gauge\n{name} {}\n",
-            self.last_round_ms.load(Relaxed) as f64 / 1000.0
-        ));
+        prometheus_client::encoding::text::encode(&mut out, &registry)
+            .expect("writing to a String cannot fail");
         out
+    }
+}
+
+/// The metrics as a prometheus-client collector, read at scrape time.
+#[derive(Debug)]
+struct Exposition(Arc<Metrics>);
+
+impl prometheus_client::collector::Collector for Exposition {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let m = &self.0;
+        // (family names without `_total`: the encoder adds it to a counter's sample)
+        let counters: [(&str, &str, &AtomicU64); 10] = [
+            ("strata_compactor_rounds", "Rounds over the bucket finished.", &m.rounds),
+            ("strata_compactor_partitions_compacted", "Partition jobs that swapped in a new manifest.", &m.partitions_compacted),
+            ("strata_compactor_partitions_failed", "Partition jobs that failed (retried next round).", &m.partitions_failed),
+            ("strata_compactor_swap_conflicts", "Jobs whose manifest changed under them (nothing swapped; their objects become orphans).", &m.swap_conflicts),
+            ("strata_compactor_segments_read", "Remote segments rewritten.", &m.segments_in),
+            ("strata_compactor_segments_written", "Remote segments they became.", &m.segments_out),
+            ("strata_compactor_bytes_read", "Bytes of the segments rewritten.", &m.bytes_in),
+            ("strata_compactor_bytes_written", "Bytes of the segments written.", &m.bytes_out),
+            ("strata_compactor_records_removed", "Records removed (superseded, expired tombstones, aborted).", &m.records_removed),
+            ("strata_compactor_orphans_deleted", "Objects no manifest named, deleted after the grace period.", &m.orphans_deleted),
+        ];
+        for (name, help, v) in counters {
+            let counter = ConstCounter::new(v.load(Relaxed));
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
+        }
+        let last = ConstGauge::new(m.last_round_ms.load(Relaxed) as f64 / 1000.0);
+        last.encode(encoder.encode_descriptor(
+            "strata_compactor_last_round_seconds",
+            "How long the last round took.",
+            None,
+            last.metric_type(),
+        )?)
     }
 }
 
