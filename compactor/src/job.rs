@@ -75,6 +75,9 @@ pub struct TopicPolicy {
     pub segment_bytes: u64,
     pub min_cleanable_dirty_ratio: f64,
     pub min_compaction_lag_ms: i64,
+    /// `max.compaction.lag.ms`: a partition whose oldest uncompacted segment is older than
+    /// this is compacted whatever its dirty ratio (Kafka's rule).
+    pub max_compaction_lag_ms: i64,
 }
 
 impl TopicPolicy {
@@ -113,6 +116,7 @@ impl TopicPolicy {
             segment_bytes: num(configs, "segment.bytes", 1 << 30)?,
             min_cleanable_dirty_ratio: ratio,
             min_compaction_lag_ms: num(configs, "min.compaction.lag.ms", 0)?,
+            max_compaction_lag_ms: num(configs, "max.compaction.lag.ms", i64::MAX)?,
         })
     }
 }
@@ -764,7 +768,16 @@ fn plan(
     if dirty == 0 && !tombstones_due && !mergeable {
         return skip(report, "nothing dirty, no tombstone due, nothing to merge");
     }
-    if dirty > 0 && ratio < policy.min_cleanable_dirty_ratio && !tombstones_due && !mergeable {
+    // the oldest dirty segment's newest record: past max.compaction.lag.ms, the partition is
+    // due whatever its dirty ratio
+    let overdue =
+        dirty > 0 && now.saturating_sub(segs[clean].max_timestamp) > policy.max_compaction_lag_ms;
+    if dirty > 0
+        && ratio < policy.min_cleanable_dirty_ratio
+        && !tombstones_due
+        && !mergeable
+        && !overdue
+    {
         return skip(
             report,
             &format!(

@@ -38,6 +38,7 @@ fn main() {
     let rules = RecordRules {
         keys_required: false,
         limit: strata_core::codec::MAX_DECOMPRESSED_BATCH as u64,
+        timestamps: None,
     };
     let copy_mb_s = {
         let mut sink = vec![0u8; plain.len()];

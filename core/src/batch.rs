@@ -231,6 +231,27 @@ pub fn stamped_prefix(batch: &[u8], base_offset: i64, leader_epoch: i32) -> [u8;
     prefix
 }
 
+/// Stamps a complete batch with the broker's append time, as Kafka's leader does for a
+/// `message.timestamp.type=LogAppendTime` topic: the timestamp-type attribute is set and the
+/// max timestamp becomes `append_time_ms` (every record then reads as that time; the base
+/// timestamp and record deltas stay as the producer wrote them), and the CRC is recomputed
+/// over the changed bytes. Returns false, changing nothing, when `batch` is shorter than its
+/// header says.
+pub fn set_log_append_time(batch: &mut [u8], append_time_ms: i64) -> bool {
+    let Ok(h) = BatchHeader::parse(batch) else {
+        return false;
+    };
+    if batch.len() < h.total_len() {
+        return false;
+    }
+    let attributes = h.attributes | ATTR_TIMESTAMP_TYPE;
+    batch[21..23].copy_from_slice(&attributes.to_be_bytes());
+    batch[35..43].copy_from_slice(&append_time_ms.to_be_bytes());
+    let crc = compute_crc(&batch[..h.total_len()]);
+    batch[17..21].copy_from_slice(&crc.to_be_bytes());
+    true
+}
+
 /// Reads a zigzag varint at `*pos`, advancing it. `None` on truncated or overlong input.
 fn read_varint(buf: &[u8], pos: &mut usize) -> Option<i64> {
     let mut value: u64 = 0;
@@ -250,6 +271,10 @@ fn read_varint(buf: &[u8], pos: &mut usize) -> Option<i64> {
 /// base offset), malformed records, or when no record qualifies.
 pub fn first_record_at_or_after(batch: &[u8], ts: i64) -> Option<(u32, i64)> {
     let header = BatchHeader::parse(batch).ok()?;
+    if header.log_append_time() {
+        // every record carries the batch's append time
+        return (header.max_timestamp >= ts).then_some((0, header.max_timestamp));
+    }
     if header.compression() != Compression::None || batch.len() < header.total_len() {
         return None;
     }
@@ -629,6 +654,34 @@ mod tests {
         assert_eq!(h.base_offset, 42);
         assert_eq!(h.leader_epoch, 7);
         assert_eq!(h.last_offset(), 43);
+    }
+
+    #[test]
+    fn log_append_time_stamping_keeps_the_crc_valid() {
+        let mut b = sample(3); // producer timestamps 1000..=1002
+        assert!(set_log_append_time(&mut b, 5_000_000));
+        let h = validate_produced(&b).expect("CRC recomputed");
+        assert!(h.log_append_time());
+        assert_eq!(h.max_timestamp, 5_000_000);
+        assert_eq!(
+            h.base_timestamp, 1_000,
+            "the producer's base timestamp stays"
+        );
+        assert_eq!(h.compression(), Compression::None, "other attributes kept");
+        // every record reads as the append time for a time lookup
+        assert_eq!(first_record_at_or_after(&b, 2_000), Some((0, 5_000_000)));
+        assert_eq!(first_record_at_or_after(&b, 5_000_001), None);
+        // the offsets stamped later keep it valid too
+        let prefix = stamped_prefix(&b, 9, 2);
+        let mut stored = prefix.to_vec();
+        stored.extend_from_slice(&b[STAMP_LEN..]);
+        assert!(verify(&stored).unwrap().log_append_time());
+        // a truncated batch is left alone
+        let mut short = sample(2);
+        short.pop();
+        let before = short.clone();
+        assert!(!set_log_append_time(&mut short, 1));
+        assert_eq!(short, before);
     }
 
     #[test]

@@ -383,6 +383,7 @@ mod tests {
     const RULES: RecordRules = RecordRules {
         keys_required: true,
         limit: MAX_DECOMPRESSED_BATCH as u64,
+        timestamps: None,
     };
 
     #[test]
@@ -433,6 +434,7 @@ mod tests {
         let rules = RecordRules {
             keys_required: false,
             limit: 1 << 20,
+            timestamps: None,
         };
         for codec in CODECS {
             let b = compressed_batch(codec, &plain);

@@ -29,6 +29,17 @@ pub enum FlushPolicy {
     Os,
 }
 
+/// Whose clock a record's timestamp is (`message.timestamp.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimestampType {
+    /// The producer's timestamps are kept (checked against the timestamp window).
+    CreateTime,
+    /// The leader stamps each batch with its append time, as Kafka does: the batch's max
+    /// timestamp becomes the append time and its timestamp-type attribute is set, so every
+    /// record reads as that time (the CRC is recomputed).
+    LogAppendTime,
+}
+
 /// The validated configuration of one topic's partitions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogConfig {
@@ -56,28 +67,82 @@ pub struct LogConfig {
     /// The weakest acks a producer may ask for (`min.acks`: 0, 1 or all = -1): a settlement
     /// topic set to `all` refuses acks=1 and acks=0 producers with INVALID_REQUIRED_ACKS.
     pub min_acks: i16,
+    pub timestamp_type: TimestampType,
+    /// CreateTime only: a record whose timestamp is more than this many ms before the
+    /// broker's clock is refused with INVALID_TIMESTAMP (`message.timestamp.before.max.ms`,
+    /// or `message.timestamp.difference.max.ms` when that is left at its default, as Kafka
+    /// reads them). `i64::MAX`: no limit.
+    pub timestamp_before_max_ms: i64,
+    /// Likewise for timestamps ahead of the broker's clock (`message.timestamp.after.max.ms`).
+    pub timestamp_after_max_ms: i64,
+    /// `max.compaction.lag.ms`: the longest a record may stay uncompacted (the compactor's
+    /// business; kept here because it is checked against `min.compaction.lag.ms`).
+    pub max_compaction_lag_ms: i64,
+}
+
+impl TimestampType {
+    /// The accepted window of record timestamps around `now_ms`, `(earliest, latest)`, or
+    /// `None` when every timestamp is accepted (LogAppendTime, or no limits).
+    pub fn window(config: &LogConfig, now_ms: i64) -> Option<(i64, i64)> {
+        if config.timestamp_type == TimestampType::LogAppendTime
+            || (config.timestamp_before_max_ms == i64::MAX
+                && config.timestamp_after_max_ms == i64::MAX)
+        {
+            return None;
+        }
+        Some((
+            now_ms.saturating_sub(config.timestamp_before_max_ms),
+            now_ms.saturating_add(config.timestamp_after_max_ms),
+        ))
+    }
 }
 
 /// Topic configs this broker knows, with Kafka's defaults except `flush.messages`, which
 /// defaults to 1 here: an acknowledged settlement record must survive a power cut.
 pub const TOPIC_CONFIG_KEYS: &[(&str, &str)] = &[
     ("cleanup.policy", "delete"),
+    ("compression.gzip.level", "-1"),
+    ("compression.lz4.level", "9"),
+    ("compression.type", "producer"),
+    ("compression.zstd.level", "3"),
     ("delete.retention.ms", "86400000"),
+    ("file.delete.delay.ms", "60000"),
     ("flush.messages", "1"),
+    ("flush.ms", "9223372036854775807"),
+    ("follower.replication.throttled.replicas", ""),
     ("index.interval.bytes", "4096"),
+    ("leader.replication.throttled.replicas", ""),
     ("local.retention.bytes", "-2"),
     ("local.retention.ms", "-2"),
+    ("max.compaction.lag.ms", "9223372036854775807"),
     ("max.message.bytes", "1048588"),
+    ("message.downconversion.enable", "true"),
+    ("message.format.version", "3.0-IV1"),
+    ("message.timestamp.after.max.ms", "9223372036854775807"),
+    ("message.timestamp.before.max.ms", "9223372036854775807"),
+    ("message.timestamp.difference.max.ms", "9223372036854775807"),
+    ("message.timestamp.type", "CreateTime"),
     ("min.acks", "0"),
     ("min.cleanable.dirty.ratio", "0.5"),
     ("min.compaction.lag.ms", "0"),
     ("min.insync.replicas", "1"),
+    ("preallocate", "false"),
+    ("remote.storage.enable", "false"),
     ("retention.bytes", "-1"),
     ("retention.ms", "604800000"),
-    ("remote.storage.enable", "false"),
     ("segment.bytes", "1073741824"),
+    ("segment.index.bytes", "10485760"),
+    ("segment.jitter.ms", "0"),
     ("segment.ms", "604800000"),
     ("unclean.leader.election.enable", "false"),
+];
+
+/// Configs whose value is a comma-separated list (IncrementalAlterConfigs may APPEND to and
+/// SUBTRACT from them).
+pub const LIST_CONFIGS: &[&str] = &[
+    "cleanup.policy",
+    "follower.replication.throttled.replicas",
+    "leader.replication.throttled.replicas",
 ];
 
 impl Default for LogConfig {
@@ -100,6 +165,84 @@ fn int(key: &str, value: &str, min: i64, max: i64) -> Result<i64, ConfigError> {
         return Err(invalid(format!("must be between {min} and {max}")));
     }
     Ok(v)
+}
+
+fn invalid(key: &str, value: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::InvalidValue {
+        key: key.to_string(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// A boolean as Kafka parses one: `true` or `false`, any case.
+fn boolean(key: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim() {
+        v if v.eq_ignore_ascii_case("true") => Ok(true),
+        v if v.eq_ignore_ascii_case("false") => Ok(false),
+        _ => Err(invalid(key, value, "must be true or false")),
+    }
+}
+
+/// One of a fixed set of values (Kafka's `ValidString`: exact, case-sensitive).
+fn one_of<'a>(key: &str, value: &'a str, allowed: &[&str]) -> Result<&'a str, ConfigError> {
+    let v = value.trim();
+    if allowed.contains(&v) {
+        Ok(v)
+    } else {
+        Err(invalid(
+            key,
+            value,
+            format!("must be one of {}", allowed.join(", ")),
+        ))
+    }
+}
+
+/// `leader.replication.throttled.replicas` / `follower...`: `*`, or a comma-separated list of
+/// `partition:broker` pairs (Kafka's `ThrottledReplicaListValidator`); empty is allowed.
+fn throttled_replicas(key: &str, value: &str) -> Result<(), ConfigError> {
+    if value.trim() == "*" {
+        return Ok(());
+    }
+    let pair = |p: &str| {
+        p.split_once(':').is_some_and(|(a, b)| {
+            !a.trim().is_empty()
+                && !b.trim().is_empty()
+                && a.trim().bytes().all(|c| c.is_ascii_digit())
+                && b.trim().bytes().all(|c| c.is_ascii_digit())
+        })
+    };
+    if value.trim().is_empty() || value.split(',').all(|p| pair(p.trim())) {
+        return Ok(());
+    }
+    Err(invalid(
+        key,
+        value,
+        "must be * or a comma-separated list of partition:broker pairs, e.g. 0:1,1:2",
+    ))
+}
+
+/// `message.format.version`: a Kafka version such as `0.10.2`, `2.8` or `3.0-IV1`
+/// (deprecated in Kafka 3.0, which ignores it as Strata does).
+fn format_version(value: &str) -> Result<(), ConfigError> {
+    let v = value.trim();
+    let (version, iv) = match v.split_once("-IV") {
+        Some((version, iv)) => (version, Some(iv)),
+        None => (v, None),
+    };
+    let parts: Vec<&str> = version.split('.').collect();
+    let number = |p: &str| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit());
+    let ok =
+        (2..=3).contains(&parts.len()) && parts.iter().all(|p| number(p)) && iv.is_none_or(number);
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            "message.format.version",
+            value,
+            "must be a Kafka version such as 2.8 or 3.0-IV1",
+        ))
+    }
 }
 
 /// `cleanup.policy`: `delete`, `compact` or both (comma-separated, any order), normalized.
@@ -155,12 +298,6 @@ impl LogConfig {
             0,
             i64::MAX,
         )?;
-        int(
-            "min.compaction.lag.ms",
-            get("min.compaction.lag.ms"),
-            0,
-            i64::MAX,
-        )?;
         let ratio = get("min.cleanable.dirty.ratio");
         if !ratio
             .trim()
@@ -197,6 +334,93 @@ impl LogConfig {
             -2,
             i64::MAX,
         )?;
+        // Accepted with Kafka's types and ranges; what each does (or why it does nothing)
+        // in Strata is in docs/kafka-compatibility.md.
+        one_of(
+            "compression.type",
+            get("compression.type"),
+            &["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"],
+        )?;
+        let gzip_level = get("compression.gzip.level");
+        if int("compression.gzip.level", gzip_level, -1, 9)? == 0 {
+            return Err(invalid(
+                "compression.gzip.level",
+                gzip_level,
+                "must be -1 (the codec's default) or between 1 and 9",
+            ));
+        }
+        int("compression.lz4.level", get("compression.lz4.level"), 1, 17)?;
+        int(
+            "compression.zstd.level",
+            get("compression.zstd.level"),
+            -131072,
+            22,
+        )?;
+        int(
+            "file.delete.delay.ms",
+            get("file.delete.delay.ms"),
+            0,
+            i64::MAX,
+        )?;
+        int("flush.ms", get("flush.ms"), 0, i64::MAX)?;
+        for key in [
+            "follower.replication.throttled.replicas",
+            "leader.replication.throttled.replicas",
+        ] {
+            throttled_replicas(key, get(key))?;
+        }
+        boolean(
+            "message.downconversion.enable",
+            get("message.downconversion.enable"),
+        )?;
+        format_version(get("message.format.version"))?;
+        boolean("preallocate", get("preallocate"))?;
+        int(
+            "segment.index.bytes",
+            get("segment.index.bytes"),
+            4,
+            i32::MAX as i64,
+        )?;
+        int("segment.jitter.ms", get("segment.jitter.ms"), 0, i64::MAX)?;
+        let min_lag = int(
+            "min.compaction.lag.ms",
+            get("min.compaction.lag.ms"),
+            0,
+            i64::MAX,
+        )?;
+        let max_lag = int(
+            "max.compaction.lag.ms",
+            get("max.compaction.lag.ms"),
+            1,
+            i64::MAX,
+        )?;
+        if min_lag > max_lag {
+            return Err(invalid(
+                "max.compaction.lag.ms",
+                get("max.compaction.lag.ms"),
+                format!("must not be below min.compaction.lag.ms ({min_lag})"),
+            ));
+        }
+        let timestamp_type = match one_of(
+            "message.timestamp.type",
+            get("message.timestamp.type"),
+            &["CreateTime", "LogAppendTime"],
+        )? {
+            "LogAppendTime" => TimestampType::LogAppendTime,
+            _ => TimestampType::CreateTime,
+        };
+        let ms = |key: &str| int(key, get(key), 0, i64::MAX);
+        let difference = ms("message.timestamp.difference.max.ms")?;
+        // Kafka 3.6+ (KIP-937): before/after take the deprecated difference when left at
+        // their defaults.
+        let before = match ms("message.timestamp.before.max.ms")? {
+            i64::MAX => difference,
+            v => v,
+        };
+        let after = match ms("message.timestamp.after.max.ms")? {
+            i64::MAX => difference,
+            v => v,
+        };
         let retention_ms = (retention_ms >= 0).then(|| Duration::from_millis(retention_ms as u64));
         let retention_bytes = (retention_bytes >= 0).then_some(retention_bytes as u64);
         Ok(LogConfig {
@@ -274,6 +498,10 @@ impl LogConfig {
                     })
                 }
             },
+            timestamp_type,
+            timestamp_before_max_ms: before,
+            timestamp_after_max_ms: after,
+            max_compaction_lag_ms: max_lag,
         })
     }
 
@@ -380,5 +608,99 @@ mod tests {
         assert!(one.accepts_acks(-1) && one.accepts_acks(1) && !one.accepts_acks(0));
         assert!(LogConfig::default().accepts_acks(0));
         assert!(LogConfig::from_map(&map(&[("min.acks", "2")])).is_err());
+    }
+
+    #[test]
+    fn kafkas_standard_topic_configs_are_accepted_with_their_ranges() {
+        let every: Vec<(&str, &str)> = vec![
+            ("compression.type", "zstd"),
+            ("compression.gzip.level", "9"),
+            ("compression.lz4.level", "17"),
+            ("compression.zstd.level", "-131072"),
+            ("file.delete.delay.ms", "0"),
+            ("flush.ms", "1000"),
+            ("follower.replication.throttled.replicas", "*"),
+            ("leader.replication.throttled.replicas", "0:1, 1:2"),
+            ("max.compaction.lag.ms", "60000"),
+            ("message.downconversion.enable", "FALSE"),
+            ("message.format.version", "0.10.2-IV0"),
+            ("message.timestamp.type", "LogAppendTime"),
+            ("message.timestamp.difference.max.ms", "0"),
+            ("preallocate", "true"),
+            ("segment.index.bytes", "4"),
+            ("segment.jitter.ms", "5"),
+            ("segment.ms", "1"),
+        ];
+        let c = LogConfig::from_map(&map(&every)).unwrap();
+        assert_eq!(c.timestamp_type, TimestampType::LogAppendTime);
+        assert_eq!(c.max_compaction_lag_ms, 60000);
+        for bad in [
+            ("compression.type", "brotli"),
+            ("compression.type", "GZIP"),
+            ("compression.gzip.level", "0"),
+            ("compression.gzip.level", "10"),
+            ("compression.lz4.level", "0"),
+            ("compression.zstd.level", "23"),
+            ("file.delete.delay.ms", "-1"),
+            ("flush.ms", "-1"),
+            ("follower.replication.throttled.replicas", "0-1"),
+            ("leader.replication.throttled.replicas", "a:1"),
+            ("leader.replication.throttled.replicas", "0:1,"),
+            ("max.compaction.lag.ms", "0"),
+            ("message.downconversion.enable", "yes"),
+            ("message.format.version", "banana"),
+            ("message.format.version", "3"),
+            ("message.timestamp.type", "logappendtime"),
+            ("message.timestamp.before.max.ms", "-1"),
+            ("message.timestamp.after.max.ms", "x"),
+            ("preallocate", "1"),
+            ("segment.index.bytes", "3"),
+            ("segment.jitter.ms", "-1"),
+            ("segment.ms", "0"),
+        ] {
+            match LogConfig::from_map(&map(&[bad])) {
+                Err(ConfigError::InvalidValue { key, .. }) => assert_eq!(key, bad.0),
+                other => panic!("{bad:?} gave {other:?}"),
+            }
+        }
+        // Kafka refuses a minimum compaction lag above the maximum.
+        assert!(LogConfig::from_map(&map(&[
+            ("min.compaction.lag.ms", "10"),
+            ("max.compaction.lag.ms", "5"),
+        ]))
+        .is_err());
+    }
+
+    #[test]
+    fn the_timestamp_window_follows_kip_937() {
+        let window = |pairs: &[(&str, &str)]| {
+            TimestampType::window(&LogConfig::from_map(&map(pairs)).unwrap(), 1_000_000)
+        };
+        assert_eq!(window(&[]), None, "no limits by default");
+        // the deprecated difference applies both ways when before/after are left alone
+        assert_eq!(
+            window(&[("message.timestamp.difference.max.ms", "100")]),
+            Some((999_900, 1_000_100))
+        );
+        // an explicit before/after wins over the difference
+        assert_eq!(
+            window(&[
+                ("message.timestamp.difference.max.ms", "100"),
+                ("message.timestamp.before.max.ms", "5000"),
+            ]),
+            Some((995_000, 1_000_100))
+        );
+        assert_eq!(
+            window(&[("message.timestamp.after.max.ms", "10")]),
+            Some((1_000_000 - i64::MAX, 1_000_010))
+        );
+        // LogAppendTime replaces the producer's timestamps: nothing to check
+        assert_eq!(
+            window(&[
+                ("message.timestamp.type", "LogAppendTime"),
+                ("message.timestamp.difference.max.ms", "100"),
+            ]),
+            None
+        );
     }
 }

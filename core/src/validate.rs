@@ -28,13 +28,25 @@ pub enum RecordsError {
     TooLarge { limit: u64 },
     #[error("record {index} has no key; a compacted topic (cleanup.policy=compact) needs one")]
     NoKey { index: i32 },
+    #[error(
+        "record {index} has timestamp {timestamp}, outside the topic's window [{earliest}, \
+         {latest}] (message.timestamp.before.max.ms / message.timestamp.after.max.ms)"
+    )]
+    Timestamp {
+        index: i32,
+        timestamp: i64,
+        earliest: i64,
+        latest: i64,
+    },
 }
 
 impl RecordsError {
     /// The record it names (KIP-467's `batch_index`), when it names one.
     pub fn record_index(&self) -> Option<i32> {
         match self {
-            RecordsError::Malformed { index, .. } | RecordsError::NoKey { index } => Some(*index),
+            RecordsError::Malformed { index, .. }
+            | RecordsError::NoKey { index }
+            | RecordsError::Timestamp { index, .. } => Some(*index),
             _ => None,
         }
     }
@@ -60,6 +72,19 @@ pub struct RecordRules {
     pub keys_required: bool,
     /// The most bytes the records section may hold (decompressed).
     pub limit: u64,
+    /// Record timestamps must fall in this window (`message.timestamp.type=CreateTime`
+    /// with `message.timestamp.before.max.ms` / `after.max.ms`); `None`: any timestamp.
+    pub timestamps: Option<TimestampWindow>,
+}
+
+/// The timestamps a batch's records may carry: `base` is the batch's base timestamp (each
+/// record's is `base` + its delta); `[earliest, latest]` the accepted range. A record
+/// without a timestamp (-1) is not checked, as in Kafka.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimestampWindow {
+    pub base: i64,
+    pub earliest: i64,
+    pub latest: i64,
 }
 
 /// Checks the `count` records of a records section read from `r` (already decompressed):
@@ -72,7 +97,7 @@ pub fn check_records<R: BufRead>(r: R, count: i32, rules: RecordRules) -> Result
         limit: rules.limit,
     };
     for index in 0..count.max(0) {
-        check_record(&mut s, index, rules.keys_required).map_err(|e| e.at(index, rules.limit))?;
+        check_record(&mut s, index, rules).map_err(|e| e.at(index, rules.limit))?;
     }
     match s.r.fill_buf() {
         Ok([]) => Ok(()),
@@ -86,6 +111,7 @@ enum Fault {
     Malformed(&'static str),
     TooLarge(u64),
     NoKey,
+    Timestamp(i64, TimestampWindow),
     Io(io::Error),
 }
 
@@ -98,6 +124,12 @@ impl Fault {
             },
             Fault::TooLarge(limit) => RecordsError::TooLarge { limit },
             Fault::NoKey => RecordsError::NoKey { index },
+            Fault::Timestamp(timestamp, w) => RecordsError::Timestamp {
+                index,
+                timestamp,
+                earliest: w.earliest,
+                latest: w.latest,
+            },
             Fault::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => RecordsError::Malformed {
                 index,
                 what: "the records section ends inside it".to_string(),
@@ -170,7 +202,7 @@ impl<R: BufRead> Stream<R> {
 fn check_record<R: BufRead>(
     s: &mut Stream<R>,
     index: i32,
-    keys_required: bool,
+    rules: RecordRules,
 ) -> Result<(), Fault> {
     let len = s.varint()?;
     if len <= 0 || len > i64::from(i32::MAX) {
@@ -180,7 +212,13 @@ fn check_record<R: BufRead>(
     // what is left of the record: no field may claim more
     let left = |s: &Stream<R>| end.saturating_sub(s.read);
     s.byte()?; // attributes (unused in v2)
-    s.varint()?; // timestamp delta
+    let delta = s.varint()?;
+    if let Some(w) = rules.timestamps {
+        let ts = w.base.saturating_add(delta);
+        if ts != -1 && (ts < w.earliest || ts > w.latest) {
+            return Err(Fault::Timestamp(ts, w));
+        }
+    }
     if s.varint()? != i64::from(index) {
         return Err(Fault::Malformed(
             "its offset delta is not its index in the batch",
@@ -190,7 +228,7 @@ fn check_record<R: BufRead>(
     if key < -1 {
         return Err(Fault::Malformed("its key length is below -1"));
     }
-    if key == -1 && keys_required {
+    if key == -1 && rules.keys_required {
         return Err(Fault::NoKey);
     }
     bytes(s, key, left(s))?;
@@ -242,6 +280,7 @@ mod tests {
     const OPEN: RecordRules = RecordRules {
         keys_required: false,
         limit: 1 << 20,
+        timestamps: None,
     };
 
     fn section(b: &[u8]) -> &[u8] {
@@ -299,6 +338,35 @@ mod tests {
             check_records(section(&b), 3, rules),
             Err(RecordsError::NoKey { index: 1 })
         );
+    }
+
+    #[test]
+    fn record_timestamps_outside_the_window_are_refused() {
+        let b = recs(4); // timestamp deltas 0..=3
+        let window = |base, earliest, latest| RecordRules {
+            timestamps: Some(TimestampWindow {
+                base,
+                earliest,
+                latest,
+            }),
+            ..OPEN
+        };
+        assert_eq!(check_records(section(&b), 4, window(100, 100, 103)), Ok(()));
+        assert_eq!(
+            check_records(section(&b), 4, window(100, 100, 102)),
+            Err(RecordsError::Timestamp {
+                index: 3,
+                timestamp: 103,
+                earliest: 100,
+                latest: 102
+            })
+        );
+        let early = check_records(section(&b), 4, window(100, 101, 200)).unwrap_err();
+        assert_eq!(early.record_index(), Some(0));
+        assert!(early.to_string().contains("timestamp 100"), "{early}");
+        // a record without a timestamp (-1) is not checked
+        let one = recs(1);
+        assert_eq!(check_records(section(&one), 1, window(-1, 0, 10)), Ok(()));
     }
 
     #[test]

@@ -27,6 +27,7 @@ fuzz_target!(|data: &[u8]| {
     let rules = RecordRules {
         keys_required: mode & 0x40 != 0,
         limit: 1 << 20,
+        timestamps: None,
     };
     let _ = strata_core::codec::check_produced(&bytes, &h, rules);
 });

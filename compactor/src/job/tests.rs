@@ -211,12 +211,27 @@ async fn compaction_keeps_each_keys_latest_at_its_offset_and_merges_segments() {
         below.skipped.as_deref().unwrap().contains("dirty ratio"),
         "{below:?}"
     );
+    // max.compaction.lag.ms not yet passed: still below the ratio
+    f.set_configs(&[("max.compaction.lag.ms", &i64::MAX.to_string())])
+        .await;
+    let below = f.compact(&JobConfig::default()).await;
+    assert!(below.skipped.is_some(), "{below:?}");
     f.set_configs(&[("min.cleanable.dirty.ratio", "0.01")])
         .await;
     let r = f.compact(&JobConfig::default()).await;
     assert!(r.swapped, "{r:?}");
     assert_eq!(f.records().await, f.latest());
     assert_eq!(f.manifest().await.end_offset(), 405);
+    // a dirty segment older than max.compaction.lag.ms is compacted below the ratio
+    f.set_configs(&[("min.cleanable.dirty.ratio", "0.5")]).await;
+    f.segment(&updates(5, 1, "newer-"), 3).await;
+    let below = f.compact(&JobConfig::default()).await;
+    assert!(below.skipped.is_some(), "{below:?}");
+    f.set_configs(&[("max.compaction.lag.ms", "1")]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let r = f.compact(&JobConfig::default()).await;
+    assert!(r.swapped, "{r:?}");
+    assert_eq!(f.records().await, f.latest());
 }
 
 #[tokio::test]
@@ -385,6 +400,13 @@ fn topic_configs_are_read_with_kafkas_defaults_and_checked() {
         .unwrap_err()
         .contains("delete.retention.ms"));
     assert!(c(&[("min.cleanable.dirty.ratio", "2")]).is_err());
+    assert_eq!(d.max_compaction_lag_ms, i64::MAX);
+    assert_eq!(
+        c(&[("max.compaction.lag.ms", "60000")])
+            .unwrap()
+            .max_compaction_lag_ms,
+        60000
+    );
 }
 
 #[tokio::test]

@@ -152,6 +152,9 @@ pub struct PendingAppend {
     records: u64,
     bytes: u64,
     base_offset: u64,
+    /// The append time the batch was stamped with (LogAppendTime topics): the Produce
+    /// response's `log_append_time_ms`.
+    log_append_time: Option<i64>,
     /// The high watermark must reach this, in this leader epoch, for the write to be
     /// committed; `None` when the producer asked for less than acks=all.
     durable_at: Option<(u64, i32)>,
@@ -170,6 +173,11 @@ impl PendingAppend {
 
     pub fn log_start(&self) -> u64 {
         self.log_start
+    }
+
+    /// The broker's append time on a LogAppendTime topic, else -1 (Kafka's answer).
+    pub fn log_append_time_ms(&self) -> i64 {
+        self.log_append_time.unwrap_or(-1)
     }
 
     /// Waits until the write is committed per the topic's policy (acks=all only); records
@@ -533,7 +541,7 @@ impl Broker {
         let batch = crate::log::ValidBatch::new(records).inspect_err(|e| {
             tracing::debug!(topic, partition = index, error = %e, "refused produced batch");
         })?;
-        partition.check_records(&batch).map_err(|error| {
+        let (batch, log_append_time) = partition.check_records(batch, now_ms).map_err(|error| {
             tracing::debug!(topic, partition = index, %error, "refused produced records");
             ProduceError::Records {
                 topic: topic.to_string(),
@@ -586,6 +594,7 @@ impl Broker {
                 batch.len() as u64
             },
             base_offset: appended.base_offset,
+            log_append_time,
             durable_at: (acks == -1).then_some((appended.last_offset + 1, epoch)),
             log_start: progress.log_start,
             appended_at: std::time::Instant::now(),

@@ -152,6 +152,11 @@ pub struct Partition {
 struct ProduceRules {
     max_message_bytes: u32,
     keys_required: bool,
+    /// `message.timestamp.type=LogAppendTime`: the leader stamps batches with its time.
+    log_append_time: bool,
+    /// CreateTime: how far behind / ahead of the broker's clock record timestamps may be.
+    timestamp_before_max_ms: i64,
+    timestamp_after_max_ms: i64,
 }
 
 impl ProduceRules {
@@ -159,7 +164,24 @@ impl ProduceRules {
         ProduceRules {
             max_message_bytes: config.max_message_bytes,
             keys_required: config.cleanup_policy.split(',').any(|p| p == "compact"),
+            log_append_time: config.timestamp_type
+                == crate::log::config::TimestampType::LogAppendTime,
+            timestamp_before_max_ms: config.timestamp_before_max_ms,
+            timestamp_after_max_ms: config.timestamp_after_max_ms,
         }
+    }
+
+    /// The window record timestamps must fall in at `now_ms` (CreateTime with limits).
+    fn window(&self, now_ms: i64) -> Option<(i64, i64)> {
+        if self.log_append_time
+            || (self.timestamp_before_max_ms == i64::MAX && self.timestamp_after_max_ms == i64::MAX)
+        {
+            return None;
+        }
+        Some((
+            now_ms.saturating_sub(self.timestamp_before_max_ms),
+            now_ms.saturating_add(self.timestamp_after_max_ms),
+        ))
     }
 }
 
@@ -384,19 +406,40 @@ impl Partition {
     }
 
     /// Checks the records inside a produced batch, outside any log lock: well-formed, offset
-    /// deltas in order, keys on a compacted topic; a compressed batch is decompressed as a
-    /// stream, to at most [`strata_core::codec::MAX_DECOMPRESSED_BATCH`] (what the tools that
-    /// decode batches accept), so a decompression bomb is refused before it is stored. A
-    /// batch over `max.message.bytes` is left for the append to refuse, undecompressed.
-    pub fn check_records(&self, batch: &ValidBatch) -> Result<(), RecordsError> {
+    /// deltas in order, keys on a compacted topic, timestamps inside the topic's window
+    /// (`message.timestamp.before.max.ms` / `after.max.ms` around `now_ms`, CreateTime
+    /// topics); a compressed batch is decompressed as a stream, to at most
+    /// [`strata_core::codec::MAX_DECOMPRESSED_BATCH`] (what the tools that decode batches
+    /// accept), so a decompression bomb is refused before it is stored. A batch over
+    /// `max.message.bytes` is left for the append to refuse, undecompressed.
+    ///
+    /// On a `message.timestamp.type=LogAppendTime` topic the batch comes back stamped with
+    /// `now_ms` as its append time (CRC recomputed), as Kafka's leader stamps it; otherwise
+    /// as it was. Returns the append time it was stamped with, if any.
+    pub fn check_records(
+        &self,
+        batch: ValidBatch,
+        now_ms: i64,
+    ) -> Result<(ValidBatch, Option<i64>), RecordsError> {
         let rules = *self.rules.lock().unwrap_or_else(|e| e.into_inner());
         if batch.len() > rules.max_message_bytes as usize {
-            return Ok(());
+            return Ok((batch, None));
         }
         batch.check_records(RecordRules {
             keys_required: rules.keys_required,
             limit: strata_core::codec::MAX_DECOMPRESSED_BATCH as u64,
-        })
+            timestamps: rules.window(now_ms).map(|(earliest, latest)| {
+                strata_core::validate::TimestampWindow {
+                    base: batch.header().base_timestamp,
+                    earliest,
+                    latest,
+                }
+            }),
+        })?;
+        if rules.log_append_time {
+            return Ok((batch.with_log_append_time(now_ms), Some(now_ms)));
+        }
+        Ok((batch, None))
     }
 
     /// Appends a produced batch as leader. `acks=-1` is refused before append when the ISR
@@ -1114,6 +1157,87 @@ mod tests {
         p.replica_fetch(replica, epoch, offset, 1 << 20, Duration::ZERO, 0)
             .await
             .map(|_| ())
+    }
+
+    fn configured(dir: &std::path::Path, pairs: &[(&str, &str)]) -> Arc<Partition> {
+        let config = crate::log::LogConfig::from_map(
+            &pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+        .unwrap();
+        let (log, _) = PartitionLog::open(dir, config, 0).unwrap();
+        let p = Partition::start(Arc::from("t"), 0, log, 0);
+        lead(&p, 1, vec![1, 2, 3], 0);
+        p
+    }
+
+    /// Kafka's LogAppendTime: the leader stamps the batch's max timestamp with its append
+    /// time and sets the timestamp-type bit; what is stored passes the CRC check, and a time
+    /// lookup sees the append time, not the producer's timestamps (0, 1, 2).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_log_append_time_topic_stores_batches_stamped_with_a_valid_crc() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = configured(dir.path(), &[("message.timestamp.type", "LogAppendTime")]);
+        let (stamped, at) = p.check_records(records(3), 7_000).unwrap();
+        assert_eq!(at, Some(7_000));
+        p.append(&stamped, 1, 7_000).unwrap();
+        let log = p.lock();
+        let bytes = log
+            .plan_read(0, u64::MAX)
+            .unwrap()
+            .unwrap()
+            .read(1 << 20)
+            .unwrap();
+        let h = strata_core::batch::verify(&bytes).expect("the stored batch's CRC is valid");
+        assert!(h.log_append_time());
+        assert_eq!((h.base_offset, h.max_timestamp), (0, 7_000));
+        assert_eq!(log.offset_for_timestamp(1).unwrap(), Some((0, 7_000)));
+        assert_eq!(log.offset_for_timestamp(7_001).unwrap(), None);
+        drop(log);
+        // a CreateTime topic keeps the producer's timestamps and bytes
+        let dir = tempfile::tempdir().unwrap();
+        let p = configured(dir.path(), &[]);
+        let (kept, at) = p.check_records(records(3), 7_000).unwrap();
+        assert_eq!(at, None);
+        assert!(!kept.header().log_append_time());
+        assert_eq!(kept.header().max_timestamp, 2);
+    }
+
+    /// `message.timestamp.before.max.ms` / `after.max.ms` (and the older
+    /// `difference.max.ms`) refuse records whose timestamp is too far from the broker's clock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_outside_the_timestamp_window_are_refused_before_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = configured(dir.path(), &[("message.timestamp.before.max.ms", "100")]);
+        // records at 0, 1, 2; now 101: record 0 is 101 ms old
+        assert!(matches!(
+            p.check_records(records(3), 101),
+            Err(RecordsError::Timestamp {
+                index: 0,
+                timestamp: 0,
+                ..
+            })
+        ));
+        assert!(p.check_records(records(3), 100).is_ok());
+        let dir = tempfile::tempdir().unwrap();
+        let p = configured(dir.path(), &[("message.timestamp.difference.max.ms", "1")]);
+        // now -1: record 1 is 2 ms ahead
+        assert!(matches!(
+            p.check_records(records(3), -1),
+            Err(RecordsError::Timestamp { index: 1, .. })
+        ));
+        // LogAppendTime replaces the timestamps: no window
+        let dir = tempfile::tempdir().unwrap();
+        let p = configured(
+            dir.path(),
+            &[
+                ("message.timestamp.type", "LogAppendTime"),
+                ("message.timestamp.difference.max.ms", "1"),
+            ],
+        );
+        assert!(p.check_records(records(3), 1_000_000).is_ok());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -69,6 +69,10 @@ pub fn produce(e: &ProduceError) -> Coded {
         ProduceError::AcksTooWeak { .. } => (INVALID_REQUIRED_ACKS, e.to_string()),
         ProduceError::InternalTopic(_) => (INVALID_TOPIC, e.to_string()),
         ProduceError::Batch(b) => batch(b),
+        ProduceError::Records {
+            error: strata_core::validate::RecordsError::Timestamp { .. },
+            ..
+        } => (E::InvalidTimestamp.code(), e.to_string()),
         ProduceError::Records { .. } => (E::InvalidRecord.code(), e.to_string()),
         ProduceError::Append(a) => append(a),
     }

@@ -26,6 +26,7 @@ struct PartitionOutcome {
     index: i32,
     base_offset: i64,
     log_start: i64,
+    log_append_time: i64,
     error: Option<codes::Coded>,
     wait: Option<PendingAppend>,
 }
@@ -36,6 +37,7 @@ impl PartitionOutcome {
             index,
             base_offset: -1,
             log_start: -1,
+            log_append_time: -1,
             error: Some(error),
             wait: None,
         }
@@ -168,6 +170,7 @@ pub(super) fn handle(
                     index: pd.index,
                     base_offset: pending.base_offset() as i64,
                     log_start: pending.log_start() as i64,
+                    log_append_time: pending.log_append_time_ms(),
                     error: None,
                     wait: Some(pending),
                 }),
@@ -212,7 +215,11 @@ pub(super) fn handle(
                         } else {
                             -1
                         })
-                        .with_log_append_time_ms(-1)
+                        .with_log_append_time_ms(if code == codes::NONE {
+                            o.log_append_time
+                        } else {
+                            -1
+                        })
                         .with_log_start_offset(o.log_start),
                 );
             }

@@ -68,6 +68,19 @@ impl ValidBatch {
         strata_core::codec::check_produced(&self.bytes, &self.header, rules)
     }
 
+    /// This batch stamped with the broker's append time (`message.timestamp.type=
+    /// LogAppendTime`): timestamp-type attribute set, max timestamp = `append_time_ms`, CRC
+    /// recomputed. Copies the batch once.
+    pub fn with_log_append_time(self, append_time_ms: i64) -> ValidBatch {
+        let mut bytes = bytes::BytesMut::from(&self.bytes[..]);
+        if !batch::set_log_append_time(&mut bytes, append_time_ms) {
+            return self; // cannot happen: the batch was validated whole
+        }
+        let bytes = bytes.freeze();
+        let header = BatchHeader::parse(&bytes).unwrap_or(self.header);
+        ValidBatch { bytes, header }
+    }
+
     pub fn len(&self) -> usize {
         self.bytes.len()
     }
