@@ -255,6 +255,31 @@ async fn every_served_api_answers_at_every_served_version() {
                             r.results[0].error_message
                         )
                     }),
+                AlterConfigs => {
+                    use kafka_protocol::messages::alter_configs_request as legacy;
+                    conn.send(
+                        &kafka_protocol::messages::AlterConfigsRequest::default().with_resources(
+                            vec![legacy::AlterConfigsResource::default()
+                                .with_resource_type(2)
+                                .with_resource_name(s("sweep"))
+                                .with_configs(vec![legacy::AlterableConfig::default()
+                                    .with_name(s("segment.ms"))
+                                    .with_value(Some(s(&format!(
+                                        "{}",
+                                        100_000 + i64::from(v)
+                                    ))))])],
+                        ),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!(
+                            r.responses[0].error_code, 0,
+                            "v{v}: {:?}",
+                            r.responses[0].error_message
+                        )
+                    })
+                }
                 IncrementalAlterConfigs => conn
                     .send(
                         &IncrementalAlterConfigsRequest::default().with_resources(vec![
@@ -876,9 +901,34 @@ async fn configs_can_be_altered_and_partitions_added() {
         code(conn.send(&alter(0, "no.such", Some("1")), 1).await.unwrap()),
         40
     );
+    // APPEND and SUBTRACT work on list configs only (Kafka's rule)
     assert_eq!(
         code(
-            conn.send(&alter(2, "cleanup.policy", Some("delete")), 1)
+            conn.send(&alter(2, "cleanup.policy", Some("compact")), 1)
+                .await
+                .unwrap()
+        ),
+        0
+    );
+    assert_eq!(
+        get(
+            &admin.describe_configs("t").await.unwrap(),
+            "cleanup.policy"
+        )
+        .value,
+        "delete,compact"
+    );
+    assert_eq!(
+        code(
+            conn.send(&alter(3, "cleanup.policy", Some("compact")), 1)
+                .await
+                .unwrap()
+        ),
+        0
+    );
+    assert_eq!(
+        code(
+            conn.send(&alter(2, "retention.ms", Some("5")), 1)
                 .await
                 .unwrap()
         ),

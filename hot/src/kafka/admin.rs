@@ -1,4 +1,5 @@
-//! Metadata, CreateTopics, DeleteTopics and DescribeConfigs.
+//! Metadata, CreateTopics, DeleteTopics and CreatePartitions (the config APIs are in
+//! `configs.rs`).
 
 use std::collections::{BTreeMap, HashSet};
 use strata_controller::metadata::acl::{Operation, ResourceType, CLUSTER_NAME};
@@ -8,37 +9,18 @@ use kafka_protocol::messages::create_topics_response::{
     CreatableTopicConfigs, CreatableTopicResult,
 };
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
-use kafka_protocol::messages::describe_configs_response::{
-    DescribeConfigsResourceResult, DescribeConfigsResult,
-};
-use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
 use kafka_protocol::messages::{
     BrokerId, CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest,
-    CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeConfigsRequest,
-    DescribeConfigsResponse, IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse,
-    MetadataRequest, MetadataResponse, TopicName,
+    CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, MetadataRequest,
+    MetadataResponse, TopicName,
 };
 use uuid::Uuid;
 
 use super::{codes, s, Request};
-use crate::broker::{validate_topic_name, AdminError, ConfigSource, NewTopic, Topic};
-
-const RESOURCE_TOPIC: i8 = 2;
-const RESOURCE_BROKER: i8 = 4;
-/// DescribeConfigs config sources (Kafka's numbers).
-const SOURCE_TOPIC: i8 = 1;
-const SOURCE_STATIC_BROKER: i8 = 4;
-const SOURCE_DEFAULT: i8 = 5;
-/// DescribeConfigs config types.
-const TYPE_BOOLEAN: i8 = 1;
-const TYPE_STRING: i8 = 2;
-const TYPE_INT: i8 = 3;
-const TYPE_LONG: i8 = 5;
-const TYPE_DOUBLE: i8 = 6;
-const TYPE_LIST: i8 = 7;
+use crate::broker::{validate_topic_name, AdminError, NewTopic, Topic};
 
 /// A topic's Metadata entry. `leader` maps the metadata's leader to the one to name: a
 /// broker whose lease lapsed does not name itself.
@@ -297,7 +279,7 @@ pub(super) async fn create_topics(ctx: Request, req: CreateTopicsRequest) -> Cre
                         CreatableTopicConfigs::default()
                             .with_name(s(k))
                             .with_value(Some(s(v)))
-                            .with_config_source(source_code(source))
+                            .with_config_source(super::configs::source_code(source))
                     })
                     .collect();
                 results.push(
@@ -380,90 +362,6 @@ pub(super) async fn delete_topics(ctx: Request, req: DeleteTopicsRequest) -> Del
     DeleteTopicsResponse::default().with_responses(responses)
 }
 
-fn source_code(source: ConfigSource) -> i8 {
-    match source {
-        ConfigSource::Topic => SOURCE_TOPIC,
-        ConfigSource::Broker => SOURCE_STATIC_BROKER,
-        ConfigSource::Default => SOURCE_DEFAULT,
-    }
-}
-
-fn config_type(key: &str) -> i8 {
-    match key {
-        "cleanup.policy" => TYPE_LIST,
-        "index.interval.bytes" | "max.message.bytes" | "segment.bytes" => TYPE_INT,
-        "flush.messages" | "retention.bytes" | "retention.ms" | "segment.ms" => TYPE_LONG,
-        "delete.retention.ms" | "min.compaction.lag.ms" => TYPE_LONG,
-        "min.cleanable.dirty.ratio" => TYPE_DOUBLE,
-        "min.insync.replicas" => TYPE_INT,
-        "min.acks" => TYPE_STRING,
-        "unclean.leader.election.enable" => TYPE_BOOLEAN,
-        _ => TYPE_STRING,
-    }
-}
-
-pub(super) fn describe_configs(
-    ctx: &Request,
-    req: DescribeConfigsRequest,
-) -> DescribeConfigsResponse {
-    let broker = ctx.broker();
-    let results = req
-        .resources
-        .into_iter()
-        .map(|r| {
-            let result = DescribeConfigsResult::default()
-                .with_resource_type(r.resource_type)
-                .with_resource_name(r.resource_name.clone());
-            let wanted = |k: &str| {
-                r.configuration_keys
-                    .as_ref()
-                    .is_none_or(|keys| keys.iter().any(|x| x.as_str() == k))
-            };
-            match r.resource_type {
-                RESOURCE_TOPIC => {
-                    if !ctx.may_topic(Operation::DescribeConfigs, r.resource_name.as_str()) {
-                        return result
-                            .with_error_code(codes::TOPIC_AUTHORIZATION_FAILED)
-                            .with_error_message(Some(s(format!(
-                                "{} may not describe the configs of {}",
-                                ctx.principal,
-                                r.resource_name.as_str()
-                            ))));
-                    }
-                    let Some(topic) = broker.topic(r.resource_name.as_str()) else {
-                        return result
-                            .with_error_code(codes::UNKNOWN_TOPIC_OR_PARTITION)
-                            .with_error_message(Some(s(format!(
-                                "topic '{}' does not exist",
-                                r.resource_name.as_str()
-                            ))));
-                    };
-                    let configs = broker
-                        .describe_configs(&topic.spec)
-                        .into_iter()
-                        .filter(|(k, _, _)| wanted(k))
-                        .map(|(k, v, source)| {
-                            DescribeConfigsResourceResult::default()
-                                .with_config_type(config_type(&k))
-                                .with_name(s(k))
-                                .with_value(Some(s(v)))
-                                .with_config_source(source_code(source))
-                        })
-                        .collect();
-                    result.with_configs(configs)
-                }
-                // Broker configs are not described yet; answer with none rather than an error
-                // so that admin tools listing everything keep working.
-                RESOURCE_BROKER => result,
-                other => result
-                    .with_error_code(codes::INVALID_REQUEST)
-                    .with_error_message(Some(s(format!("resource type {other} is not supported")))),
-            }
-        })
-        .collect();
-    DescribeConfigsResponse::default().with_results(results)
-}
-
 pub(super) async fn create_partitions(
     ctx: Request,
     req: CreatePartitionsRequest,
@@ -511,92 +409,4 @@ pub(super) async fn create_partitions(
         }
     }
     CreatePartitionsResponse::default().with_results(results)
-}
-
-/// IncrementalAlterConfigs operations (Kafka's numbers).
-const OP_SET: i8 = 0;
-const OP_DELETE: i8 = 1;
-
-pub(super) async fn alter_configs(
-    ctx: Request,
-    req: IncrementalAlterConfigsRequest,
-) -> IncrementalAlterConfigsResponse {
-    let broker = ctx.broker().clone();
-    tracing::info!(principal = %ctx.principal, peer = %ctx.peer, resources = req.resources.len(), "IncrementalAlterConfigs");
-    let mut responses = Vec::with_capacity(req.resources.len());
-    for r in req.resources {
-        let resp = AlterConfigsResourceResponse::default()
-            .with_resource_type(r.resource_type)
-            .with_resource_name(r.resource_name.clone());
-        if r.resource_type != RESOURCE_TOPIC {
-            responses.push(
-                resp.with_error_code(codes::INVALID_REQUEST)
-                    .with_error_message(Some(s(
-                    "only topic configs can be altered; broker configs come from the config file",
-                ))),
-            );
-            continue;
-        }
-        let mut set = BTreeMap::new();
-        let mut remove = Vec::new();
-        let mut refused = None;
-        for c in &r.configs {
-            match (c.config_operation, &c.value) {
-                (OP_SET, Some(v)) => {
-                    set.insert(c.name.to_string(), v.to_string());
-                }
-                (OP_DELETE, _) => remove.push(c.name.to_string()),
-                (op, _) => {
-                    refused = Some(format!(
-                        "operation {op} on '{}' is not supported (only SET and DELETE)",
-                        c.name.as_str()
-                    ))
-                }
-            }
-        }
-        if let Some(msg) = refused {
-            responses.push(
-                resp.with_error_code(codes::INVALID_CONFIG)
-                    .with_error_message(Some(s(msg))),
-            );
-            continue;
-        }
-        let name = r.resource_name.as_str();
-        // Durability and retention settings decide whether acknowledged records survive:
-        // changing them takes Alter on the topic as well as AlterConfigs.
-        let guards_durability = set.keys().chain(remove.iter()).any(|k| {
-            k == "min.acks"
-                || k == "min.insync.replicas"
-                || k.starts_with("retention.")
-                || k.starts_with("local.retention.")
-        });
-        if !ctx.may_topic(Operation::AlterConfigs, name)
-            || (guards_durability && !ctx.may_topic(Operation::Alter, name))
-        {
-            responses.push(
-                resp.with_error_code(codes::TOPIC_AUTHORIZATION_FAILED)
-                    .with_error_message(Some(s(format!(
-                        "{} may not alter these configs of {name}{}",
-                        ctx.principal,
-                        if guards_durability {
-                            " (durability and retention settings need Alter too)"
-                        } else {
-                            ""
-                        }
-                    )))),
-            );
-            continue;
-        }
-        match broker
-            .alter_topic_configs(r.resource_name.as_str(), set, remove, req.validate_only)
-            .await
-        {
-            Ok(()) => responses.push(resp),
-            Err(e) => {
-                let (code, msg) = codes::admin(&e);
-                responses.push(resp.with_error_code(code).with_error_message(Some(s(msg))));
-            }
-        }
-    }
-    IncrementalAlterConfigsResponse::default().with_responses(responses)
 }

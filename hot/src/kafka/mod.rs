@@ -11,6 +11,7 @@ mod acls;
 mod admin;
 mod client_quotas;
 pub(crate) mod codes;
+mod configs;
 mod fetch;
 mod group;
 pub mod limits;
@@ -25,12 +26,12 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    api_versions_response::ApiVersion, AlterClientQuotasRequest, AlterUserScramCredentialsRequest,
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, CreateAclsRequest, CreatePartitionsRequest,
-    CreateTopicsRequest, DeleteAclsRequest, DeleteGroupsRequest, DeleteTopicsRequest,
-    DescribeAclsRequest, DescribeClientQuotasRequest, DescribeConfigsRequest,
-    DescribeGroupsRequest, DescribeUserScramCredentialsRequest, FetchRequest,
-    FindCoordinatorRequest, HeartbeatRequest, IncrementalAlterConfigsRequest,
+    api_versions_response::ApiVersion, AlterClientQuotasRequest, AlterConfigsRequest,
+    AlterUserScramCredentialsRequest, ApiKey, ApiVersionsRequest, ApiVersionsResponse,
+    CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest,
+    DeleteGroupsRequest, DeleteTopicsRequest, DescribeAclsRequest, DescribeClientQuotasRequest,
+    DescribeConfigsRequest, DescribeGroupsRequest, DescribeUserScramCredentialsRequest,
+    FetchRequest, FindCoordinatorRequest, HeartbeatRequest, IncrementalAlterConfigsRequest,
     InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
     ListOffsetsRequest, MetadataRequest, OffsetCommitRequest, OffsetFetchRequest,
     OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
@@ -58,6 +59,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::InitProducerId, 0, 4),
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::AlterConfigs, 0, 2),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::OffsetForLeaderEpoch, 2, 4),
     (ApiKey::FindCoordinator, 0, 4),
@@ -677,13 +679,16 @@ impl KafkaServer {
             Body::ListOffsets(req) => ctx.later(fetch::list_offsets(ctx.clone(), req)),
             Body::CreateTopics(req) => ctx.later(admin::create_topics(ctx.clone(), req)),
             Body::DeleteTopics(req) => ctx.later(admin::delete_topics(ctx.clone(), req)),
-            Body::DescribeConfigs(req) => ctx.respond_now(&admin::describe_configs(&ctx, req)),
+            Body::DescribeConfigs(req) => ctx.respond_now(&configs::describe_configs(&ctx, req)),
             Body::InitProducerId(req) => ctx.later(produce::init_producer_id(ctx.clone(), req)),
             Body::CreatePartitions(req) => ctx.later(admin::create_partitions(ctx.clone(), req)),
             Body::OffsetForLeaderEpoch(req) => {
                 ctx.later(fetch::offsets_for_leader_epoch(ctx.clone(), req))
             }
-            Body::IncrementalAlterConfigs(req) => ctx.later(admin::alter_configs(ctx.clone(), req)),
+            Body::AlterConfigs(req) => ctx.later(configs::alter_configs_legacy(ctx.clone(), req)),
+            Body::IncrementalAlterConfigs(req) => {
+                ctx.later(configs::incremental_alter_configs(ctx.clone(), req))
+            }
             Body::FindCoordinator(req) => ctx.later(group::find_coordinator(ctx.clone(), req)),
             Body::JoinGroup(req) => ctx.later(group::join(ctx.clone(), req)),
             Body::SyncGroup(req) => ctx.later(group::sync(ctx.clone(), req)),
@@ -781,6 +786,7 @@ pub enum Body {
     DescribeConfigs(DescribeConfigsRequest),
     InitProducerId(InitProducerIdRequest),
     CreatePartitions(CreatePartitionsRequest),
+    AlterConfigs(AlterConfigsRequest),
     IncrementalAlterConfigs(IncrementalAlterConfigsRequest),
     OffsetForLeaderEpoch(OffsetForLeaderEpochRequest),
     FindCoordinator(FindCoordinatorRequest),
@@ -866,6 +872,7 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::OffsetForLeaderEpoch => {
             Body::OffsetForLeaderEpoch(decode_body(&mut frame, version)?)
         }
+        ApiKey::AlterConfigs => Body::AlterConfigs(decode_body(&mut frame, version)?),
         ApiKey::IncrementalAlterConfigs => {
             Body::IncrementalAlterConfigs(decode_body(&mut frame, version)?)
         }

@@ -1,0 +1,334 @@
+"""Kafka's standard topic configs and the config APIs, with confluent-kafka's AdminClient
+(librdkafka 2.x) against a real strata process: CreateTopics with every standard config,
+DescribeConfigs of topics (sources, synonyms) and of the broker, the legacy AlterConfigs
+(API 33, `AdminClient.alter_configs`), IncrementalAlterConfigs APPEND / SUBTRACT, and the
+behaviour behind `message.timestamp.type=LogAppendTime` and the timestamp window."""
+
+import time
+
+import pytest
+from confluent_kafka import (
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewTopic,
+    ResourceType,
+)
+
+from conftest import rdkafka_conf
+
+TIMEOUT = 20
+
+# Every standard Kafka topic config Strata used to refuse as unknown, with a valid
+# non-default value.
+NEW_CONFIGS = {
+    "message.timestamp.type": "LogAppendTime",
+    "message.timestamp.difference.max.ms": "3600000",
+    "message.timestamp.before.max.ms": "7200000",
+    "message.timestamp.after.max.ms": "600000",
+    "file.delete.delay.ms": "1000",
+    "max.compaction.lag.ms": "60000",
+    "compression.type": "zstd",
+    "compression.gzip.level": "6",
+    "compression.lz4.level": "10",
+    "compression.zstd.level": "5",
+    "segment.ms": "1",
+    "segment.jitter.ms": "100",
+    "segment.index.bytes": "4096",
+    "flush.ms": "1000",
+    "preallocate": "true",
+    "message.downconversion.enable": "false",
+    "message.format.version": "3.0-IV1",
+    "leader.replication.throttled.replicas": "0:1,1:1",
+    "follower.replication.throttled.replicas": "*",
+}
+
+
+def admin(broker) -> AdminClient:
+    return AdminClient(rdkafka_conf({"bootstrap.servers": broker.bootstrap}))
+
+
+def create(a: AdminClient, name: str, configs: dict, partitions: int = 1):
+    fs = a.create_topics([NewTopic(name, partitions, 1, config=configs)], request_timeout=TIMEOUT)
+    fs[name].result(timeout=TIMEOUT)
+
+
+def describe(a: AdminClient, kind, name: str) -> dict:
+    res = ConfigResource(kind, name)
+    return a.describe_configs([res], request_timeout=TIMEOUT)[res].result(timeout=TIMEOUT)
+
+
+def error_code(exc: KafkaException) -> int:
+    return exc.args[0].code()
+
+
+def test_every_standard_topic_config_is_accepted_and_described(broker):
+    a = admin(broker)
+    create(a, "all-configs", NEW_CONFIGS)
+    described = describe(a, ResourceType.TOPIC, "all-configs")
+    for key, value in NEW_CONFIGS.items():
+        assert key in described, f"{key} not described; got {sorted(described)}"
+        entry = described[key]
+        assert entry.value == value, (key, entry.value)
+        assert entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value, (key, entry.source)
+        assert not entry.is_default and not entry.is_read_only and not entry.is_sensitive
+    # Configs the topic did not set are described too, with Kafka's defaults.
+    assert described["retention.ms"].value == "604800000"
+    assert described["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+    assert described["retention.ms"].is_default
+    for key, default in [
+        ("min.compaction.lag.ms", "0"),
+        ("unclean.leader.election.enable", "false"),
+        ("remote.storage.enable", "false"),
+    ]:
+        assert described[key].value == default, key
+    # A topic config set on the topic names its broker-level synonym (Kafka's names) after
+    # itself, in order of precedence.
+    synonyms = described["segment.ms"].synonyms
+    assert "segment.ms" in synonyms and "log.roll.ms" in synonyms, synonyms
+
+
+def test_a_fresh_topic_has_kafkas_defaults_for_the_new_configs(broker):
+    a = admin(broker)
+    create(a, "defaults", {})
+    d = describe(a, ResourceType.TOPIC, "defaults")
+    for key, default in [
+        ("message.timestamp.type", "CreateTime"),
+        ("message.timestamp.difference.max.ms", "9223372036854775807"),
+        ("message.timestamp.before.max.ms", "9223372036854775807"),
+        ("message.timestamp.after.max.ms", "9223372036854775807"),
+        ("file.delete.delay.ms", "60000"),
+        ("max.compaction.lag.ms", "9223372036854775807"),
+        ("compression.type", "producer"),
+        ("preallocate", "false"),
+    ]:
+        assert d[key].value == default, (key, d[key].value)
+        assert d[key].source == ConfigSource.DEFAULT_CONFIG.value, key
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("message.timestamp.type", "WallClockTime"),
+        ("message.timestamp.type", "logappendtime"),
+        ("message.timestamp.difference.max.ms", "-1"),
+        ("message.timestamp.before.max.ms", "soon"),
+        ("message.timestamp.after.max.ms", "-5"),
+        ("file.delete.delay.ms", "-1"),
+        ("max.compaction.lag.ms", "0"),
+        ("compression.type", "brotli"),
+        ("compression.gzip.level", "12"),
+        ("compression.zstd.level", "23"),
+        ("segment.ms", "0"),
+        ("segment.index.bytes", "3"),
+        ("segment.jitter.ms", "-1"),
+        ("flush.ms", "-1"),
+        ("preallocate", "maybe"),
+        ("message.downconversion.enable", "yes"),
+        ("message.format.version", "banana"),
+        ("leader.replication.throttled.replicas", "0-1"),
+        ("follower.replication.throttled.replicas", "a:b"),
+    ],
+)
+def test_bad_values_are_refused_with_invalid_config(broker, key, value):
+    a = admin(broker)
+    with pytest.raises(KafkaException) as e:
+        create(a, "bad", {key: value})
+    assert error_code(e.value) == KafkaError.INVALID_CONFIG, e.value
+    assert key in str(e.value), e.value
+    # refused for its value, not as a config Strata does not know
+    assert "unknown topic config" not in str(e.value), e.value
+
+
+def test_legacy_alter_configs_replaces_the_topics_configs(broker):
+    a = admin(broker)
+    create(a, "legacy", {"retention.ms": "3600000", "max.compaction.lag.ms": "5000"})
+
+    def alter(configs: dict, **kw):
+        res = ConfigResource(ResourceType.TOPIC, "legacy", set_config=configs)
+        return a.alter_configs([res], request_timeout=TIMEOUT, **kw)[res].result(timeout=TIMEOUT)
+
+    # validate_only changes nothing
+    alter({"segment.ms": "60000"}, validate_only=True)
+    d = describe(a, ResourceType.TOPIC, "legacy")
+    assert d["retention.ms"].value == "3600000"
+    assert d["segment.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+
+    # the legacy API sets exactly the configs given: the others return to their defaults
+    alter({"segment.ms": "60000", "message.timestamp.type": "LogAppendTime"})
+    d = describe(a, ResourceType.TOPIC, "legacy")
+    assert d["segment.ms"].value == "60000"
+    assert d["segment.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    assert d["message.timestamp.type"].value == "LogAppendTime"
+    assert d["retention.ms"].value == "604800000"
+    assert d["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+    assert d["max.compaction.lag.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+
+    # a bad value is refused and changes nothing
+    with pytest.raises(KafkaException) as e:
+        alter({"segment.ms": "60000", "compression.type": "brotli"})
+    assert error_code(e.value) == KafkaError.INVALID_CONFIG
+    assert describe(a, ResourceType.TOPIC, "legacy")["message.timestamp.type"].value == "LogAppendTime"
+
+    # an unknown topic
+    res = ConfigResource(ResourceType.TOPIC, "no-such-topic", set_config={"segment.ms": "60000"})
+    with pytest.raises(KafkaException) as e:
+        a.alter_configs([res], request_timeout=TIMEOUT)[res].result(timeout=TIMEOUT)
+    assert error_code(e.value) == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+def test_legacy_alter_configs_refuses_static_broker_configs(broker):
+    a = admin(broker)
+    res = ConfigResource(ResourceType.BROKER, "1", set_config={"log.retention.ms": "1000"})
+    with pytest.raises(KafkaException) as e:
+        a.alter_configs([res], request_timeout=TIMEOUT)[res].result(timeout=TIMEOUT)
+    assert error_code(e.value) == KafkaError.INVALID_REQUEST, e.value
+    assert "log.retention.ms" in str(e.value)
+
+
+def test_incremental_append_and_subtract_on_list_configs(broker):
+    a = admin(broker)
+    create(a, "lists", {})
+
+    def op(name, value, kind):
+        res = ConfigResource(
+            ResourceType.TOPIC,
+            "lists",
+            incremental_configs=[ConfigEntry(name, value, incremental_operation=kind)],
+        )
+        a.incremental_alter_configs([res], request_timeout=TIMEOUT)[res].result(timeout=TIMEOUT)
+        return describe(a, ResourceType.TOPIC, "lists")[name].value
+
+    assert op("cleanup.policy", "compact", AlterConfigOpType.APPEND) == "delete,compact"
+    # appending what is there already changes nothing
+    assert op("cleanup.policy", "compact", AlterConfigOpType.APPEND) == "delete,compact"
+    assert op("cleanup.policy", "delete", AlterConfigOpType.SUBTRACT) == "compact"
+    assert op("leader.replication.throttled.replicas", "0:1", AlterConfigOpType.APPEND) == "0:1"
+    # APPEND on a config that is not a list is refused, as Kafka does
+    with pytest.raises(KafkaException) as e:
+        op("retention.ms", "5", AlterConfigOpType.APPEND)
+    assert error_code(e.value) == KafkaError.INVALID_CONFIG
+    assert "retention.ms" in str(e.value)
+
+
+def _consume(bootstrap: str, topic: str, n: int) -> list:
+    c = Consumer(rdkafka_conf({
+        "bootstrap.servers": bootstrap,
+        "group.id": "configs-test",
+        "enable.auto.commit": False,
+    }))
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        out = []
+        deadline = time.monotonic() + TIMEOUT
+        while len(out) < n:
+            assert time.monotonic() < deadline, f"consumed {len(out)} of {n}"
+            for m in c.consume(num_messages=n, timeout=0.5):
+                if m.error() is not None:
+                    raise KafkaException(m.error())
+                out.append(m)
+        return out
+    finally:
+        c.close()
+
+
+def test_log_append_time_topic_stamps_the_brokers_time(broker):
+    a = admin(broker)
+    create(a, "appendtime", {"message.timestamp.type": "LogAppendTime"})
+    create(a, "createtime", {})
+    p = Producer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "linger.ms": 5}))
+    reports = []
+    before = int(time.time() * 1000)
+    for topic in ("appendtime", "createtime"):
+        for i in range(10):
+            # a producer timestamp far in the past: the broker's append time replaces it
+            p.produce(topic, value=f"v{i}", timestamp=1000 + i,
+                      on_delivery=lambda err, m: reports.append((err, m.topic(), m.timestamp())))
+    assert p.flush(TIMEOUT) == 0
+    after = int(time.time() * 1000)
+    assert all(err is None for err, _, _ in reports), reports
+    for err, topic, (kind, ts) in reports:
+        if topic == "appendtime":
+            # the Produce response's log_append_time_ms
+            assert kind == TIMESTAMP_LOG_APPEND_TIME and before <= ts <= after, (kind, ts)
+    msgs = _consume(broker.bootstrap, "appendtime", 10)
+    stamps = {m.timestamp() for m in msgs}
+    for kind, ts in stamps:
+        assert kind == TIMESTAMP_LOG_APPEND_TIME, stamps
+        assert before <= ts <= after, (ts, before, after)
+    assert [m.value().decode() for m in msgs] == [f"v{i}" for i in range(10)]
+    plain = _consume(broker.bootstrap, "createtime", 10)
+    assert [m.timestamp() for m in plain] == [(TIMESTAMP_CREATE_TIME, 1000 + i) for i in range(10)]
+
+    # ListOffsets by time sees the append time: the records are found from the produce window
+    # on, never from the producer's old timestamps.
+    c = Consumer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "group.id": "x"}))
+    try:
+        found = c.offsets_for_times([TopicPartition("appendtime", 0, before)], timeout=TIMEOUT)
+        assert found[0].offset == 0, found
+        found = c.offsets_for_times([TopicPartition("appendtime", 0, after + 3_600_000)], timeout=TIMEOUT)
+        assert found[0].offset == -1, found
+        found = c.offsets_for_times([TopicPartition("createtime", 0, 5000)], timeout=TIMEOUT)
+        assert found[0].offset == -1, found
+    finally:
+        c.close()
+
+
+def test_records_outside_the_timestamp_window_are_refused(broker):
+    a = admin(broker)
+    create(a, "window", {"message.timestamp.before.max.ms": "3600000",
+                         "message.timestamp.after.max.ms": "60000"})
+    create(a, "difference", {"message.timestamp.difference.max.ms": "60000"})
+    now = int(time.time() * 1000)
+    cases = [
+        ("window", now - 600_000, None),  # 10 minutes old: within the hour
+        ("window", now - 7_200_000, KafkaError.INVALID_TIMESTAMP),
+        ("window", now + 600_000, KafkaError.INVALID_TIMESTAMP),
+        ("difference", now - 600_000, KafkaError.INVALID_TIMESTAMP),
+        ("difference", now + 600_000, KafkaError.INVALID_TIMESTAMP),
+        ("difference", now, None),
+    ]
+    for topic, ts, want in cases:
+        p = Producer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "retries": 0}))
+        got = []
+        p.produce(topic, value=b"x", timestamp=ts, on_delivery=lambda err, m: got.append(err))
+        assert p.flush(TIMEOUT) == 0
+        code = got[0].code() if got[0] is not None else None
+        assert code == want, (topic, ts - now, got[0])
+
+
+def test_compression_type_is_accepted_and_the_batches_read_back(broker):
+    a = admin(broker)
+    create(a, "gz", {"compression.type": "gzip"})
+    p = Producer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "compression.type": "lz4"}))
+    for i in range(20):
+        p.produce("gz", value=f"v{i}")
+    assert p.flush(TIMEOUT) == 0
+    assert [m.value().decode() for m in _consume(broker.bootstrap, "gz", 20)] == [f"v{i}" for i in range(20)]
+    assert describe(a, ResourceType.TOPIC, "gz")["compression.type"].value == "gzip"
+
+
+def test_broker_describe_configs(broker):
+    a = admin(broker)
+    d = describe(a, ResourceType.BROKER, "1")
+    assert d["broker.id"].value == "1" and d["broker.id"].is_read_only
+    assert d["broker.id"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert "broker.rack" in d, sorted(d)
+    assert d["broker.rack"].value is None  # `strata dev` names no rack
+    for key in ("advertised.listeners", "log.dirs", "num.partitions",
+                "log.retention.ms", "log.segment.bytes", "auto.create.topics.enable",
+                "log.message.timestamp.type"):
+        assert key in d, (key, sorted(d))
+    assert d["log.retention.ms"].value == "604800000"
+    assert str(broker.port) in d["advertised.listeners"].value
