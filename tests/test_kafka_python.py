@@ -95,3 +95,48 @@ def test_kafka_python_produce_consume_100k(broker):
     for p, recs in per_partition.items():
         for off, _, v in recs:
             assert acked[v] == (p, off), f"value {v} acknowledged at {acked[v]}, consumed at {(p, off)}"
+
+
+def test_kafka_python_deletes_group_offsets_except_those_an_active_group_consumes(broker):
+    """OffsetDelete (KIP-496; librdkafka's 0081 DeleteConsumerGroupOffsets) through
+    kafka-python's admin client: an empty group's committed offsets go; while a member
+    consumes a topic, that topic's offsets stay (GROUP_SUBSCRIBED_TO_TOPIC); an unknown group
+    is GROUP_ID_NOT_FOUND. Before Strata served the API, kafka-python refused the call
+    (the broker's ApiVersions did not list OffsetDelete)."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import GroupIdNotFoundError, GroupSubscribedToTopicError, NoError
+    from kafka.structs import OffsetAndMetadata
+
+    broker.create_topic("kp-offdel-a", 2)
+    broker.create_topic("kp-offdel-b", 1)
+    a0, a1, b0 = (TopicPartition("kp-offdel-a", 0), TopicPartition("kp-offdel-a", 1),
+                  TopicPartition("kp-offdel-b", 0))
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    consumer = None
+    try:
+        admin.alter_group_offsets("offdel", {tp: OffsetAndMetadata(5, "", -1) for tp in (a0, a1, b0)})
+        assert admin.delete_group_offsets("offdel", [a0, b0]) == {a0: NoError, b0: NoError}
+        left = admin.list_group_offsets("offdel")["offdel"]
+        assert {tp: o.offset for tp, o in left.items() if o.offset >= 0} == {a1: 5}, left
+
+        # a member consuming kp-offdel-a: its offsets stay, kp-offdel-b's go
+        admin.alter_group_offsets("offdel", {b0: OffsetAndMetadata(7, "", -1)})
+        consumer = KafkaConsumer("kp-offdel-a", bootstrap_servers=broker.bootstrap, group_id="offdel",
+                                 enable_auto_commit=False)
+        deadline = time.monotonic() + 30
+        while not consumer.assignment():
+            assert time.monotonic() < deadline, "the consumer was never assigned its partitions"
+            consumer.poll(timeout_ms=200)
+        assert admin.delete_group_offsets("offdel", [a1, b0]) == {a1: GroupSubscribedToTopicError, b0: NoError}
+        left = admin.list_group_offsets("offdel")["offdel"]
+        assert {tp: o.offset for tp, o in left.items() if o.offset >= 0} == {a1: 5}, left
+
+        try:
+            admin.delete_group_offsets("no-such-group", [a0])
+            raise AssertionError("deleting an unknown group's offsets succeeded")
+        except GroupIdNotFoundError:
+            pass
+    finally:
+        if consumer is not None:
+            consumer.close()
+        admin.close()

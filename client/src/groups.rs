@@ -2,7 +2,7 @@
 //! the groups of every broker, describe one (members, assignments, committed offsets and lag)
 //! and reset a group's committed offsets while it has no members.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition as AssignedTopic;
@@ -10,8 +10,9 @@ use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
 use kafka_protocol::messages::{
-    BrokerId, ConsumerProtocolAssignment, DescribeGroupsRequest, FindCoordinatorRequest, GroupId,
-    ListGroupsRequest, MetadataRequest, OffsetCommitRequest, OffsetFetchRequest, TopicName,
+    BrokerId, ConsumerProtocolAssignment, ConsumerProtocolSubscription, DescribeGroupsRequest,
+    FindCoordinatorRequest, GroupId, ListGroupsRequest, MetadataRequest, OffsetCommitRequest,
+    OffsetFetchRequest, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
@@ -43,6 +44,19 @@ pub fn assigned_partitions(bytes: &[u8]) -> Option<Vec<(String, i32)>> {
             })
             .collect(),
     )
+}
+
+/// The topics a consumer-protocol subscription (a member's JoinGroup metadata) names; `None`
+/// when the bytes are not one (another protocol type).
+pub fn subscription_topics(bytes: &[u8]) -> Option<BTreeSet<String>> {
+    let mut buf = Bytes::copy_from_slice(bytes);
+    if buf.len() < 2 {
+        return None;
+    }
+    let version = buf.get_i16();
+    // Later versions only add fields: read them as the newest this codec knows.
+    let s = ConsumerProtocolSubscription::decode(&mut buf, version.clamp(0, 3)).ok()?;
+    Some(s.topics.iter().map(|t| t.to_string()).collect())
 }
 
 /// Encodes a consumer-protocol assignment (version 0), as a group leader sends it.

@@ -17,6 +17,9 @@ use kafka_protocol::messages::leave_group_request::MemberIdentity;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
+use kafka_protocol::messages::offset_delete_request::{
+    OffsetDeleteRequestPartition, OffsetDeleteRequestTopic,
+};
 use kafka_protocol::messages::offset_fetch_request::{
     OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics,
 };
@@ -26,7 +29,7 @@ use kafka_protocol::messages::{
     ApiKey, ConsumerProtocolAssignment, CreateTopicsRequest, DeleteGroupsRequest,
     DeleteTopicsRequest, DescribeGroupsRequest, FindCoordinatorRequest, GroupId, HeartbeatRequest,
     JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest, OffsetCommitRequest,
-    OffsetFetchRequest, ProduceRequest, SyncGroupRequest, TopicName,
+    OffsetDeleteRequest, OffsetFetchRequest, ProduceRequest, SyncGroupRequest, TopicName,
 };
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use strata_client::{Admin, Connection};
@@ -46,7 +49,7 @@ async fn start() -> TestBroker {
     let dir = tempfile::tempdir().unwrap();
     let groups = strata_hot::group::manager::GroupsConfig {
         offsets_partitions: 5,
-        ..Default::default()
+        ..common::broker_config(dir.path()).groups
     };
     let broker = Broker::open(
         BrokerConfig {
@@ -235,6 +238,7 @@ async fn every_group_api_answers_at_every_served_version() {
         ApiKey::ListGroups,
         ApiKey::DescribeGroups,
         ApiKey::DeleteGroups,
+        ApiKey::OffsetDelete,
     ];
     for &(key, min, max) in SUPPORTED_APIS
         .iter()
@@ -450,6 +454,43 @@ async fn every_group_api_answers_at_every_served_version() {
                     );
                     assert_eq!(fetched(&mut conn, &g).await, vec![-1; 4], "v{v}");
                 }
+                ApiKey::OffsetDelete => {
+                    assert_eq!(
+                        commit(&mut conn, &g, "", -1, &[(0, 1), (1, 2)]).await,
+                        vec![0, 0]
+                    );
+                    let req = OffsetDeleteRequest::default()
+                        .with_group_id(gid(&g))
+                        .with_topics(vec![OffsetDeleteRequestTopic::default()
+                            .with_name(TopicName(s("orders")))
+                            .with_partitions(vec![
+                                OffsetDeleteRequestPartition::default().with_partition_index(0)
+                            ])]);
+                    let r = conn.send(&req, v).await.unwrap();
+                    assert_eq!(
+                        (r.error_code, r.topics[0].partitions[0].error_code),
+                        (0, 0),
+                        "v{v}"
+                    );
+                    assert_eq!(fetched(&mut conn, &g).await, vec![-1, 2, -1, -1], "v{v}");
+                    // a group whose member consumes "orders" keeps those offsets
+                    let busy = format!("{g}-busy");
+                    joined(&mut conn, &busy, &[0]).await;
+                    let r = conn
+                        .send(&req.clone().with_group_id(gid(&busy)), v)
+                        .await
+                        .unwrap();
+                    assert_eq!(
+                        (r.error_code, r.topics[0].partitions[0].error_code),
+                        (0, 86),
+                        "v{v}: GROUP_SUBSCRIBED_TO_TOPIC"
+                    );
+                    let r = conn
+                        .send(&req.with_group_id(gid("never-seen")), v)
+                        .await
+                        .unwrap();
+                    assert_eq!(r.error_code, 69, "v{v}: GROUP_ID_NOT_FOUND");
+                }
                 other => unreachable!("{other:?}"),
             }
         }
@@ -614,7 +655,7 @@ async fn committed_offsets_and_groups_survive_a_broker_restart() {
             // Small segments and frequent snapshots, so the restart replays a trimmed log.
             offsets_snapshot_records: 100,
             offsets_segment_bytes: 2048,
-            ..Default::default()
+            ..common::broker_config(dir.path()).groups
         };
         Broker::open(
             BrokerConfig {

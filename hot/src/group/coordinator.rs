@@ -84,6 +84,8 @@ pub const NOT_COORDINATOR: i16 = 16;
 /// Kafka's GROUP_ID_NOT_FOUND and NON_EMPTY_GROUP (DeleteGroups).
 pub const GROUP_ID_NOT_FOUND: i16 = 69;
 pub const NON_EMPTY_GROUP: i16 = 68;
+/// Kafka's GROUP_SUBSCRIBED_TO_TOPIC (OffsetDelete of a topic the active group consumes).
+pub const GROUP_SUBSCRIBED_TO_TOPIC: i16 = 86;
 
 /// How long a JoinGroup or SyncGroup waits beyond the group's own timeouts.
 const REPLY_MARGIN: Duration = Duration::from_secs(5);
@@ -605,6 +607,80 @@ impl Coordinator {
             return codes::COORDINATOR_NOT_AVAILABLE;
         }
         codes::NONE
+    }
+
+    /// OffsetDelete (KIP-496): removes the group's committed offsets of these partitions,
+    /// durably before the answer, except where the group is active and subscribed to the
+    /// partition's topic (GROUP_SUBSCRIBED_TO_TOPIC for that partition). A partition with
+    /// nothing committed is answered without error. `Err`: the request's error (an unknown
+    /// group, or an active group that does not use the consumer protocol).
+    pub async fn delete_offsets(
+        &self,
+        group: &str,
+        partitions: Vec<(String, i32)>,
+    ) -> Result<Vec<((String, i32), i16)>, i16> {
+        if self.is_closed() {
+            return Err(NOT_COORDINATOR);
+        }
+        let (answers, doomed) = {
+            let s = self.lock();
+            if !s.offsets.contains_key(group) && !s.groups.contains_key(group) {
+                return Err(GROUP_ID_NOT_FOUND);
+            }
+            let in_use = match s.groups.get(group) {
+                Some(g) if g.state() == GroupState::Dead => return Err(GROUP_ID_NOT_FOUND),
+                Some(g) if g.state() != GroupState::Empty => match g.subscribed_topics() {
+                    Some(topics) => topics,
+                    None => return Err(NON_EMPTY_GROUP),
+                },
+                _ => Default::default(),
+            };
+            let held = s.offsets.get(group);
+            let mut answers = Vec::with_capacity(partitions.len());
+            let mut doomed = Vec::new();
+            for p in partitions {
+                if in_use.contains(&p.0) {
+                    answers.push((p, GROUP_SUBSCRIBED_TO_TOPIC));
+                    continue;
+                }
+                if held.is_some_and(|o| o.contains_key(&p)) && !doomed.contains(&p) {
+                    doomed.push(p.clone());
+                }
+                answers.push((p, codes::NONE));
+            }
+            (answers, doomed)
+        };
+        if doomed.is_empty() {
+            return Ok(answers);
+        }
+        let tombstones = doomed
+            .iter()
+            .map(|(topic, partition)| {
+                let key = RecordKey::Offset {
+                    group: group.to_string(),
+                    topic: topic.clone(),
+                    partition: *partition,
+                };
+                (key.encode(), None)
+            })
+            .collect();
+        let written = self
+            .write(tombstones, |s| {
+                if let Some(offsets) = s.offsets.get_mut(group) {
+                    for p in &doomed {
+                        offsets.remove(p);
+                    }
+                    if offsets.is_empty() && !s.groups.contains_key(group) {
+                        s.offsets.remove(group);
+                    }
+                }
+            })
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(group, error = %e, "offset deletion not durable");
+            return Err(codes::COORDINATOR_NOT_AVAILABLE);
+        }
+        Ok(answers)
     }
 
     pub fn group_state(&self, group: &str) -> Option<(GroupState, i32, Vec<String>)> {

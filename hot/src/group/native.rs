@@ -6,9 +6,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::ConsumerProtocolSubscription;
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::{Encodable, StrBytes};
 use strata_client::groups::{assigned_partitions, encode_assignment};
 
 use super::assign::{assign, Subscriber, ASSIGNORS};
@@ -42,7 +42,7 @@ pub struct NativeJoined {
 }
 
 /// A consumer-protocol subscription (version 0) of `topics`.
-fn encode_subscription(topics: &[String]) -> Bytes {
+pub(crate) fn encode_subscription(topics: &[String]) -> Bytes {
     let sub = ConsumerProtocolSubscription::default().with_topics(
         topics
             .iter()
@@ -56,14 +56,7 @@ fn encode_subscription(topics: &[String]) -> Bytes {
 }
 
 fn subscribed_topics(metadata: &Bytes) -> BTreeSet<String> {
-    let mut buf = metadata.clone();
-    if buf.len() < 2 {
-        return BTreeSet::new();
-    }
-    let version = buf.get_i16().clamp(0, 3);
-    ConsumerProtocolSubscription::decode(&mut buf, version)
-        .map(|s| s.topics.iter().map(|t| t.to_string()).collect())
-        .unwrap_or_default()
+    strata_client::groups::subscription_topics(metadata).unwrap_or_default()
 }
 
 /// Joins (and syncs) a native member; `Err((Kafka error code, message))`.

@@ -1054,6 +1054,22 @@ impl Group {
         Some(partitions.iter().all(|p| owned.contains(p)))
     }
 
+    /// The topics the members subscribe to; `None` when the group does not use Kafka's
+    /// consumer protocol or a member's subscription cannot be read (OffsetDelete then
+    /// treats the group as a whole as in use).
+    pub fn subscribed_topics(&self) -> Option<std::collections::BTreeSet<String>> {
+        if self.protocol_type.as_deref() != Some("consumer") {
+            return None;
+        }
+        let mut topics = std::collections::BTreeSet::new();
+        for m in self.members.values() {
+            // every protocol a consumer offers carries the same subscription
+            let (_, metadata) = m.protocols.first()?;
+            topics.extend(strata_client::groups::subscription_topics(metadata)?);
+        }
+        Some(topics)
+    }
+
     /// A member's metadata for the group's chosen protocol.
     fn chosen_metadata(&self, m: &Member) -> Bytes {
         m.protocols

@@ -11,6 +11,9 @@ use kafka_protocol::messages::list_groups_response::ListedGroup;
 use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponsePartition, OffsetCommitResponseTopic,
 };
+use kafka_protocol::messages::offset_delete_response::{
+    OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
+};
 use kafka_protocol::messages::offset_fetch_response::{
     OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
     OffsetFetchResponseTopic, OffsetFetchResponseTopics,
@@ -20,8 +23,8 @@ use kafka_protocol::messages::{
     DescribeGroupsResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupId,
     HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest,
     LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse, OffsetCommitRequest,
-    OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, SyncGroupRequest,
-    SyncGroupResponse, TopicName,
+    OffsetCommitResponse, OffsetDeleteRequest, OffsetDeleteResponse, OffsetFetchRequest,
+    OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use strata_controller::metadata::acl::{Operation, ResourceType};
@@ -551,4 +554,60 @@ pub(super) async fn delete_groups(ctx: Request, req: DeleteGroupsRequest) -> Del
         );
     }
     DeleteGroupsResponse::default().with_results(results)
+}
+
+/// OffsetDelete (KIP-496): Delete on the group, and Read on each topic whose offsets go
+/// (TOPIC_AUTHORIZATION_FAILED for the partitions of a topic it may not read, which stay).
+pub(super) async fn offset_delete(ctx: Request, req: OffsetDeleteRequest) -> OffsetDeleteResponse {
+    let group = req.group_id.0.to_string();
+    let refused = |code| OffsetDeleteResponse::default().with_error_code(code);
+    let c = match coordinator(&ctx, &group, Operation::Delete) {
+        Ok(c) => c,
+        Err(code) if code == INVALID_GROUP_ID => return refused(GROUP_ID_NOT_FOUND),
+        Err(code) => return refused(code),
+    };
+    let mut allowed = Vec::new();
+    let mut answers: Vec<(String, Vec<(i32, i16)>)> = Vec::with_capacity(req.topics.len());
+    for t in &req.topics {
+        let name = t.name.0.to_string();
+        let readable = ctx.may_topic(Operation::Read, &name);
+        let mut partitions = Vec::with_capacity(t.partitions.len());
+        for p in &t.partitions {
+            if readable {
+                allowed.push((name.clone(), p.partition_index));
+            }
+            partitions.push((p.partition_index, codes::TOPIC_AUTHORIZATION_FAILED));
+        }
+        answers.push((name, partitions));
+    }
+    let results = match c.delete_offsets(&group, allowed).await {
+        Ok(r) => r,
+        Err(code) => return refused(code),
+    };
+    for ((topic, partition), code) in results {
+        if let Some((_, partitions)) = answers.iter_mut().find(|(t, _)| *t == topic) {
+            if let Some(slot) = partitions.iter_mut().find(|(p, _)| *p == partition) {
+                slot.1 = code;
+            }
+        }
+    }
+    OffsetDeleteResponse::default().with_topics(
+        answers
+            .into_iter()
+            .map(|(name, partitions)| {
+                OffsetDeleteResponseTopic::default()
+                    .with_name(s(name).into())
+                    .with_partitions(
+                        partitions
+                            .into_iter()
+                            .map(|(partition, code)| {
+                                OffsetDeleteResponsePartition::default()
+                                    .with_partition_index(partition)
+                                    .with_error_code(code)
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    )
 }

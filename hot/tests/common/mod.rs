@@ -21,7 +21,15 @@ pub fn broker_config(dir: &Path) -> BrokerConfig {
         producer_id_expiration: Duration::from_secs(86_400),
         replica_lag_time_max: Duration::from_secs(30),
         replica_open_timeout: Duration::from_secs(30),
-        groups: Default::default(),
+        // Groups form at once (the initial rebalance delay has its own tests), so the
+        // sweeps over every version of every group API do not wait 3 s a join.
+        groups: strata_hot::group::manager::GroupsConfig {
+            group: strata_hot::group::state::GroupConfig {
+                initial_rebalance_delay_ms: 0,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
         tier: None,
         auto_create_topics: false,
     }

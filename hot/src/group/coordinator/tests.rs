@@ -355,3 +355,93 @@ async fn a_snapshot_keeps_the_live_state_and_deletes_what_it_supersedes() {
         "members kept"
     );
 }
+
+/// OffsetDelete (KIP-496): an empty group's offsets go; an active consumer group keeps the
+/// offsets of topics it subscribes to (GROUP_SUBSCRIBED_TO_TOPIC) and loses the others;
+/// deletions are tombstones in the partition, so a new coordinator does not bring them back.
+#[tokio::test]
+async fn offsets_are_deleted_unless_the_active_group_consumes_their_topic() {
+    let (c, log, clock) = coordinator();
+    let p = |t: &str, n: i32| (t.to_string(), n);
+    // a group with offsets and no members (as after its consumers stopped)
+    let commits = vec![
+        commit("orders", 0, 5),
+        commit("orders", 1, 7),
+        commit("audit", 0, 3),
+    ];
+    assert_eq!(c.commit("idle", "", -1, commits).await, codes::NONE);
+    let r = c
+        .delete_offsets("idle", vec![p("orders", 0), p("never-committed", 0)])
+        .await
+        .unwrap();
+    assert_eq!(
+        r,
+        vec![
+            (p("orders", 0), codes::NONE),
+            (p("never-committed", 0), codes::NONE)
+        ]
+    );
+    let got = c.fetch("idle", &[p("orders", 0), p("orders", 1), p("audit", 0)]);
+    assert!(got[0].is_none(), "orders-0 deleted");
+    assert_eq!(
+        (
+            got[1].as_ref().unwrap().offset,
+            got[2].as_ref().unwrap().offset
+        ),
+        (7, 3)
+    );
+    assert_eq!(
+        c.delete_offsets("nobody", vec![p("orders", 0)]).await,
+        Err(GROUP_ID_NOT_FOUND)
+    );
+
+    // an active consumer group subscribed to "orders"
+    let mut j = join("", "a");
+    j.protocols = vec![(
+        "range".into(),
+        crate::group::native::encode_subscription(&["orders".to_string()]),
+    )];
+    let a = c.join("live", j).await;
+    assert_eq!((a.error, a.generation), (codes::NONE, 1));
+    let a_id = a.member_id.clone();
+    let assignment = strata_client::groups::encode_assignment(&[p("orders", 1), p("audit", 0)]);
+    c.sync("live", &a_id, 1, vec![(a_id.clone(), assignment)])
+        .await;
+    let commits = vec![commit("orders", 1, 9), commit("audit", 0, 4)];
+    assert_eq!(c.commit("live", &a_id, 1, commits).await, codes::NONE);
+    let r = c
+        .delete_offsets("live", vec![p("orders", 1), p("audit", 0)])
+        .await
+        .unwrap();
+    assert_eq!(
+        r,
+        vec![
+            (p("orders", 1), GROUP_SUBSCRIBED_TO_TOPIC),
+            (p("audit", 0), codes::NONE)
+        ]
+    );
+    let got = c.fetch("live", &[p("orders", 1), p("audit", 0)]);
+    assert_eq!(
+        got[0].as_ref().unwrap().offset,
+        9,
+        "a consumed topic's offset stays"
+    );
+    assert!(got[1].is_none());
+
+    // an active group whose subscriptions cannot be read is not touched at all
+    let (c2, _, _) = coordinator();
+    let a = c2.join("opaque", join("", "a")).await; // metadata b"orders", not a subscription
+    assert_eq!(a.error, codes::NONE);
+    assert_eq!(
+        c2.delete_offsets("opaque", vec![p("orders", 0)]).await,
+        Err(NON_EMPTY_GROUP)
+    );
+
+    // the deletions are in the partition: a new coordinator replays them
+    drop(c);
+    let c3 = Coordinator::load(CONFIG, clock.clone(), log.clone(), log.replay());
+    let got = c3.fetch("idle", &[p("orders", 0), p("orders", 1)]);
+    assert!(got[0].is_none(), "a deleted offset came back after replay");
+    assert_eq!(got[1].as_ref().unwrap().offset, 7);
+    assert!(c3.fetch("live", &[p("audit", 0)])[0].is_none());
+}
