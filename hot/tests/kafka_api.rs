@@ -1108,3 +1108,63 @@ async fn topics_refuse_weaker_acks_and_acks_all_without_enough_in_sync_replicas(
         .await
         .is_err());
 }
+
+/// KIP-467: a batch refused for one record names that record (`record_errors`), as Kafka
+/// does for a keyless record on a compacted topic (librdkafka's 0011 checks the index).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_batch_names_the_record_that_made_it_invalid() {
+    let b = start().await;
+    let mut admin = Admin::connect(&b.addr).await.unwrap();
+    let configs = BTreeMap::from([("cleanup.policy".to_string(), "compact".to_string())]);
+    admin
+        .create_topic("compacted", Some(1), None, &configs)
+        .await
+        .unwrap();
+    let recs = [
+        Rec {
+            key: Some(b"k0"),
+            value: Some(b"v0"),
+            timestamp_delta: 0,
+        },
+        Rec {
+            key: None,
+            value: Some(b"v1"),
+            timestamp_delta: 1,
+        },
+        Rec {
+            key: Some(b"k2"),
+            value: Some(b"v2"),
+            timestamp_delta: 2,
+        },
+    ];
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    let r = conn
+        .send(
+            &ProduceRequest::default()
+                .with_acks(-1)
+                .with_timeout_ms(5000)
+                .with_topic_data(vec![TopicProduceData::default()
+                    .with_name(TopicName(s("compacted")))
+                    .with_partition_data(vec![PartitionProduceData::default()
+                        .with_index(0)
+                        .with_records(Some(Bytes::from(batch(
+                            1000,
+                            ProducerIds::NONE,
+                            &recs,
+                        ))))])]),
+            8,
+        )
+        .await
+        .unwrap();
+    let p = &r.responses[0].partition_responses[0];
+    assert_eq!(p.error_code, 87, "INVALID_RECORD");
+    let indexes: Vec<i32> = p.record_errors.iter().map(|e| e.batch_index).collect();
+    assert_eq!(
+        indexes,
+        vec![1],
+        "the keyless record is the second: {:?}",
+        p.record_errors
+    );
+    assert!(p.record_errors[0].batch_index_error_message.is_some());
+    assert!(p.error_message.is_some());
+}

@@ -7,7 +7,9 @@
 use super::quota::QuotaKey;
 use std::time::Duration;
 
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::produce_response::{
+    BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
+};
 use kafka_protocol::messages::{
     InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse, ProducerId,
 };
@@ -28,6 +30,8 @@ struct PartitionOutcome {
     log_start: i64,
     log_append_time: i64,
     error: Option<codes::Coded>,
+    /// The record that made the batch invalid (KIP-467's `batch_index`), if one did.
+    bad_record: Option<i32>,
     wait: Option<PendingAppend>,
 }
 
@@ -39,6 +43,7 @@ impl PartitionOutcome {
             log_start: -1,
             log_append_time: -1,
             error: Some(error),
+            bad_record: None,
             wait: None,
         }
     }
@@ -165,6 +170,10 @@ pub(super) fn handle(
             };
             offered += records.len();
             let appended = broker.append(&name, pd.index, records, acks, now);
+            let bad_record = match &appended {
+                Err(ProduceError::Records { error, .. }) => error.record_index(),
+                _ => None,
+            };
             match refused.settle(&name, pd.index, appended) {
                 Ok(pending) => outcomes.push(PartitionOutcome {
                     index: pd.index,
@@ -172,9 +181,13 @@ pub(super) fn handle(
                     log_start: pending.log_start() as i64,
                     log_append_time: pending.log_append_time_ms(),
                     error: None,
+                    bad_record: None,
                     wait: Some(pending),
                 }),
-                Err(coded) => outcomes.push(PartitionOutcome::failed(pd.index, coded)),
+                Err(coded) => outcomes.push(PartitionOutcome {
+                    bad_record,
+                    ..PartitionOutcome::failed(pd.index, coded)
+                }),
             }
         }
         topics.push((topic.name, outcomes));
@@ -203,10 +216,23 @@ pub(super) fn handle(
                     }
                 }
                 let (code, message) = o.error.unwrap_or((codes::NONE, String::new()));
+                // KIP-467 (v8+): the record that made the batch invalid, so a client can
+                // tell which record its application must fix
+                let record_errors = o
+                    .bad_record
+                    .map(|i| {
+                        vec![BatchIndexAndErrorMessage::default()
+                            .with_batch_index(i)
+                            .with_batch_index_error_message(Some(StrBytes::from_string(
+                                message.clone(),
+                            )))]
+                    })
+                    .unwrap_or_default();
                 partition_responses.push(
                     PartitionProduceResponse::default()
                         .with_index(o.index)
                         .with_error_code(code)
+                        .with_record_errors(record_errors)
                         .with_error_message(
                             (code != codes::NONE).then(|| StrBytes::from_string(message)),
                         )
