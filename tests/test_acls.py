@@ -210,3 +210,32 @@ def test_acl_apis_are_guarded_and_describe_what_is_stored(acl_node):
     assert deleted == [grant]
     listed = n.cli("acl", "list", "--controller", f"127.0.0.1:{n.controller}", "--principal", "User:orders").stdout
     assert "mf.settlement." in listed and CLICKS not in listed
+
+
+def test_clients_see_what_each_principal_may_do(acl_node):
+    """KIP-430 through confluent-kafka's admin client (librdkafka's 0081 DescribeTopics and
+    DescribeCluster): DescribeCluster is served, and with include_authorized_operations each
+    principal is told exactly the operations its ACLs allow. Before, DescribeCluster was
+    not served and topics came back with no authorized operations."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation as Op, AdminClient
+
+    def described(user):
+        admin = AdminClient(conf(acl_node, user))
+        cluster = admin.describe_cluster(include_authorized_operations=True, request_timeout=20).result()
+        topic = admin.describe_topics(TopicCollection([SETTLEMENT]), include_authorized_operations=True,
+                                      request_timeout=20)[SETTLEMENT].result()
+        return cluster, set(topic.authorized_operations or [])
+
+    cluster, topic_ops = described("audit")
+    assert cluster.cluster_id and len(cluster.nodes) == 1, cluster
+    assert topic_ops == {Op.READ, Op.DESCRIBE}, f"audit may read (and so describe) only: {topic_ops}"
+    assert not cluster.authorized_operations, "audit has no cluster ACL: told nothing about the cluster"
+
+    _, topic_ops = described("ops")
+    assert topic_ops == {Op.READ, Op.WRITE, Op.CREATE, Op.DELETE, Op.ALTER, Op.DESCRIBE,
+                         Op.DESCRIBE_CONFIGS, Op.ALTER_CONFIGS}, topic_ops
+
+    cluster, topic_ops = described("admin")  # a super user
+    assert Op.ALTER in set(cluster.authorized_operations) and Op.CLUSTER_ACTION in set(cluster.authorized_operations)
+    assert Op.DELETE in topic_ops

@@ -426,6 +426,24 @@ async fn every_served_api_answers_at_every_served_version() {
                     )
                     .await
                     .map(|r| assert_eq!(r.entries[0].error_code, 42, "v{v}")),
+                DescribeCluster => conn
+                    .send(
+                        &kafka_protocol::messages::DescribeClusterRequest::default()
+                            .with_include_cluster_authorized_operations(true)
+                            .with_endpoint_type(1),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!(r.error_code, 0, "v{v}");
+                        assert!(!r.cluster_id.is_empty(), "v{v}");
+                        assert_eq!(r.brokers.len(), 1, "v{v}");
+                        // an open cluster: every cluster operation (KIP-430's bits: Create 5,
+                        // Alter 7, Describe 8, ClusterAction 9, DescribeConfigs 10,
+                        // AlterConfigs 11, IdempotentWrite 12)
+                        let every = [5, 7, 8, 9, 10, 11, 12].iter().fold(0, |b, op| b | 1 << op);
+                        assert_eq!(r.cluster_authorized_operations, every, "v{v}");
+                    }),
                 other => panic!("no sweep case for {other:?}"),
             };
             result.unwrap_or_else(|e| panic!("{key:?} v{v}: {e}"));

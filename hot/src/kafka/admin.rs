@@ -9,13 +9,14 @@ use kafka_protocol::messages::create_topics_response::{
     CreatableTopicConfigs, CreatableTopicResult,
 };
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
 use kafka_protocol::messages::{
     BrokerId, CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest,
-    CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, MetadataRequest,
-    MetadataResponse, TopicName,
+    CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeClusterRequest,
+    DescribeClusterResponse, MetadataRequest, MetadataResponse, TopicName,
 };
 use uuid::Uuid;
 
@@ -61,7 +62,95 @@ fn topic_metadata(
         )
 }
 
+/// What KIP-430's authorized operations are computed over, per resource (as Kafka lists them).
+pub(super) const TOPIC_OPERATIONS: [Operation; 8] = [
+    Operation::Read,
+    Operation::Write,
+    Operation::Create,
+    Operation::Delete,
+    Operation::Alter,
+    Operation::Describe,
+    Operation::DescribeConfigs,
+    Operation::AlterConfigs,
+];
+pub(super) const CLUSTER_OPERATIONS: [Operation; 7] = [
+    Operation::Create,
+    Operation::Alter,
+    Operation::Describe,
+    Operation::ClusterAction,
+    Operation::DescribeConfigs,
+    Operation::AlterConfigs,
+    Operation::IdempotentWrite,
+];
+/// Kafka's "not asked for" value of an authorized-operations field.
+pub(super) const OPERATIONS_NOT_ASKED: i32 = i32::MIN;
+
+/// DescribeCluster (KIP-700): the brokers this listener's clients reach, the cluster id and
+/// the broker to send admin requests to (this one: every broker forwards them), and with
+/// KIP-430 what the principal may do to the cluster (0 without Describe on it, as Kafka).
+pub(super) fn describe_cluster(
+    ctx: &Request,
+    req: DescribeClusterRequest,
+) -> DescribeClusterResponse {
+    const BROKERS: i8 = 1;
+    if req.endpoint_type != BROKERS {
+        return DescribeClusterResponse::default()
+            .with_endpoint_type(req.endpoint_type)
+            .with_error_code(114) // MISMATCHED_ENDPOINT_TYPE
+            .with_error_message(Some(s(
+                "this is a broker listener: ask it for brokers (endpoint type 1)",
+            )))
+            .with_cluster_authorized_operations(OPERATIONS_NOT_ASKED);
+    }
+    let broker = ctx.broker();
+    let operations = if !req.include_cluster_authorized_operations {
+        OPERATIONS_NOT_ASKED
+    } else if ctx.permits(Operation::Describe, ResourceType::Cluster, CLUSTER_NAME) {
+        ctx.authorized_operations(ResourceType::Cluster, CLUSTER_NAME, &CLUSTER_OPERATIONS)
+    } else {
+        0
+    };
+    DescribeClusterResponse::default()
+        .with_endpoint_type(BROKERS)
+        .with_cluster_id(s(broker.cluster_id()))
+        .with_controller_id(BrokerId(broker.config().node_id))
+        .with_brokers(
+            ctx.endpoints()
+                .into_iter()
+                .map(|(id, host, port)| {
+                    DescribeClusterBroker::default()
+                        .with_broker_id(BrokerId(id))
+                        .with_host(s(host))
+                        .with_port(i32::from(port))
+                })
+                .collect(),
+        )
+        .with_cluster_authorized_operations(operations)
+}
+
 pub(super) async fn metadata(ctx: Request, req: MetadataRequest) -> MetadataResponse {
+    let with_topic_operations = req.include_topic_authorized_operations;
+    let with_cluster_operations = req.include_cluster_authorized_operations;
+    let mut resp = metadata_of(&ctx, req).await;
+    // KIP-430 (Metadata v8+): what the principal may do to each topic it can see, and
+    // (v8-v10) to the cluster
+    for t in &mut resp.topics {
+        t.topic_authorized_operations = match &t.name {
+            Some(name) if with_topic_operations && t.error_code == codes::NONE => {
+                ctx.authorized_operations(ResourceType::Topic, &name.0, &TOPIC_OPERATIONS)
+            }
+            _ => OPERATIONS_NOT_ASKED,
+        };
+    }
+    resp.cluster_authorized_operations = if with_cluster_operations {
+        ctx.authorized_operations(ResourceType::Cluster, CLUSTER_NAME, &CLUSTER_OPERATIONS)
+    } else {
+        OPERATIONS_NOT_ASKED
+    };
+    resp
+}
+
+async fn metadata_of(ctx: &Request, req: MetadataRequest) -> MetadataResponse {
     let broker = ctx.broker();
     let node = broker.config().node_id;
     let endpoints = ctx.endpoints();

@@ -493,7 +493,11 @@ pub(super) fn list_groups(ctx: &Request, req: ListGroupsRequest) -> ListGroupsRe
     ListGroupsResponse::default().with_groups(groups)
 }
 
+/// KIP-430: the operations a group's authorized operations are computed over.
+const GROUP_OPERATIONS: [Operation; 3] = [Operation::Read, Operation::Describe, Operation::Delete];
+
 pub(super) fn describe_groups(ctx: &Request, req: DescribeGroupsRequest) -> DescribeGroupsResponse {
+    let with_operations = req.include_authorized_operations;
     let groups = req
         .groups
         .into_iter()
@@ -518,7 +522,11 @@ pub(super) fn describe_groups(ctx: &Request, req: DescribeGroupsRequest) -> Desc
                 .with_group_state(s(view.state.name()))
                 .with_protocol_type(s(view.protocol_type))
                 .with_protocol_data(s(view.protocol))
-                .with_authorized_operations(i32::MIN)
+                .with_authorized_operations(if with_operations {
+                    ctx.authorized_operations(ResourceType::Group, &name, &GROUP_OPERATIONS)
+                } else {
+                    i32::MIN
+                })
                 .with_members(
                     view.members
                         .into_iter()

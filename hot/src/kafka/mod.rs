@@ -30,13 +30,13 @@ use kafka_protocol::messages::{
     AlterUserScramCredentialsRequest, ApiKey, ApiVersionsRequest, ApiVersionsResponse,
     CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest,
     DeleteGroupsRequest, DeleteTopicsRequest, DescribeAclsRequest, DescribeClientQuotasRequest,
-    DescribeConfigsRequest, DescribeGroupsRequest, DescribeUserScramCredentialsRequest,
-    FetchRequest, FindCoordinatorRequest, HeartbeatRequest, IncrementalAlterConfigsRequest,
-    InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
-    ListOffsetsRequest, MetadataRequest, OffsetCommitRequest, OffsetDeleteRequest,
-    OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
-    SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
-    SyncGroupRequest,
+    DescribeClusterRequest, DescribeConfigsRequest, DescribeGroupsRequest,
+    DescribeUserScramCredentialsRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
+    IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
+    ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+    OffsetDeleteRequest, OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest,
+    RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslAuthenticateResponse,
+    SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -73,6 +73,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::OffsetDelete, 0, 0),
+    (ApiKey::DescribeCluster, 0, 1),
     (ApiKey::SaslHandshake, 0, 1),
     (ApiKey::DescribeAcls, 1, 3),
     (ApiKey::CreateAcls, 1, 3),
@@ -705,6 +706,7 @@ impl KafkaServer {
             Body::DescribeGroups(req) => ctx.respond_now(&group::describe_groups(&ctx, req)),
             Body::DeleteGroups(req) => ctx.later(group::delete_groups(ctx.clone(), req)),
             Body::OffsetDelete(req) => ctx.later(group::offset_delete(ctx.clone(), req)),
+            Body::DescribeCluster(req) => ctx.respond_now(&admin::describe_cluster(&ctx, req)),
             Body::DescribeAcls(req) => ctx.respond_now(&acls::describe_acls(&ctx, req)),
             Body::CreateAcls(req) => ctx.later(acls::create_acls(ctx.clone(), req)),
             Body::DeleteAcls(req) => ctx.later(acls::delete_acls(ctx.clone(), req)),
@@ -802,6 +804,7 @@ pub enum Body {
     DescribeGroups(DescribeGroupsRequest),
     DeleteGroups(DeleteGroupsRequest),
     OffsetDelete(OffsetDeleteRequest),
+    DescribeCluster(DescribeClusterRequest),
     SaslHandshake(SaslHandshakeRequest),
     SaslAuthenticate(SaslAuthenticateRequest),
     DescribeAcls(DescribeAclsRequest),
@@ -890,6 +893,7 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::DescribeGroups => Body::DescribeGroups(decode_body(&mut frame, version)?),
         ApiKey::DeleteGroups => Body::DeleteGroups(decode_body(&mut frame, version)?),
         ApiKey::OffsetDelete => Body::OffsetDelete(decode_body(&mut frame, version)?),
+        ApiKey::DescribeCluster => Body::DescribeCluster(decode_body(&mut frame, version)?),
         ApiKey::SaslHandshake => Body::SaslHandshake(decode_body(&mut frame, version)?),
         ApiKey::SaslAuthenticate => Body::SaslAuthenticate(decode_body(&mut frame, version)?),
         ApiKey::DescribeAcls => Body::DescribeAcls(decode_body(&mut frame, version)?),
@@ -983,6 +987,20 @@ impl Request {
         self.server
             .broker
             .authorize(&self.principal, &self.host, operation, resource_type, name)
+    }
+
+    /// KIP-430: which of `candidates` this principal may perform on the resource, as Kafka's
+    /// bit field (bit n set: the ACL operation with code n is allowed).
+    pub fn authorized_operations(
+        &self,
+        resource_type: acl::ResourceType,
+        name: &str,
+        candidates: &[acl::Operation],
+    ) -> i32 {
+        candidates
+            .iter()
+            .filter(|op| self.permits(**op, resource_type, name))
+            .fold(0, |bits, op| bits | 1 << op.code())
     }
 
     pub fn may_topic(&self, operation: acl::Operation, topic: &str) -> bool {
