@@ -353,6 +353,20 @@ def test_kafka_clients_through_any_bootstrap_broker(cluster):
     entries = list(described.values())[0].result(timeout=30)
     assert entries["retention.ms"].value == "3600000"
 
+    # Partitions added with a manual replica assignment (librdkafka's 0081) get exactly
+    # those replicas, the first leading; a broker nobody registered is refused whole with
+    # INVALID_REPLICA_ASSIGNMENT. (Before, any assignment was refused.)
+    from confluent_kafka import KafkaError, KafkaException
+
+    admin.create_topics([NewTopic("placed", num_partitions=1, replication_factor=2)])["placed"].result(timeout=30)
+    admin.create_partitions([NewPartitions("placed", 3, replica_assignment=[[3, 1], [2, 3]])])["placed"].result(timeout=30)
+    placed = cluster.metadata()["topics"]["placed"]["partitions"]
+    assert [(p["replicas"], p["leader"]) for p in placed[1:]] == [([3, 1], 3), ([2, 3], 2)], placed
+    with pytest.raises(KafkaException) as refused:
+        admin.create_partitions([NewPartitions("placed", 4, replica_assignment=[[1, 9]])])["placed"].result(timeout=30)
+    assert refused.value.args[0].code() == KafkaError.INVALID_REPLICA_ASSIGNMENT, refused.value
+    assert len(cluster.metadata()["topics"]["placed"]["partitions"]) == 3
+
     # acks=all on a replicated topic is acknowledged once the ISR has the record.
     cluster.cli("topic", "create", "replicated", "-p", "1", "--replication-factor", "3")
     errors = []

@@ -156,6 +156,7 @@ fn status(e: &MetadataError) -> Status {
         | MetadataError::UnknownScramCredential { .. } => Status::not_found(msg),
         MetadataError::InvalidPartitions(_)
         | MetadataError::InvalidReplicationFactor(_)
+        | MetadataError::InvalidReplicaAssignment(_)
         | MetadataError::InvalidIsr { .. }
         | MetadataError::InvalidScramCredential(_)
         | MetadataError::InvalidAcl(_)
@@ -941,6 +942,7 @@ impl ControllerApi for ControllerService {
             .propose(Command::CreatePartitions {
                 name: r.name.clone(),
                 total: r.total,
+                assignments: r.assignments.into_iter().map(|a| a.brokers).collect(),
             })
             .await?;
         tracing::info!(topic = %r.name, total = r.total, "added partitions");
@@ -1263,6 +1265,7 @@ mod tests {
         let huge = Command::CreatePartitions {
             name: "settlements".into(),
             total: 4_000_000_000,
+            assignments: vec![],
         };
         let refused = c.propose(huge.clone()).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
@@ -1301,6 +1304,7 @@ mod tests {
         c.propose(Command::CreatePartitions {
             name: "settlements".into(),
             total: 3,
+            assignments: vec![],
         })
         .await
         .expect("the restarted controller serves metadata writes");

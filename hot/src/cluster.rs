@@ -474,10 +474,21 @@ impl ClusterLink {
     }
 
     /// Grows a topic to `total` partitions; returns a metadata version that includes them.
-    pub async fn create_partitions(&self, name: &str, total: u32) -> Result<u64, tonic::Status> {
+    /// Grows topic `name` to `total` partitions; `assignments`: the new partitions' replicas
+    /// (empty: the controllers place them).
+    pub async fn create_partitions(
+        &self,
+        name: &str,
+        total: u32,
+        assignments: &[Vec<i32>],
+    ) -> Result<u64, tonic::Status> {
         let req = CreatePartitionsRequest {
             name: name.to_string(),
             total,
+            assignments: assignments
+                .iter()
+                .map(|b| strata_proto::v1::ReplicaList { brokers: b.clone() })
+                .collect(),
         };
         self.call(|mut c| {
             let req = req.clone();

@@ -189,6 +189,10 @@ pub enum Command {
     CreatePartitions {
         name: String,
         total: u32,
+        /// The new partitions' replicas (the first leads); empty: placed here. Left out of
+        /// the entry when empty, so entries without it read as before.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        assignments: Vec<Vec<BrokerId>>,
     },
     /// A leader's ISR change, applied only if the partition epoch still matches (CAS).
     AlterIsr {
@@ -269,6 +273,8 @@ pub enum MetadataError {
     InvalidPartitions(String),
     #[error("{0}")]
     InvalidReplicationFactor(String),
+    #[error("{0}")]
+    InvalidReplicaAssignment(String),
     #[error("broker {0} is not registered")]
     UnknownBroker(BrokerId),
     #[error("broker {id} epoch {got} is stale (current {current})")]
@@ -330,11 +336,23 @@ impl Command {
                 }
                 check_topic_configs(name, configs)
             }
-            Command::CreatePartitions { name, total } if *total > MAX_PARTITIONS => {
+            Command::CreatePartitions { name, total, .. } if *total > MAX_PARTITIONS => {
                 Err(MetadataError::InvalidPartitions(format!(
                     "topic '{name}': {total} partitions is more than the limit of {MAX_PARTITIONS}"
                 )))
             }
+            Command::CreatePartitions {
+                name, assignments, ..
+            } => assignments.iter().enumerate().try_for_each(|(i, replicas)| {
+                let distinct: std::collections::BTreeSet<_> = replicas.iter().collect();
+                if replicas.is_empty() || distinct.len() != replicas.len() {
+                    return Err(MetadataError::InvalidReplicaAssignment(format!(
+                        "topic '{name}': new partition {i} is assigned {replicas:?}; each needs \
+                         distinct brokers"
+                    )));
+                }
+                Ok(())
+            }),
             Command::AlterTopicConfigs { name, set, .. } => check_topic_configs(name, set),
             Command::AlterClientQuotas { alterations } => alterations
                 .iter()
@@ -584,7 +602,11 @@ impl ClusterMetadata {
                 t.configs = configs;
                 Ok(Applied::Done)
             }
-            Command::CreatePartitions { name, total } => {
+            Command::CreatePartitions {
+                name,
+                total,
+                assignments,
+            } => {
                 let candidates = self.candidates();
                 let t = self
                     .topics
@@ -596,13 +618,43 @@ impl ClusterMetadata {
                         "topic '{name}' has {current} partitions; the new count {total} must be larger"
                     )));
                 }
-                let added = placement::assign(
-                    &candidates,
-                    current,
-                    total - current,
-                    t.replication_factor as usize,
-                    self.placement_cursor as usize,
-                )?;
+                let added = if assignments.is_empty() {
+                    placement::assign(
+                        &candidates,
+                        current,
+                        total - current,
+                        t.replication_factor as usize,
+                        self.placement_cursor as usize,
+                    )?
+                } else {
+                    let invalid = |why: String| {
+                        Err(MetadataError::InvalidReplicaAssignment(format!(
+                            "topic '{name}': {why}"
+                        )))
+                    };
+                    if assignments.len() as u32 != total - current {
+                        return invalid(format!(
+                            "{} assignments for {} new partitions",
+                            assignments.len(),
+                            total - current
+                        ));
+                    }
+                    let rf = t.replication_factor as usize;
+                    if let Some(r) = assignments.iter().find(|r| r.len() != rf) {
+                        return invalid(format!(
+                            "assignment {r:?} has {} replicas; the topic's replication factor is {rf}",
+                            r.len()
+                        ));
+                    }
+                    if let Some(b) = assignments
+                        .iter()
+                        .flatten()
+                        .find(|b| !self.brokers.contains_key(b))
+                    {
+                        return invalid(format!("broker {b} is not registered"));
+                    }
+                    assignments.clone()
+                };
                 let t = self.topics.get_mut(name).expect("checked above");
                 t.partitions.extend(added.into_iter().map(new_partition));
                 Ok(Applied::Done)

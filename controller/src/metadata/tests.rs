@@ -387,6 +387,7 @@ fn producer_id_blocks_never_overlap_and_partitions_can_be_added() {
         &Command::CreatePartitions {
             name: "t".into(),
             total: 5,
+            assignments: vec![],
         },
     )
     .unwrap();
@@ -396,7 +397,8 @@ fn producer_id_blocks_never_overlap_and_partitions_can_be_added() {
             14,
             &Command::CreatePartitions {
                 name: "t".into(),
-                total: 5
+                total: 5,
+                assignments: vec![],
             }
         ),
         Err(MetadataError::InvalidPartitions(_))
@@ -627,6 +629,7 @@ fn commands_with_unbounded_numbers_or_invalid_configs_are_refused_without_a_chan
         Command::CreatePartitions {
             name: "settlements".into(),
             total: 4_000_000_000,
+            assignments: vec![],
         },
     );
     assert!(
@@ -778,4 +781,53 @@ fn client_quotas_are_altered_all_or_none_and_survive_a_snapshot() {
     let mut old = serde_json::to_value(ClusterMetadata::default()).unwrap();
     old.as_object_mut().unwrap().remove("client_quotas");
     assert!(serde_json::from_value::<ClusterMetadata>(old).is_ok());
+}
+
+/// Kafka's CreatePartitions with a manual assignment (librdkafka's 0081): the new
+/// partitions get exactly the replicas asked for, the first leading; an assignment of the
+/// wrong size, replication factor, an unknown broker or a repeated one is refused whole.
+#[test]
+fn partitions_added_with_a_manual_assignment_get_those_replicas() {
+    let (mut m, _) = three_brokers();
+    create(&mut m, 10, "t", 1, 2).unwrap();
+    let add = |assignments: Vec<Vec<BrokerId>>, total| Command::CreatePartitions {
+        name: "t".into(),
+        total,
+        assignments,
+    };
+    for (i, (bad, total)) in [
+        (vec![vec![1, 2]], 3),    // two new partitions, one assignment
+        (vec![vec![1, 2, 3]], 2), // three replicas on a topic of two
+        (vec![vec![1, 9]], 2),    // broker 9 is not registered
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let e = m
+            .apply(11 + i as u64, &add(bad.clone(), total))
+            .unwrap_err();
+        assert!(
+            matches!(e, MetadataError::InvalidReplicaAssignment(_)),
+            "{bad:?}: {e}"
+        );
+        assert_eq!(
+            m.topics["t"].partitions.len(),
+            1,
+            "{bad:?} changed the topic"
+        );
+    }
+    let e = add(vec![vec![2, 2]], 2).validate().unwrap_err();
+    assert!(
+        matches!(e, MetadataError::InvalidReplicaAssignment(_)),
+        "{e}"
+    );
+
+    m.apply(20, &add(vec![vec![3, 1], vec![2, 3]], 3)).unwrap();
+    let p = &m.topics["t"].partitions;
+    assert_eq!((p[1].replicas.clone(), p[1].leader), (vec![3, 1], Some(3)));
+    assert_eq!((p[2].replicas.clone(), p[2].leader), (vec![2, 3], Some(2)));
+    assert_eq!(p[2].isr, vec![2, 3]);
+    // an entry without assignments reads as before the field existed
+    let json = serde_json::to_string(&add(vec![], 4)).unwrap();
+    assert!(!json.contains("assignments"), "{json}");
 }

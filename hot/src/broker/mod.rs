@@ -75,6 +75,8 @@ pub enum AdminError {
     InvalidPartitions(String),
     #[error("{0}")]
     InvalidReplicationFactor(String),
+    #[error("{0}")]
+    InvalidReplicaAssignment(String),
     #[error(transparent)]
     InvalidConfig(#[from] ConfigError),
     #[error("{0}")]
@@ -951,11 +953,13 @@ impl Broker {
         Ok(())
     }
 
-    /// Grows a topic to `total` partitions (Kafka's CreatePartitions).
+    /// Grows a topic to `total` partitions (Kafka's CreatePartitions); `assignments`: the new
+    /// partitions' replicas, the preferred leader first (empty: placed by the controllers).
     pub async fn create_partitions(
         &self,
         name: &str,
         total: u32,
+        assignments: &[Vec<i32>],
         validate_only: bool,
     ) -> Result<(), AdminError> {
         let topic = self
@@ -967,14 +971,38 @@ impl Broker {
                 "topic '{name}' has {current} partitions; the new count {total} must be larger (at most {MAX_PARTITIONS})"
             )));
         }
+        if !assignments.is_empty() {
+            let invalid = |why: String| {
+                Err(AdminError::InvalidReplicaAssignment(format!(
+                    "topic '{name}': {why}"
+                )))
+            };
+            if assignments.len() as u32 != total - current {
+                return invalid(format!(
+                    "{} assignments for {} new partitions",
+                    assignments.len(),
+                    total - current
+                ));
+            }
+            let alone = self.config.node_id;
+            if self.cluster.is_none() && assignments.iter().flatten().any(|b| *b != alone) {
+                return invalid(format!("replica assignments may only name broker {alone}"));
+            }
+        }
         if validate_only {
             return Ok(());
         }
         if let Some(link) = &self.cluster {
             let version = link
-                .create_partitions(name, total)
+                .create_partitions(name, total, assignments)
                 .await
-                .map_err(|e| controller_error(name, e))?;
+                .map_err(|e| match e.code() {
+                    // with an assignment, what the controllers refuse is the assignment
+                    tonic::Code::InvalidArgument if !assignments.is_empty() => {
+                        AdminError::InvalidReplicaAssignment(e.message().to_string())
+                    }
+                    _ => controller_error(name, e),
+                })?;
             self.wait_for_metadata(version).await;
             return Ok(());
         }

@@ -460,16 +460,6 @@ pub(super) async fn create_partitions(
     for t in req.topics {
         let name = t.name.0.to_string();
         let result = CreatePartitionsTopicResult::default().with_name(t.name.clone());
-        if t.assignments.as_ref().is_some_and(|a| !a.is_empty()) {
-            results.push(
-                result
-                    .with_error_code(codes::INVALID_REPLICA_ASSIGNMENT)
-                    .with_error_message(Some(s(
-                        "manual replica assignment is not supported; placement is automatic",
-                    ))),
-            );
-            continue;
-        }
         if !ctx.may_topic(Operation::Alter, &name) {
             results.push(
                 result
@@ -482,8 +472,14 @@ pub(super) async fn create_partitions(
             continue;
         }
         let total = u32::try_from(t.count).unwrap_or(0);
+        let assignments: Vec<Vec<i32>> = t
+            .assignments
+            .unwrap_or_default()
+            .into_iter()
+            .map(|a| a.broker_ids.into_iter().map(|b| b.0).collect())
+            .collect();
         match broker
-            .create_partitions(&name, total, req.validate_only)
+            .create_partitions(&name, total, &assignments, req.validate_only)
             .await
         {
             Ok(()) => results.push(result),

@@ -118,6 +118,7 @@ pub fn admin(e: &AdminError) -> Coded {
         AdminError::InvalidTopic(_) => E::InvalidTopicException.code(),
         AdminError::InvalidPartitions(_) => E::InvalidPartitions.code(),
         AdminError::InvalidReplicationFactor(_) => E::InvalidReplicationFactor.code(),
+        AdminError::InvalidReplicaAssignment(_) => INVALID_REPLICA_ASSIGNMENT,
         AdminError::InvalidConfig(_) => E::InvalidConfig.code(),
         AdminError::TopicExists(_) => E::TopicAlreadyExists.code(),
         AdminError::UnknownTopic(_) => E::UnknownTopicOrPartition.code(),
