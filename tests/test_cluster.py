@@ -353,12 +353,25 @@ def test_kafka_clients_through_any_bootstrap_broker(cluster):
     entries = list(described.values())[0].result(timeout=30)
     assert entries["retention.ms"].value == "3600000"
 
-    # Partitions added with a manual replica assignment (librdkafka's 0081) get exactly
-    # those replicas, the first leading; a broker nobody registered is refused whole with
-    # INVALID_REPLICA_ASSIGNMENT. (Before, any assignment was refused.)
+    # Topics created and partitions added with a manual replica assignment (librdkafka's
+    # 0081) get exactly those replicas, the first leading; a broker nobody registered is
+    # refused whole with INVALID_REPLICA_ASSIGNMENT. (Before, any assignment was refused.)
     from confluent_kafka import KafkaError, KafkaException
 
-    admin.create_topics([NewTopic("placed", num_partitions=1, replication_factor=2)])["placed"].result(timeout=30)
+    # (kafka-python here: confluent-kafka 2.16's NewTopic refuses any replica_assignment)
+    from kafka.admin import KafkaAdminClient, NewTopic as KpNewTopic
+    from kafka.errors import InvalidReplicationAssignmentError
+
+    kp = KafkaAdminClient(bootstrap_servers=b[1])
+    try:
+        kp.create_topics([KpNewTopic("placed", -1, -1, replica_assignments={0: [2, 3]})])
+        with pytest.raises(InvalidReplicationAssignmentError):
+            kp.create_topics([KpNewTopic("misplaced", -1, -1, replica_assignments={0: [2, 9]})],
+                             raise_errors=True)
+    finally:
+        kp.close()
+    assert [(p["replicas"], p["leader"]) for p in cluster.metadata()["topics"]["placed"]["partitions"]] == [([2, 3], 2)]
+    assert "misplaced" not in cluster.metadata()["topics"]
     admin.create_partitions([NewPartitions("placed", 3, replica_assignment=[[3, 1], [2, 3]])])["placed"].result(timeout=30)
     placed = cluster.metadata()["topics"]["placed"]["partitions"]
     assert [(p["replicas"], p["leader"]) for p in placed[1:]] == [([3, 1], 3), ([2, 3], 2)], placed

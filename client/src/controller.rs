@@ -50,6 +50,7 @@ impl ControllerAdmin {
                 partitions,
                 replication_factor,
                 configs: configs.clone().into_iter().collect(),
+                assignments: Vec::new(),
             })
             .await
             .map_err(ClientError::from)?

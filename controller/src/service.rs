@@ -872,6 +872,7 @@ impl ControllerApi for ControllerService {
             partitions: r.partitions,
             replication_factor: rf,
             configs: r.configs.into_iter().collect(),
+            assignments: r.assignments.into_iter().map(|a| a.brokers).collect(),
         };
         match self.0.propose(cmd).await? {
             Applied::TopicCreated { id, created } => {
@@ -1259,6 +1260,7 @@ mod tests {
             partitions: 2,
             replication_factor: 1,
             configs: BTreeMap::new(),
+            assignments: vec![],
         })
         .await
         .unwrap();

@@ -427,12 +427,17 @@ impl ClusterLink {
         partitions: u32,
         replication_factor: u16,
         configs: &std::collections::BTreeMap<String, String>,
+        assignments: &[Vec<i32>],
     ) -> Result<CreateTopicResponse, tonic::Status> {
         let req = CreateTopicRequest {
             name: name.to_string(),
             partitions,
             replication_factor: u32::from(replication_factor),
             configs: configs.clone().into_iter().collect(),
+            assignments: assignments
+                .iter()
+                .map(|b| strata_proto::v1::ReplicaList { brokers: b.clone() })
+                .collect(),
         };
         self.call(|mut c| {
             let req = req.clone();

@@ -177,6 +177,10 @@ pub enum Command {
         partitions: u32,
         replication_factor: u16,
         configs: BTreeMap<String, String>,
+        /// Each partition's replicas (the first leads); empty: placed here. Left out of the
+        /// entry when empty, so entries without it read as before.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        assignments: Vec<Vec<BrokerId>>,
     },
     DeleteTopic {
         name: String,
@@ -320,8 +324,16 @@ impl Command {
                 partitions,
                 replication_factor,
                 configs,
+                assignments,
                 ..
             } => {
+                check_assignments(name, assignments, Some(*replication_factor))?;
+                if !assignments.is_empty() && assignments.len() as u32 != *partitions {
+                    return Err(MetadataError::InvalidReplicaAssignment(format!(
+                        "topic '{name}': {} assignments for {partitions} partitions",
+                        assignments.len()
+                    )));
+                }
                 strata_core::topic::validate_topic_name(name)
                     .map_err(MetadataError::InvalidRequest)?;
                 if *partitions == 0 || *partitions > MAX_PARTITIONS {
@@ -343,16 +355,7 @@ impl Command {
             }
             Command::CreatePartitions {
                 name, assignments, ..
-            } => assignments.iter().enumerate().try_for_each(|(i, replicas)| {
-                let distinct: std::collections::BTreeSet<_> = replicas.iter().collect();
-                if replicas.is_empty() || distinct.len() != replicas.len() {
-                    return Err(MetadataError::InvalidReplicaAssignment(format!(
-                        "topic '{name}': new partition {i} is assigned {replicas:?}; each needs \
-                         distinct brokers"
-                    )));
-                }
-                Ok(())
-            }),
+            } => check_assignments(name, assignments, None),
             Command::AlterTopicConfigs { name, set, .. } => check_topic_configs(name, set),
             Command::AlterClientQuotas { alterations } => alterations
                 .iter()
@@ -537,6 +540,7 @@ impl ClusterMetadata {
                 partitions,
                 replication_factor,
                 configs,
+                assignments,
             } => {
                 if let Some(t) = self.topics.get(name) {
                     if t.partitions.len() as u32 == *partitions
@@ -558,13 +562,18 @@ impl ClusterMetadata {
                         "a topic needs at least one partition".into(),
                     ));
                 }
-                let assignment = placement::assign(
-                    &self.candidates(),
-                    0,
-                    *partitions,
-                    *replication_factor as usize,
-                    self.placement_cursor as usize,
-                )?;
+                let assignment = if assignments.is_empty() {
+                    placement::assign(
+                        &self.candidates(),
+                        0,
+                        *partitions,
+                        *replication_factor as usize,
+                        self.placement_cursor as usize,
+                    )?
+                } else {
+                    self.check_registered(name, assignments)?;
+                    assignments.clone()
+                };
                 self.placement_cursor += 1;
                 let partitions = assignment.into_iter().map(new_partition).collect();
                 self.topics.insert(
@@ -646,13 +655,7 @@ impl ClusterMetadata {
                             r.len()
                         ));
                     }
-                    if let Some(b) = assignments
-                        .iter()
-                        .flatten()
-                        .find(|b| !self.brokers.contains_key(b))
-                    {
-                        return invalid(format!("broker {b} is not registered"));
-                    }
+                    self.check_registered(name, assignments)?;
                     assignments.clone()
                 };
                 let t = self.topics.get_mut(name).expect("checked above");
@@ -784,6 +787,24 @@ impl ClusterMetadata {
             })
     }
 
+    /// A manual assignment names only registered brokers.
+    fn check_registered(
+        &self,
+        topic: &str,
+        assignments: &[Vec<BrokerId>],
+    ) -> Result<(), MetadataError> {
+        match assignments
+            .iter()
+            .flatten()
+            .find(|b| !self.brokers.contains_key(b))
+        {
+            Some(b) => Err(MetadataError::InvalidReplicaAssignment(format!(
+                "topic '{topic}': broker {b} is not registered"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn candidates(&self) -> Vec<Candidate> {
         self.live_brokers()
             .into_iter()
@@ -834,6 +855,26 @@ impl ClusterMetadata {
             }
         }
     }
+}
+
+/// A manual assignment's own checks: every partition names distinct brokers, as many as
+/// the replication factor when it is known.
+fn check_assignments(
+    topic: &str,
+    assignments: &[Vec<BrokerId>],
+    replication_factor: Option<u16>,
+) -> Result<(), MetadataError> {
+    for (i, replicas) in assignments.iter().enumerate() {
+        let distinct: std::collections::BTreeSet<_> = replicas.iter().collect();
+        let sized = replication_factor.is_none_or(|rf| replicas.len() == usize::from(rf));
+        if replicas.is_empty() || distinct.len() != replicas.len() || !sized {
+            return Err(MetadataError::InvalidReplicaAssignment(format!(
+                "topic '{topic}': partition {i} is assigned {replicas:?}; each partition needs \
+                 distinct brokers, as many as the replication factor"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn new_partition(replicas: Vec<BrokerId>) -> PartitionRecord {

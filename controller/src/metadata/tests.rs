@@ -33,6 +33,7 @@ fn create(
             partitions,
             replication_factor: rf,
             configs: BTreeMap::new(),
+            assignments: vec![],
         },
     )
 }
@@ -216,6 +217,7 @@ fn unclean_election_only_when_the_topic_allows_it() {
             partitions: 1,
             replication_factor: 2,
             configs,
+            assignments: vec![],
         },
     )
     .unwrap();
@@ -431,6 +433,7 @@ fn replaying_the_same_log_gives_the_same_state() {
             partitions: 7,
             replication_factor: 3,
             configs: BTreeMap::new(),
+            assignments: vec![],
         });
         log.push(Command::FenceBroker { id: 2, epoch: 2 });
         log.push(Command::CreateTopic {
@@ -439,6 +442,7 @@ fn replaying_the_same_log_gives_the_same_state() {
             partitions: 5,
             replication_factor: 2,
             configs: BTreeMap::new(),
+            assignments: vec![],
         });
         for (i, c) in log.iter().enumerate() {
             let _ = m.apply(i as u64 + 1, c);
@@ -647,6 +651,7 @@ fn commands_with_unbounded_numbers_or_invalid_configs_are_refused_without_a_chan
                 partitions,
                 replication_factor: 3,
                 configs: BTreeMap::new(),
+                assignments: vec![],
             },
         );
         assert!(matches!(e, MetadataError::InvalidPartitions(_)), "{e}");
@@ -660,6 +665,7 @@ fn commands_with_unbounded_numbers_or_invalid_configs_are_refused_without_a_chan
             partitions: 1,
             replication_factor: 3,
             configs: [("min.insync.replicas".to_string(), "two".to_string())].into(),
+            assignments: vec![],
         },
     );
     assert!(
@@ -675,6 +681,7 @@ fn commands_with_unbounded_numbers_or_invalid_configs_are_refused_without_a_chan
             partitions: 1,
             replication_factor: 1,
             configs: BTreeMap::new(),
+            assignments: vec![],
         },
     );
     assert!(matches!(e, MetadataError::InvalidRequest(_)), "{e}");
@@ -720,6 +727,7 @@ fn a_config_change_is_checked_against_the_topic_it_lands_on() {
             partitions: 1,
             replication_factor: 3,
             configs: [("min.insync.replicas".to_string(), "2".to_string())].into(),
+            assignments: vec![],
         },
     )
     .unwrap();
@@ -830,4 +838,41 @@ fn partitions_added_with_a_manual_assignment_get_those_replicas() {
     // an entry without assignments reads as before the field existed
     let json = serde_json::to_string(&add(vec![], 4)).unwrap();
     assert!(!json.contains("assignments"), "{json}");
+}
+
+/// CreateTopics with a manual assignment: the partitions get those replicas; a wrong size,
+/// repeated or unregistered broker is refused and no topic appears.
+#[test]
+fn a_topic_created_with_a_manual_assignment_gets_those_replicas() {
+    let (mut m, _) = three_brokers();
+    let create = |assignments: Vec<Vec<BrokerId>>| Command::CreateTopic {
+        name: "placed".into(),
+        id: Uuid::new_v4(),
+        partitions: assignments.len() as u32,
+        replication_factor: assignments.first().map_or(1, |r| r.len() as u16),
+        configs: BTreeMap::new(),
+        assignments,
+    };
+    for (i, bad) in [
+        vec![vec![1, 2], vec![3]],
+        vec![vec![1, 1]],
+        vec![vec![1, 7]],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let e = m.apply(10 + i as u64, &create(bad.clone())).unwrap_err();
+        assert!(
+            matches!(e, MetadataError::InvalidReplicaAssignment(_)),
+            "{bad:?}: {e}"
+        );
+        assert!(
+            !m.topics.contains_key("placed"),
+            "{bad:?} created the topic"
+        );
+    }
+    m.apply(20, &create(vec![vec![2, 3], vec![3, 1]])).unwrap();
+    let p = &m.topics["placed"].partitions;
+    assert_eq!((p[0].replicas.clone(), p[0].leader), (vec![2, 3], Some(2)));
+    assert_eq!((p[1].replicas.clone(), p[1].leader), (vec![3, 1], Some(3)));
 }

@@ -250,6 +250,10 @@ pub struct NewTopic {
     /// `None` = the broker default (1 on a single node).
     pub replication_factor: Option<u16>,
     pub configs: BTreeMap<String, String>,
+    /// Each partition's replicas, the preferred leader first (Kafka's manual assignment;
+    /// then `partitions` and `replication_factor` are its sizes); empty: placed by the
+    /// controllers.
+    pub assignments: Vec<Vec<i32>>,
 }
 
 /// How many producer ids are reserved durably at a time.
@@ -762,6 +766,14 @@ impl Broker {
             )));
         }
         let rf = req.replication_factor.unwrap_or(1);
+        if !req.assignments.is_empty() {
+            let alone = self.config.node_id;
+            if self.cluster.is_none() && req.assignments.iter().flatten().any(|b| *b != alone) {
+                return Err(AdminError::InvalidReplicaAssignment(format!(
+                    "replica assignments may only name broker {alone}"
+                )));
+            }
+        }
         let available = match &self.cluster {
             Some(link) => link.metadata().borrow().live_brokers().len(),
             None => 1,
@@ -835,10 +847,14 @@ impl Broker {
             });
         }
         let created = link
-            .create_topic(&req.name, partitions, rf, &req.configs)
+            .create_topic(&req.name, partitions, rf, &req.configs, &req.assignments)
             .await
             .map_err(|e| match e.code() {
                 tonic::Code::AlreadyExists => AdminError::TopicExists(e.message().to_string()),
+                // with an assignment, what the controllers refuse is the assignment
+                tonic::Code::InvalidArgument if !req.assignments.is_empty() => {
+                    AdminError::InvalidReplicaAssignment(e.message().to_string())
+                }
                 tonic::Code::InvalidArgument => {
                     AdminError::InvalidReplicationFactor(e.message().to_string())
                 }

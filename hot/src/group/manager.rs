@@ -344,6 +344,7 @@ impl GroupManager {
             partitions: Some(self.config.offsets_partitions),
             replication_factor: Some(rf),
             configs,
+            assignments: Vec::new(),
         };
         match broker.create_topic(req, false).await {
             Ok(_) | Err(AdminError::TopicExists(_)) => {

@@ -265,7 +265,6 @@ async fn metadata_of(ctx: &Request, req: MetadataRequest) -> MetadataResponse {
 
 pub(super) async fn create_topics(ctx: Request, req: CreateTopicsRequest) -> CreateTopicsResponse {
     let broker = ctx.broker().clone();
-    let node = broker.config().node_id;
     let with_configs = ctx.version >= 5;
     let mut seen = HashSet::new();
     let duplicates: HashSet<String> = req
@@ -307,18 +306,48 @@ pub(super) async fn create_topics(ctx: Request, req: CreateTopicsRequest) -> Cre
             ));
             continue;
         }
-        if t.assignments
+        // A manual assignment sizes the topic itself: Kafka refuses one beside a partition
+        // count or replication factor, and one that skips or repeats a partition.
+        let mut assignments: Vec<(i32, Vec<i32>)> = t
+            .assignments
             .iter()
-            .any(|a| a.broker_ids != [BrokerId(node)])
-        {
-            results.push(fail(
-                codes::INVALID_REPLICA_ASSIGNMENT,
-                format!("replica assignments may only name broker {node}"),
-            ));
-            continue;
+            .map(|a| {
+                (
+                    a.partition_index,
+                    a.broker_ids.iter().map(|b| b.0).collect(),
+                )
+            })
+            .collect();
+        assignments.sort_by_key(|(p, _)| *p);
+        if !assignments.is_empty() {
+            if t.num_partitions != -1 || t.replication_factor != -1 {
+                results.push(fail(
+                    codes::INVALID_REQUEST,
+                    "a replica assignment cannot come with a partition count or replication \
+                     factor (set both to -1)"
+                        .into(),
+                ));
+                continue;
+            }
+            let numbered = assignments
+                .iter()
+                .enumerate()
+                .all(|(i, (p, _))| *p == i as i32);
+            let sized = assignments
+                .iter()
+                .all(|(_, r)| r.len() == assignments[0].1.len());
+            if !numbered || !sized {
+                results.push(fail(
+                    codes::INVALID_REPLICA_ASSIGNMENT,
+                    "a replica assignment names partitions 0, 1, ... once each, every one with \
+                     as many replicas"
+                        .into(),
+                ));
+                continue;
+            }
         }
-        let partitions = if !t.assignments.is_empty() {
-            Some(t.assignments.len() as u32)
+        let partitions = if !assignments.is_empty() {
+            Some(assignments.len() as u32)
         } else if t.num_partitions == -1 {
             None
         } else if t.num_partitions <= 0 {
@@ -334,6 +363,7 @@ pub(super) async fn create_topics(ctx: Request, req: CreateTopicsRequest) -> Cre
             Some(t.num_partitions as u32)
         };
         let replication_factor = match t.replication_factor {
+            -1 if !assignments.is_empty() => Some(assignments[0].1.len() as u16),
             -1 => None,
             rf if rf <= 0 => {
                 results.push(fail(
@@ -358,6 +388,7 @@ pub(super) async fn create_topics(ctx: Request, req: CreateTopicsRequest) -> Cre
             partitions,
             replication_factor,
             configs,
+            assignments: assignments.into_iter().map(|(_, r)| r).collect(),
         };
         match broker.create_topic(new, req.validate_only).await {
             Ok(spec) => {

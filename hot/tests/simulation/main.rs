@@ -296,6 +296,7 @@ impl World {
                 partitions: 1,
                 replication_factor: 3,
                 configs: BTreeMap::new(),
+                assignments: vec![],
             })
             .expect("topic creation applies");
         }
@@ -313,6 +314,7 @@ impl World {
             partitions: 1,
             replication_factor: w.brokers.len() as u16,
             configs,
+            assignments: vec![],
         })
         .expect("topic creation applies");
         w.rng = rng;
