@@ -26,28 +26,48 @@ pub enum RecordsError {
          (a decompression bomb, or a batch no producer should write)"
     )]
     TooLarge { limit: u64 },
-    #[error("record {index} has no key; a compacted topic (cleanup.policy=compact) needs one")]
-    NoKey { index: i32 },
+    #[error(
+        "record {index} has no key; a compacted topic (cleanup.policy=compact) needs one{}",
+        more(also)
+    )]
+    NoKey {
+        index: i32,
+        /// The other records of the batch refused for a key or a timestamp.
+        also: Vec<i32>,
+    },
     #[error(
         "record {index} has timestamp {timestamp}, outside the topic's window [{earliest}, \
-         {latest}] (message.timestamp.before.max.ms / message.timestamp.after.max.ms)"
+         {latest}] (message.timestamp.before.max.ms / message.timestamp.after.max.ms){}",
+        more(also)
     )]
     Timestamp {
         index: i32,
         timestamp: i64,
         earliest: i64,
         latest: i64,
+        /// The other records of the batch refused for a key or a timestamp.
+        also: Vec<i32>,
     },
 }
 
+fn more(also: &[i32]) -> String {
+    match also.len() {
+        0 => String::new(),
+        n => format!(" (and {n} more records of the batch)"),
+    }
+}
+
 impl RecordsError {
-    /// The record it names (KIP-467's `batch_index`), when it names one.
-    pub fn record_index(&self) -> Option<i32> {
+    /// The records it names (KIP-467's `batch_index`es), first the one it describes.
+    pub fn record_indexes(&self) -> Vec<i32> {
         match self {
-            RecordsError::Malformed { index, .. }
-            | RecordsError::NoKey { index }
-            | RecordsError::Timestamp { index, .. } => Some(*index),
-            _ => None,
+            RecordsError::Malformed { index, .. } => vec![*index],
+            RecordsError::NoKey { index, also } | RecordsError::Timestamp { index, also, .. } => {
+                std::iter::once(*index)
+                    .chain(also.iter().copied())
+                    .collect()
+            }
+            _ => Vec::new(),
         }
     }
 }
@@ -96,13 +116,41 @@ pub fn check_records<R: BufRead>(r: R, count: i32, rules: RecordRules) -> Result
         read: 0,
         limit: rules.limit,
     };
+    // A record without a key, or outside the timestamp window, is whole: the check goes on,
+    // so the answer names every such record of the batch, as Kafka's validator does.
+    let mut refused: Option<(i32, Fault)> = None;
+    let mut also = Vec::new();
     for index in 0..count.max(0) {
-        check_record(&mut s, index, rules).map_err(|e| e.at(index, rules.limit))?;
+        match check_record(&mut s, index, rules).map_err(|e| e.at(index, rules.limit))? {
+            Some(fault) if refused.is_none() => refused = Some((index, fault)),
+            Some(_) => also.push(index),
+            None => {}
+        }
     }
     match s.r.fill_buf() {
-        Ok([]) => Ok(()),
-        Ok(_) => Err(RecordsError::Trailing { count }),
-        Err(e) => Err(Fault::Io(e).at(count, rules.limit)),
+        Ok([]) => {}
+        Ok(_) => return Err(RecordsError::Trailing { count }),
+        Err(e) => return Err(Fault::Io(e).at(count, rules.limit)),
+    }
+    match refused {
+        None => Ok(()),
+        Some((index, fault)) => Err(match fault.at(index, rules.limit) {
+            RecordsError::NoKey { index, .. } => RecordsError::NoKey { index, also },
+            RecordsError::Timestamp {
+                index,
+                timestamp,
+                earliest,
+                latest,
+                ..
+            } => RecordsError::Timestamp {
+                index,
+                timestamp,
+                earliest,
+                latest,
+                also,
+            },
+            other => other,
+        }),
     }
 }
 
@@ -123,12 +171,16 @@ impl Fault {
                 what: what.to_string(),
             },
             Fault::TooLarge(limit) => RecordsError::TooLarge { limit },
-            Fault::NoKey => RecordsError::NoKey { index },
+            Fault::NoKey => RecordsError::NoKey {
+                index,
+                also: Vec::new(),
+            },
             Fault::Timestamp(timestamp, w) => RecordsError::Timestamp {
                 index,
                 timestamp,
                 earliest: w.earliest,
                 latest: w.latest,
+                also: Vec::new(),
             },
             Fault::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => RecordsError::Malformed {
                 index,
@@ -198,12 +250,14 @@ impl<R: BufRead> Stream<R> {
 }
 
 /// One record (Kafka's DefaultRecord): length, attributes, timestamp delta, offset delta,
-/// key, value, headers; `index` is its place in the batch.
+/// key, value, headers; `index` is its place in the batch. `Ok(Some(..))`: a whole record
+/// the topic refuses (no key, a timestamp outside the window).
 fn check_record<R: BufRead>(
     s: &mut Stream<R>,
     index: i32,
     rules: RecordRules,
-) -> Result<(), Fault> {
+) -> Result<Option<Fault>, Fault> {
+    let mut refused = None;
     let len = s.varint()?;
     if len <= 0 || len > i64::from(i32::MAX) {
         return Err(Fault::Malformed("its length is not positive"));
@@ -216,7 +270,7 @@ fn check_record<R: BufRead>(
     if let Some(w) = rules.timestamps {
         let ts = w.base.saturating_add(delta);
         if ts != -1 && (ts < w.earliest || ts > w.latest) {
-            return Err(Fault::Timestamp(ts, w));
+            refused = Some(Fault::Timestamp(ts, w));
         }
     }
     if s.varint()? != i64::from(index) {
@@ -228,8 +282,8 @@ fn check_record<R: BufRead>(
     if key < -1 {
         return Err(Fault::Malformed("its key length is below -1"));
     }
-    if key == -1 && rules.keys_required {
-        return Err(Fault::NoKey);
+    if key == -1 && rules.keys_required && refused.is_none() {
+        refused = Some(Fault::NoKey);
     }
     bytes(s, key, left(s))?;
     let value = s.varint()?;
@@ -257,7 +311,7 @@ fn check_record<R: BufRead>(
     if s.read != end {
         return Err(Fault::Malformed("its fields do not add up to its length"));
     }
-    Ok(())
+    Ok(refused)
 }
 
 /// Passes over a length-prefixed field (`-1`: null) that must fit in `left` bytes.
@@ -336,7 +390,10 @@ mod tests {
         };
         assert_eq!(
             check_records(section(&b), 3, rules),
-            Err(RecordsError::NoKey { index: 1 })
+            Err(RecordsError::NoKey {
+                index: 1,
+                also: vec![]
+            })
         );
     }
 
@@ -358,11 +415,16 @@ mod tests {
                 index: 3,
                 timestamp: 103,
                 earliest: 100,
-                latest: 102
+                latest: 102,
+                also: vec![]
             })
         );
         let early = check_records(section(&b), 4, window(100, 101, 200)).unwrap_err();
-        assert_eq!(early.record_index(), Some(0));
+        assert_eq!(early.record_indexes(), vec![0]);
+        // every record outside the window is named, the first described
+        let late = check_records(section(&b), 4, window(100, 100, 101)).unwrap_err();
+        assert_eq!(late.record_indexes(), vec![2, 3]);
+        assert!(late.to_string().contains("and 1 more record"), "{late}");
         assert!(early.to_string().contains("timestamp 100"), "{early}");
         // a record without a timestamp (-1) is not checked
         let one = recs(1);

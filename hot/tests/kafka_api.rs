@@ -1127,8 +1127,8 @@ async fn topics_refuse_weaker_acks_and_acks_all_without_enough_in_sync_replicas(
         .is_err());
 }
 
-/// KIP-467: a batch refused for one record names that record (`record_errors`), as Kafka
-/// does for a keyless record on a compacted topic (librdkafka's 0011 checks the index).
+/// KIP-467: a batch refused for its records names each of them (`record_errors`), as Kafka
+/// does for keyless records on a compacted topic (librdkafka's 0011 counts them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_batch_names_the_record_that_made_it_invalid() {
     let b = start().await;
@@ -1153,6 +1153,11 @@ async fn a_refused_batch_names_the_record_that_made_it_invalid() {
             key: Some(b"k2"),
             value: Some(b"v2"),
             timestamp_delta: 2,
+        },
+        Rec {
+            key: None,
+            value: Some(b"v3"),
+            timestamp_delta: 3,
         },
     ];
     let mut conn = Connection::connect(&b.addr).await.unwrap();
@@ -1179,8 +1184,8 @@ async fn a_refused_batch_names_the_record_that_made_it_invalid() {
     let indexes: Vec<i32> = p.record_errors.iter().map(|e| e.batch_index).collect();
     assert_eq!(
         indexes,
-        vec![1],
-        "the keyless record is the second: {:?}",
+        vec![1, 3],
+        "every keyless record is named (librdkafka's 0011 counts them): {:?}",
         p.record_errors
     );
     assert!(p.record_errors[0].batch_index_error_message.is_some());

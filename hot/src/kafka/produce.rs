@@ -30,8 +30,8 @@ struct PartitionOutcome {
     log_start: i64,
     log_append_time: i64,
     error: Option<codes::Coded>,
-    /// The record that made the batch invalid (KIP-467's `batch_index`), if one did.
-    bad_record: Option<i32>,
+    /// The records that made the batch invalid (KIP-467's `batch_index`es).
+    bad_records: Vec<i32>,
     wait: Option<PendingAppend>,
 }
 
@@ -43,7 +43,7 @@ impl PartitionOutcome {
             log_start: -1,
             log_append_time: -1,
             error: Some(error),
-            bad_record: None,
+            bad_records: Vec::new(),
             wait: None,
         }
     }
@@ -170,9 +170,9 @@ pub(super) fn handle(
             };
             offered += records.len();
             let appended = broker.append(&name, pd.index, records, acks, now);
-            let bad_record = match &appended {
-                Err(ProduceError::Records { error, .. }) => error.record_index(),
-                _ => None,
+            let bad_records = match &appended {
+                Err(ProduceError::Records { error, .. }) => error.record_indexes(),
+                _ => Vec::new(),
             };
             match refused.settle(&name, pd.index, appended) {
                 Ok(pending) => outcomes.push(PartitionOutcome {
@@ -181,11 +181,11 @@ pub(super) fn handle(
                     log_start: pending.log_start() as i64,
                     log_append_time: pending.log_append_time_ms(),
                     error: None,
-                    bad_record: None,
+                    bad_records: Vec::new(),
                     wait: Some(pending),
                 }),
                 Err(coded) => outcomes.push(PartitionOutcome {
-                    bad_record,
+                    bad_records,
                     ..PartitionOutcome::failed(pd.index, coded)
                 }),
             }
@@ -219,15 +219,16 @@ pub(super) fn handle(
                 // KIP-467 (v8+): the record that made the batch invalid, so a client can
                 // tell which record its application must fix
                 let record_errors = o
-                    .bad_record
-                    .map(|i| {
-                        vec![BatchIndexAndErrorMessage::default()
+                    .bad_records
+                    .iter()
+                    .map(|&i| {
+                        BatchIndexAndErrorMessage::default()
                             .with_batch_index(i)
                             .with_batch_index_error_message(Some(StrBytes::from_string(
                                 message.clone(),
-                            )))]
+                            )))
                     })
-                    .unwrap_or_default();
+                    .collect();
                 partition_responses.push(
                     PartitionProduceResponse::default()
                         .with_index(o.index)
