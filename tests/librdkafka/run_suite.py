@@ -1,0 +1,550 @@
+#!/usr/bin/env python3
+"""librdkafka's own integration suite against a `strata dev` node.
+
+Fetches librdkafka's source through cargo (the rdkafka-sys crate bundles it, tests/ included),
+builds the library and its test runner once (cached under --work-dir), starts Strata on free
+ports, runs the selected broker tests one test number at a time with a timeout each, and prints
+a pass/fail/skip table. Exit status 1 if any selected test failed or timed out, 2 on a setup
+error (the message says what to do). Called by scripts/librdkafka-suite.sh; stdlib only.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+import suite_sets  # noqa: E402
+
+CRATE = "rdkafka-sys"
+CRATE_VERSION = "4.10.0+2.12.1"
+LIBRDKAFKA_VERSION = "2.12.1"
+# No SSL, SASL/GSSAPI or libcurl (OIDC): the tests that need them need Strata's secure
+# listener and are excluded (suite_sets.EXCLUDED). --no-download: mklove must not fetch its
+# modules from GitHub (they are all in the tarball).
+CONFIGURE_FLAGS = ["--no-download", "--disable-ssl", "--disable-gssapi", "--disable-curl",
+                   "--enable-zlib", "--enable-zstd"]
+# Debian packages the build needs: (package, file or command that shows it is installed).
+APT_PACKAGES = [("gcc", "gcc"), ("g++", "g++"), ("make", "make"), ("pkg-config", "pkg-config"),
+                ("zlib1g-dev", "/usr/include/zlib.h"), ("libzstd-dev", "/usr/include/zstd.h"),
+                # 0053, 0098, 0101 and 0110 check JSON (statistics, the Java helper's output)
+                # with RapidJSON and skip themselves without it
+                ("rapidjson-dev", "/usr/include/rapidjson/document.h")]
+KAFKA_VERSION = "3.0.0"  # TEST_KAFKA_VERSION: the runner treats the broker as a modern Kafka
+START_TIMEOUT_S = 30.0
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SUMMARY_ROW = re.compile(
+    r"^\|\s*(\S+)\s+\|\s+(PASSED|FAILED|SKIPPED|RUNNING|DNS)\s+\|\s+([0-9.]+)s\s*\|\s?(.*)$")
+
+
+class SetupError(Exception):
+    pass
+
+
+def say(msg=""):
+    print(msg, flush=True)
+
+
+def run(cmd, log=None, **kw):
+    """Run cmd; on failure raise SetupError with the log's tail."""
+    if log is None:
+        r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+        out = r.stdout + r.stderr
+    else:
+        with open(log, "w") as f:
+            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, **kw)
+        out = Path(log).read_text(errors="replace")
+    if r.returncode != 0:
+        tail = "\n".join(out.splitlines()[-25:])
+        raise SetupError(f"`{' '.join(map(str, cmd))}` failed (exit {r.returncode})"
+                         + (f"; full log: {log}" if log else "") + f"\n{tail}")
+    return out
+
+
+# --- build prerequisites -------------------------------------------------------------------
+
+def ensure_packages(install: bool):
+    missing = [pkg for pkg, probe in APT_PACKAGES
+               if not (Path(probe).exists() if probe.startswith("/") else shutil.which(probe))]
+    if not missing:
+        return
+    cmd = ["apt-get", "install", "-y", "-qq", *missing]
+    if not install:
+        raise SetupError(f"missing build packages: {' '.join(missing)}; install them with "
+                         f"`sudo apt-get install {' '.join(missing)}` (or run without "
+                         f"--no-install)")
+    if not shutil.which("apt-get"):
+        raise SetupError(f"missing build packages ({' '.join(missing)}) and no apt-get: install "
+                         "a C/C++ toolchain, make, pkg-config and the zlib and zstd headers")
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    if sudo and not shutil.which("sudo"):
+        raise SetupError(f"missing build packages: run `apt-get install {' '.join(missing)}` "
+                         "as root")
+    say(f"==> installing build packages from Debian: {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        run(sudo + cmd, env=env)
+    except SetupError:
+        run(sudo + ["apt-get", "update", "-qq"], env=env)
+        run(sudo + cmd, env=env)
+
+
+def fetch_source(work: Path) -> Path:
+    """librdkafka's source tree inside the rdkafka-sys crate, brought by `cargo fetch`."""
+    if not shutil.which("cargo"):
+        raise SetupError("cargo not found on PATH: it fetches librdkafka's source from crates.io "
+                         "(install Rust with rustup)")
+    man = work / "fetch"
+    (man / "src").mkdir(parents=True, exist_ok=True)
+    (man / "src" / "lib.rs").write_text("")
+    (man / "Cargo.toml").write_text(
+        "# Written by tests/librdkafka/run_suite.py: brings librdkafka's source (bundled in\n"
+        "# rdkafka-sys, tests/ included) from crates.io. Never built.\n"
+        "[package]\nname = \"librdkafka-suite-fetch\"\nversion = \"0.0.0\"\n"
+        "edition = \"2021\"\npublish = false\n\n"
+        f"[dependencies]\n{CRATE} = \"={CRATE_VERSION}\"\n\n[workspace]\n")
+    env = {k: v for k, v in os.environ.items() if k != "CARGO_TARGET_DIR"}
+    run(["cargo", "fetch", "--manifest-path", str(man / "Cargo.toml")], env=env)
+    meta = json.loads(run(["cargo", "metadata", "--offline", "--format-version", "1",
+                           "--manifest-path", str(man / "Cargo.toml")], env=env))
+    for pkg in meta["packages"]:
+        if pkg["name"] == CRATE and pkg["version"] == CRATE_VERSION:
+            src = Path(pkg["manifest_path"]).parent / "librdkafka"
+            if not (src / "tests" / "test.c").is_file():
+                raise SetupError(f"{src} has no tests/test.c: the crate {CRATE} {CRATE_VERSION} "
+                                 "no longer bundles librdkafka's tests")
+            return src
+    raise SetupError(f"cargo fetched, but `cargo metadata` lists no {CRATE} {CRATE_VERSION}")
+
+
+def build(work: Path, install: bool, rebuild: bool) -> Path:
+    """librdkafka and tests/test-runner, built once; returns the tests directory."""
+    bdir = work / "build"
+    tree = bdir / f"librdkafka-{LIBRDKAFKA_VERSION}"
+    stamp = tree / ".strata-suite-stamp"
+    want = json.dumps({"crate": CRATE_VERSION, "configure": CONFIGURE_FLAGS,
+                       "packages": [p for p, _ in APT_PACKAGES]})
+    runner = tree / "tests" / "test-runner"
+    if not rebuild and runner.is_file() and stamp.is_file() and stamp.read_text() == want:
+        say(f"==> librdkafka {LIBRDKAFKA_VERSION} and its test runner: cached in {tree}")
+        return tree / "tests"
+    ensure_packages(install)
+    t0 = time.monotonic()
+    say(f"==> fetching librdkafka {LIBRDKAFKA_VERSION} ({CRATE} {CRATE_VERSION} from crates.io)")
+    src = fetch_source(work)
+    say(f"==> building librdkafka and its test runner in {tree} (logs in {bdir})")
+    if tree.exists():
+        shutil.rmtree(tree)
+    bdir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, tree, symlinks=True)
+    for p in tree.rglob("*"):  # the registry copy is read-only
+        if not p.is_symlink():
+            p.chmod(p.stat().st_mode | 0o200)
+    jobs = os.environ.get("LRK_JOBS", "2")
+    run(["./configure", *CONFIGURE_FLAGS], log=bdir / "configure.log", cwd=tree)
+    run(["make", f"-j{jobs}", "libs"], log=bdir / "make-libs.log", cwd=tree)
+    run(["make", f"-j{jobs}", "-C", "tests", "build"], log=bdir / "make-tests.log", cwd=tree)
+    if not runner.is_file():
+        raise SetupError(f"the build finished but {runner} is missing; see {bdir}/make-tests.log")
+    stamp.write_text(want)
+    say(f"==> built in {time.monotonic() - t0:.0f} s")
+    return tree / "tests"
+
+
+# --- the test list -------------------------------------------------------------------------
+
+def parse_tests(test_c: Path):
+    """librdkafka's tests[] table in test.c: [{name, num, local, manual, known_issue, scenario}]."""
+    text = test_c.read_text()
+    start = text.index("struct test tests[] = {")
+    end = text.index("{NULL}", start)
+    body = text[start:end]
+    out = []
+    for m in re.finditer(r"_TEST\(\s*(\w+)\s*,", body):
+        # the entry runs to its matching parenthesis
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(body[i], 0)
+            i += 1
+        entry = body[m.end():i - 1]
+        name = m.group(1)
+        flags = entry.split(",")[0]
+        sc = re.search(r'\.scenario\s*=\s*"([^"]*)"', entry)
+        out.append({
+            "name": name,
+            "num": name[:4],
+            "local": "TEST_F_LOCAL" in flags,
+            "manual": "TEST_F_MANUAL" in flags,
+            "known_issue": re.search(r"TEST_F_KNOWN_ISSUE\b(?!_)", flags) is not None,
+            "scenario": sc.group(1) if sc else "default",
+        })
+    return out
+
+
+def select(tests, args):
+    broker = [t for t in tests if not t["local"] and not t["manual"]]
+    nums = sorted({t["num"] for t in broker})
+    if args.tests:
+        want = [w.strip() for w in args.tests.split(",") if w.strip()]
+        bad = [w for w in want if w not in nums]
+        if bad:
+            raise SetupError(f"not broker tests of librdkafka {LIBRDKAFKA_VERSION}: "
+                             f"{', '.join(bad)} (see --list)")
+        chosen, run_excluded = set(want), True
+    elif args.set == "quick":
+        chosen, run_excluded = set(suite_sets.QUICK), False
+    else:
+        chosen, run_excluded = set(nums), args.set == "all"
+    picked = [t for t in broker if t["num"] in chosen]
+    return picked, run_excluded
+
+
+def scenario_of(t):
+    # default,ak23 etc.: the first listed scenario is the one we serve
+    sc = t["scenario"].split(",")
+    return "default" if "default" in sc else sc[0]
+
+
+# --- the Strata node -----------------------------------------------------------------------
+
+def free_port(taken):
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            taken.add(port)
+            return port
+
+
+class Strata:
+    def __init__(self, binary, rundir: Path, scenario: str, rebalance_delay, ports):
+        self.binary, self.scenario, self.ports_taken = binary, scenario, ports
+        self.rebalance_delay = rebalance_delay
+        self.rundir = rundir
+        self.proc = None
+        self.starts = 0
+
+    def start(self):
+        self.starts += 1
+        d = self.rundir / f"strata-{self.scenario}-{self.starts}"
+        d.mkdir(parents=True)
+        self.port = free_port(self.ports_taken)
+        conf = d / "strata.toml"
+        lines = ["# librdkafka's test scenarios (tests/scenarios/*.json): auto-creation as the",
+                 "# scenario says, 4 partitions per auto-created topic.",
+                 "[topics]",
+                 f"auto_create = {'false' if self.scenario == 'noautocreate' else 'true'}",
+                 "default_partitions = 4"]
+        if self.rebalance_delay is not None:
+            lines += ["[groups]", f'initial_rebalance_delay = "{self.rebalance_delay}"']
+        conf.write_text("\n".join(lines) + "\n")
+        self.log = d / "strata.log"
+        cmd = [self.binary, "dev", "--data-dir", str(d / "data"),
+               "--listen", f"127.0.0.1:{self.port}",
+               "--grpc", f"127.0.0.1:{free_port(self.ports_taken)}",
+               "--controller-listen", f"127.0.0.1:{free_port(self.ports_taken)}",
+               "--metrics", f"127.0.0.1:{free_port(self.ports_taken)}",
+               "--config", str(conf)]
+        with open(self.log, "w") as f:
+            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            if "strata is ready" in self.log.read_text(errors="replace"):
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                    say(f"==> strata dev ({self.scenario} scenario) on 127.0.0.1:{self.port}, "
+                        f"data in {d}")
+                    return
+                except OSError:
+                    pass
+            time.sleep(0.2)
+        tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+        self.stop()
+        raise SetupError(f"`{' '.join(cmd)}` did not become ready within {START_TIMEOUT_S:.0f} s "
+                         f"(exit code {self.proc.returncode}); its log:\n{tail}")
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self):
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# --- running the tests ---------------------------------------------------------------------
+
+def run_number(num, scenario, names, tdir: Path, logdir: Path, strata: Strata, args):
+    """One test-runner invocation for test number num; returns {name: result}."""
+    tag = num if scenario == "default" else f"{num}-{scenario}"
+    log = logdir / f"{tag}.log"
+    conf = logdir / f"{tag}.test.conf"
+    brokers = f"127.0.0.1:{strata.port}"
+    conf.write_text(f"metadata.broker.list={brokers}\n")
+    env = dict(os.environ,
+               TESTS=num, TEST_KAFKA_VERSION=KAFKA_VERSION, TEST_SCENARIO=scenario,
+               RDKAFKA_TEST_CONF=str(conf), KAFKA_PATH=str(HERE), BROKERS=brokers,
+               LRK_SHIM_PYTHON=args.shim_python,
+               LD_LIBRARY_PATH=":".join(filter(None, [str(tdir.parent / "src"),
+                                                      str(tdir.parent / "src-cpp"),
+                                                      os.environ.get("LD_LIBRARY_PATH")])))
+    env.pop("CI", None)
+    # -L: broker tests only; -p1: one at a time. Never -Q (the runner's quick mode skips every
+    # sub-test not marked quick, so a test can pass having done nothing).
+    cmd = ["./test-runner", "-L", "-p1", "-s", scenario]
+    timeout = max(args.timeout, suite_sets.TIMEOUTS.get(num, 0))
+    t0 = time.monotonic()
+    timed_out = False
+    with open(log, "w") as f:
+        f.write(f"# {' '.join(cmd)} with TESTS={num} TEST_KAFKA_VERSION={KAFKA_VERSION} "
+                f"KAFKA_PATH={HERE} BROKERS={brokers}\n")
+        f.flush()
+        p = subprocess.Popen(cmd, cwd=tdir, env=env, stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    elapsed = time.monotonic() - t0
+    text = ANSI.sub("", log.read_text(errors="replace"))
+    rows = {}
+    for line in text.splitlines():
+        m = SUMMARY_ROW.match(line.strip())
+        if m and m.group(1) in names:
+            rows[m.group(1)] = (m.group(2), float(m.group(3)), m.group(4).strip())
+    out = {}
+    for name in names:
+        state, secs, why = rows.get(name, (None, None, ""))
+        if timed_out:
+            res = ("TIMEOUT", elapsed, f"killed after {timeout} s (no summary)")
+        elif state == "PASSED":
+            res = ("PASS", secs, "")
+        elif state == "SKIPPED":
+            res = ("SKIP", secs, why)
+        elif state in ("FAILED", "RUNNING"):
+            res = ("FAIL", secs, first_failure(text, name) or why)
+        elif p.returncode not in (0, None):
+            res = ("FAIL", elapsed, f"test-runner exited {p.returncode} before its summary: "
+                                    + first_failure(text, name))
+        else:
+            res = ("SKIP", 0.0, "not run by test-runner (filtered)")
+        out[name] = {"status": res[0], "secs": res[1], "why": res[2][:300], "log": log.name}
+    if not strata.alive():
+        for r in out.values():
+            r["why"] = (r["why"] + f"; strata exited with code {strata.proc.returncode} "
+                        "during this test").lstrip("; ")
+            if r["status"] == "PASS":
+                r["status"] = "FAIL"
+    return out
+
+
+def first_failure(text, name=None):
+    """The runner's own words: the line after '### Test "NAME" failed at ...: ###'."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith('### Test "') and " failed at " in line and (
+                name is None or line.startswith(f'### Test "{name}')):
+            test = line[len('### Test "'):].split('" failed at ', 1)[0]
+            sub = test[len(name):].strip(" ()") if name else ""
+            msg = lines[i + 1].strip()
+            shim = [l for l in lines[:i] if "KafkaError{" in l]
+            if "kafka-topics.sh" in msg or "kafka-acls.sh" in msg:
+                msg = "shim: " + (shim[-1].split(": ", 1)[-1] if shim else msg)
+            return (f"{sub}: " if sub else "") + msg[:300]
+    for line in lines:
+        if "TEST FAILURE" in line or "FAILED:" in line or "Test timed out" in line:
+            return line.strip()[:300]
+    return ""
+
+
+def fmt_secs(secs):
+    return "" if secs is None else f"{secs:.1f}s"
+
+
+def table(results, excluded_rows):
+    rows = sorted(list(results.items()) + excluded_rows, key=lambda kv: kv[0])
+    w = max([len(n) for n, _ in rows] + [4])
+    lines = [f"{'test':<{w}}  {'result':<8} {'time':>8}  note", "-" * (w + 30)]
+    for name, r in rows:
+        lines.append(f"{name:<{w}}  {r['status']:<8} {fmt_secs(r['secs']):>8}  {r['why']}")
+    return "\n".join(lines)
+
+
+def markdown(results, excluded_rows):
+    rows = sorted(list(results.items()) + excluded_rows, key=lambda kv: kv[0])
+    out = ["| test | result | time | note |", "| --- | --- | --- | --- |"]
+    for name, r in rows:
+        why = r["why"].replace("|", "\\|")
+        out.append(f"| {name} | {r['status'].lower()} | {fmt_secs(r['secs'])} | {why} |")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        prog="scripts/librdkafka-suite.sh",
+        description="Run librdkafka's broker test suite against a `strata dev` node.")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--tests", help="comma-separated test numbers, e.g. 0001,0012,0045 (excluded "
+                   "tests run too when named)")
+    g.add_argument("--set", choices=["quick", "full", "all"], default="quick",
+                   help="quick: the fast reliable subset (default); full: every broker test "
+                   "that applies to Strata; all: full plus the excluded ones")
+    ap.add_argument("--timeout", type=int, default=600,
+                    help="seconds per test number before its runner is killed (default 600; "
+                    "longer for the tests in suite_sets.TIMEOUTS)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the run directory (per-test logs, strata's logs and data)")
+    ap.add_argument("--list", action="store_true", help="print the selected tests and exit")
+    ap.add_argument("--work-dir", default=os.environ.get(
+        "LRK_WORK_DIR", str(Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+                            / "librdkafka-suite")),
+        help="build cache and runs (default target/librdkafka-suite)")
+    ap.add_argument("--strata-bin", default=os.environ.get(
+        "STRATA_BIN", str(REPO / "target" / "debug" / "strata")),
+        help="the strata binary under test (default $STRATA_BIN, else target/debug/strata)")
+    ap.add_argument("--rebalance-delay", default=None,
+                    help="[groups] initial_rebalance_delay for the node, e.g. 0s (default: "
+                    "Strata's, 3 s as Kafka's group.initial.rebalance.delay.ms)")
+    ap.add_argument("--rebuild", action="store_true", help="rebuild librdkafka even if cached")
+    ap.add_argument("--no-install", action="store_true",
+                    help="never apt-get install missing build packages; fail instead")
+    ap.add_argument("--json", help="also write the results as JSON to this file")
+    ap.add_argument("--markdown", help="also write the table as Markdown to this file")
+    args = ap.parse_args()
+
+    venv = Path(os.environ.get("STRATA_TEST_VENV", REPO / ".venv"))
+    args.shim_python = os.environ.get("LRK_SHIM_PYTHON", str(venv / "bin" / "python"))
+    work = Path(args.work_dir).resolve()
+    t_all = time.monotonic()
+    strata_nodes = []
+    rundir = None
+    try:
+        if not args.list and not (os.path.isfile(args.strata_bin)
+                                  and os.access(args.strata_bin, os.X_OK)):
+            raise SetupError(f"strata binary not found or not executable at {args.strata_bin}; "
+                             "build it with `cargo build -p strata-hot --bin strata` or set "
+                             "STRATA_BIN")
+        work.mkdir(parents=True, exist_ok=True)
+        tdir = build(work, install=not args.no_install, rebuild=args.rebuild)
+        t_build = time.monotonic() - t_all
+        tests = parse_tests(tdir / "test.c")
+        picked, run_excluded = select(tests, args)
+        to_run, excluded_rows = [], []
+        for t in picked:
+            why = suite_sets.EXCLUDED.get(t["num"]) or suite_sets.EXCLUDED.get(t["name"])
+            if t["known_issue"]:
+                excluded_rows.append((t["name"], {
+                    "status": "SKIP", "secs": None, "why": "librdkafka flags it a known issue "
+                    "(TEST_F_KNOWN_ISSUE); its runner skips it", "log": None}))
+            elif why and not run_excluded:
+                excluded_rows.append((t["name"], {"status": "EXCLUDED", "secs": None,
+                                                  "why": why, "log": None}))
+            else:
+                to_run.append(t)
+        if args.list:
+            say(table({t["name"]: {"status": "selected", "secs": None,
+                                   "why": f"scenario {scenario_of(t)}"} for t in to_run},
+                      excluded_rows))
+            return 0
+        needs_shim = sorted({t["num"] for t in to_run} & set(suite_sets.NEEDS_SHIM))
+        if needs_shim and subprocess.run(
+                [args.shim_python, "-c", "import confluent_kafka"],
+                capture_output=True).returncode != 0:
+            raise SetupError(
+                f"tests {', '.join(needs_shim)} shell out to kafka-topics.sh/kafka-acls.sh, "
+                f"whose shims (tests/librdkafka/bin) need confluent_kafka in {args.shim_python}; "
+                "run scripts/test.sh once (it makes .venv) or set LRK_SHIM_PYTHON/STRATA_TEST_VENV")
+
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        rundir = work / "runs" / stamp
+        logdir = rundir / "logs"
+        logdir.mkdir(parents=True)
+        say(f"==> {len(to_run)} tests to run, "
+            f"{len(excluded_rows)} excluded; logs in {logdir}")
+        ports = set()
+        results = {}
+        by_scenario = {}
+        for t in to_run:
+            by_scenario.setdefault(scenario_of(t), []).append(t)
+        for scenario in sorted(by_scenario, key=lambda s: s != "default"):
+            node = Strata(os.path.abspath(args.strata_bin), rundir, scenario,
+                          args.rebalance_delay, ports)
+            strata_nodes.append(node)
+            node.start()
+            nums = {}
+            for t in by_scenario[scenario]:
+                nums.setdefault(t["num"], []).append(t["name"])
+            for num in sorted(nums):
+                if not node.alive():
+                    say(f"    strata exited (code {node.proc.returncode}); starting a new node")
+                    node.start()
+                res = run_number(num, scenario, nums[num], tdir, logdir, node, args)
+                for name, r in res.items():
+                    say(f"    {name:<48} {r['status']:<8} {fmt_secs(r['secs']):>8}  "
+                        f"{r['why'][:100]}")
+                results.update(res)
+            node.stop()
+        say("")
+        say(f"librdkafka {LIBRDKAFKA_VERSION} broker suite against {args.strata_bin} "
+            f"(TEST_KAFKA_VERSION={KAFKA_VERSION})")
+        say(table(results, excluded_rows))
+        counts = {}
+        for r in list(results.values()) + [r for _, r in excluded_rows]:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        failed = [n for n, r in results.items() if r["status"] in ("FAIL", "TIMEOUT")]
+        say("")
+        say("totals: " + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items()))
+            + f"; build/cache {t_build:.0f} s, whole run {time.monotonic() - t_all:.0f} s")
+        if args.json:
+            Path(args.json).write_text(json.dumps({
+                "librdkafka": LIBRDKAFKA_VERSION, "date": stamp, "results": results,
+                "excluded": dict(excluded_rows), "counts": counts}, indent=1))
+        if args.markdown:
+            Path(args.markdown).write_text(markdown(results, excluded_rows))
+        if failed:
+            say(f"FAILED: {', '.join(failed)}")
+            for n in failed:
+                say(f"\n--- {n}: last lines of {logdir / results[n]['log']}")
+                lines = ANSI.sub("", (logdir / results[n]["log"]).read_text(
+                    errors="replace")).splitlines()
+                hits = [l for l in lines if "FAIL" in l or "rror" in l][:8]
+                say("\n".join(hits + ["..."] + lines[-12:]))
+        return 1 if failed else 0
+    except SetupError as e:
+        say(f"librdkafka-suite: {e}")
+        return 2
+    finally:
+        for node in strata_nodes:
+            node.stop()
+        if rundir is not None:
+            if args.keep:
+                say(f"run directory kept: {rundir}")
+            else:
+                shutil.rmtree(rundir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
