@@ -28,6 +28,12 @@ if ! command -v systemd-analyze >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq systemd >/dev/null
 fi
 
+if ! dpkg -s g++ make pkg-config zlib1g-dev libzstd-dev rapidjson-dev >/dev/null 2>&1; then
+  step "installing librdkafka's build packages (tests/test_librdkafka_suite.py builds its test runner)"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq g++ make pkg-config zlib1g-dev libzstd-dev rapidjson-dev >/dev/null
+fi
+
 # The Python clients go into a virtual environment of their own: a stock Debian python3
 # refuses a system-wide pip install (externally-managed-environment).
 venv="${STRATA_TEST_VENV:-$PWD/.venv}"
