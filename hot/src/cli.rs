@@ -458,6 +458,7 @@ pub async fn acl(controller: &str, command: AclCommand) -> anyhow::Result<()> {
                             host: (who.host != "*").then(|| who.host.clone()),
                             operation: *operation,
                             permission: *permission,
+                            matching: false,
                         });
                     }
                 }

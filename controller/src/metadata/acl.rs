@@ -273,8 +273,12 @@ pub fn authorize<'a>(
 pub struct AclFilter {
     pub resource_type: Option<ResourceType>,
     pub name: Option<String>,
-    /// `None`: any pattern (Kafka's ANY); `MATCH` is not supported.
+    /// `None`: any pattern (Kafka's ANY, or MATCH with `matching`).
     pub pattern: Option<PatternType>,
+    /// Kafka's MATCH: `name` is a resource, and the filter takes the bindings that would
+    /// apply to it (a literal of that name or `*`, a prefix of it), not just those named so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub matching: bool,
     pub principal: Option<String>,
     pub host: Option<String>,
     pub operation: Option<Operation>,
@@ -283,8 +287,13 @@ pub struct AclFilter {
 
 impl AclFilter {
     pub fn matches(&self, acl: &AclBinding) -> bool {
+        let name = |n: &String| match (self.matching, acl.pattern) {
+            (false, _) => *n == acl.name,
+            (true, PatternType::Literal) => *n == acl.name || acl.name == WILDCARD,
+            (true, PatternType::Prefixed) => n.starts_with(&acl.name),
+        };
         self.resource_type.is_none_or(|r| r == acl.resource_type)
-            && self.name.as_ref().is_none_or(|n| *n == acl.name)
+            && self.name.as_ref().is_none_or(name)
             && self.pattern.is_none_or(|p| p == acl.pattern)
             && self.principal.as_ref().is_none_or(|p| *p == acl.principal)
             && self.host.as_ref().is_none_or(|h| *h == acl.host)
@@ -512,6 +521,36 @@ mod tests {
         }
         .matches(&good));
         assert!(AclFilter::default().matches(&good));
+    }
+
+    /// Kafka's MATCH filter (librdkafka's 0081 DescribeAcls): the bindings that apply to a
+    /// resource: its literal name, the `*` literal and every prefix of it, not other names.
+    #[test]
+    fn a_match_filter_takes_the_bindings_that_apply_to_the_resource() {
+        let binding = |name: &str, pattern| acl(Topic, name, pattern, "User:a", Read, Allow);
+        let f = AclFilter {
+            resource_type: Some(Topic),
+            name: Some("mf.settlement.trades".into()),
+            matching: true,
+            ..AclFilter::default()
+        };
+        for (b, applies) in [
+            (binding("mf.settlement.trades", Literal), true),
+            (binding("*", Literal), true),
+            (binding("mf.settlement.", Prefixed), true),
+            (binding("mf.settlement.trades", Prefixed), true),
+            (binding("mf.settlement.trades.eu", Prefixed), false),
+            (binding("mf.settlement", Literal), false),
+            (binding("clicks", Literal), false),
+        ] {
+            assert_eq!(f.matches(&b), applies, "{b:?}");
+        }
+        // without MATCH the name is compared as it is
+        let exact = AclFilter {
+            matching: false,
+            ..f.clone()
+        };
+        assert!(!exact.matches(&binding("*", Literal)));
     }
 
     #[test]

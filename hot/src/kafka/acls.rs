@@ -53,15 +53,17 @@ fn filter(
     operation: i8,
     permission: i8,
 ) -> Result<AclFilter, String> {
-    if pattern == MATCH {
-        return Err(
-            "the MATCH pattern filter is not supported; use ANY, LITERAL or PREFIXED".into(),
-        );
-    }
+    // MATCH: every binding that applies to the named resource (any pattern type)
+    let matching = pattern == MATCH;
     Ok(AclFilter {
         resource_type: field(resource_type, ResourceType::from_code, "resource type")?,
         name: name.map(|n| n.to_string()),
-        pattern: field(pattern, pattern_from_code, "pattern type")?,
+        pattern: if matching {
+            None
+        } else {
+            field(pattern, pattern_from_code, "pattern type")?
+        },
+        matching,
         principal: principal.map(|p| p.to_string()),
         host: host.map(|h| h.to_string()),
         operation: field(operation, Operation::from_code, "operation")?,
