@@ -558,6 +558,28 @@ fn distinct<'a>(names: impl Iterator<Item = &'a str>) -> Result<Vec<&'a str>, (i
     Ok(out)
 }
 
+/// The topic an alter names, or UNKNOWN_TOPIC_OR_PARTITION (asked after authorization, so
+/// the answer tells nothing to whom may not alter it).
+fn topic_to_alter(
+    broker: &crate::broker::Broker,
+    name: &str,
+) -> Result<std::sync::Arc<crate::broker::Topic>, codes::Coded> {
+    broker.topic(name).ok_or_else(|| {
+        (
+            codes::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("topic '{name}' does not exist"),
+        )
+    })
+}
+
+/// A resource type no alter applies to.
+fn unalterable(resource_type: i8) -> codes::Coded {
+    (
+        codes::INVALID_REQUEST,
+        format!("resource type {resource_type} cannot be altered (topics and brokers can)"),
+    )
+}
+
 /// The legacy AlterConfigs (API 33): a resource's configs become exactly those given; the
 /// others return to their defaults.
 pub(super) async fn alter_configs_legacy(
@@ -578,12 +600,7 @@ pub(super) async fn alter_configs_legacy(
                 RESOURCE_TOPIC => {
                     // authorized before its existence is told, as Kafka does
                     may_alter_topic(&ctx, name, &keys)?;
-                    let topic = broker.topic(name).ok_or_else(|| {
-                        (
-                            codes::UNKNOWN_TOPIC_OR_PARTITION,
-                            format!("topic '{name}' does not exist"),
-                        )
-                    })?;
+                    let topic = topic_to_alter(&broker, name)?;
                     // a null value sets nothing (the config is left at its default)
                     let set: BTreeMap<String, String> = r
                         .configs
@@ -613,10 +630,7 @@ pub(super) async fn alter_configs_legacy(
                         .map_err(|e| codes::admin(&e))
                 }
                 RESOURCE_BROKER => alter_broker(&ctx, name, &keys),
-                other => Err((
-                    codes::INVALID_REQUEST,
-                    format!("resource type {other} cannot be altered (topics and brokers can)"),
-                )),
+                other => Err(unalterable(other)),
             }
         }
         .await;
@@ -686,12 +700,7 @@ pub(super) async fn incremental_alter_configs(
                 RESOURCE_TOPIC => {
                     // authorized before its existence is told, as Kafka does
                     may_alter_topic(&ctx, name, &keys)?;
-                    let topic = broker.topic(name).ok_or_else(|| {
-                        (
-                            codes::UNKNOWN_TOPIC_OR_PARTITION,
-                            format!("topic '{name}' does not exist"),
-                        )
-                    })?;
+                    let topic = topic_to_alter(&broker, name)?;
                     let effective: BTreeMap<String, String> = broker
                         .describe_configs(&topic.spec)
                         .into_iter()
@@ -731,10 +740,7 @@ pub(super) async fn incremental_alter_configs(
                         .map_err(|e| codes::admin(&e))
                 }
                 RESOURCE_BROKER => alter_broker(&ctx, name, &keys),
-                other => Err((
-                    codes::INVALID_REQUEST,
-                    format!("resource type {other} cannot be altered (topics and brokers can)"),
-                )),
+                other => Err(unalterable(other)),
             }
         }
         .await;
