@@ -74,10 +74,29 @@ def produce(bootstrap: str, topic: str, start: int, n: int, partitions: int, tim
     return acked
 
 
-def read_back(bootstrap: str, topic: str, partitions: int, deadline_s=30) -> dict:
+def leaders_seen(bootstrap: str, topic: str, leader=None, timeout=20) -> dict:
+    """Wait until the broker at `bootstrap` names a leader for every partition of `topic` in
+    its own Kafka Metadata (a broker applies the controllers' metadata a moment after they
+    commit it, and librdkafka takes a partition without a leader as unknown); {partition:
+    leader}, every leader `leader` when it is given."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(rdkafka_conf({"bootstrap.servers": bootstrap}))
+    deadline = time.monotonic() + timeout
+    while True:
+        t = admin.list_topics(topic, timeout=10).topics[topic]
+        leaders = {p: m.leader for p, m in t.partitions.items()}
+        if t.error is None and leaders and all(l >= 0 and leader in (None, l) for l in leaders.values()):
+            return leaders
+        assert time.monotonic() < deadline, f"{bootstrap} names no leader for some of {topic}: {leaders} {t.error}"
+        time.sleep(0.2)
+
+
+def read_back(bootstrap: str, topic: str, partitions: int, leader=None, deadline_s=30) -> dict:
     """Every record from offset 0 to the high watermark: {value: (partition, offset)}."""
     from confluent_kafka import Consumer, TopicPartition
 
+    assert len(leaders_seen(bootstrap, topic, leader)) == partitions
     c = Consumer(rdkafka_conf({"bootstrap.servers": bootstrap, "group.id": "runbook-check",
                                "enable.auto.commit": False}))
     try:
@@ -173,7 +192,7 @@ def test_dead_broker_replaced_by_a_new_machine_with_an_empty_disk(cluster):
     cluster.kill("broker-2")
     cluster.wait_for(lambda m: all(p["leader"] == dead for p in m["topics"][topic]["partitions"]),
                      f"broker {dead} leads every partition", timeout=LEASE_S * 3)
-    got = read_back(f"127.0.0.1:{cluster.broker_ports[dead]}", topic, parts)
+    got = read_back(f"127.0.0.1:{cluster.broker_ports[dead]}", topic, parts, leader=dead)
     assert got == acked, f"{len(got)} records read, {len(acked)} acknowledged"
     print(f"dead-broker run-through: {time.monotonic() - t0:.1f} s")
     # (done: SIGKILL the rest rather than wait out controlled shutdowns with no broker to hand over to)
