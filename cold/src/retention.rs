@@ -13,11 +13,14 @@ use crate::manifest::{Manifest, ManifestError, ManifestStore, RemoteSegment};
 /// The objects of one remote segment: its data and what the uploader puts beside it.
 pub const SUFFIXES: [&str; 5] = ["", ".index", ".timeindex", ".epochs", ".snapshot"];
 
-/// A topic's total retention (`None`: unlimited).
+/// A topic's total retention (`None`: unlimited), and a partition's DeleteRecords point.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Retention {
     pub ms: Option<u64>,
     pub bytes: Option<u64>,
+    /// Records below this offset were deleted (DeleteRecords): segments wholly below it
+    /// expire whatever their age and size.
+    pub deleted_below: u64,
 }
 
 /// How many of the manifest's oldest segments retention removes at `now_ms`.
@@ -34,10 +37,11 @@ pub fn expired(m: &Manifest, now_ms: i64, policy: Retention, local_only_bytes: u
             let by_size = policy
                 .bytes
                 .is_some_and(|limit| total - s.size_bytes >= limit);
-            if by_time || by_size {
+            let deleted = s.end_offset <= policy.deleted_below;
+            if by_time || by_size || deleted {
                 total -= s.size_bytes;
             }
-            by_time || by_size
+            by_time || by_size || deleted
         })
         .count()
 }

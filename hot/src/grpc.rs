@@ -226,6 +226,20 @@ impl GrpcService {
         let wait = Duration::from_millis(u64::from(r.max_wait_ms)).min(MAX_WAIT);
         let max_bytes = (r.max_bytes as usize).clamp(1, 64 << 20);
         let progress = partition.progress();
+        if (r.offset as u64) < progress.deleted_below {
+            return Ok(Response::new(FetchResponse {
+                error: error(
+                    codes::OFFSET_OUT_OF_RANGE,
+                    format!(
+                        "offset {} was deleted (records below {} are)",
+                        r.offset, progress.deleted_below
+                    ),
+                ),
+                high_watermark: progress.high_watermark as i64,
+                log_start_offset: progress.deleted_below as i64,
+                records: Default::default(),
+            }));
+        }
         if (r.offset as u64) < progress.log_start {
             // Below the local log: from the cold tier, when it holds the offset.
             let cold = self.broker.cold().zip(self.broker.topic(&r.topic));
@@ -246,6 +260,7 @@ impl GrpcService {
                             log_start_offset: cold
                                 .earliest(topic.spec.id, r.partition as i32)
                                 .map_or(progress.log_start, |e| e.min(progress.log_start))
+                                .max(progress.deleted_below)
                                 as i64,
                             records: records.into(),
                         }))

@@ -444,6 +444,28 @@ async fn every_served_api_answers_at_every_served_version() {
                         let every = [5, 7, 8, 9, 10, 11, 12].iter().fold(0, |b, op| b | 1 << op);
                         assert_eq!(r.cluster_authorized_operations, every, "v{v}");
                     }),
+                // Deleting nothing (offset 0) on a standalone broker: answered at once with
+                // the low watermark. tests/test_delete_records.py deletes for real.
+                DeleteRecords => conn
+                    .send(
+                        &kafka_protocol::messages::DeleteRecordsRequest::default()
+                            .with_timeout_ms(5_000)
+                            .with_topics(vec![
+                                kafka_protocol::messages::delete_records_request::DeleteRecordsTopic::default()
+                                    .with_name(topic())
+                                    .with_partitions(vec![
+                                        kafka_protocol::messages::delete_records_request::DeleteRecordsPartition::default()
+                                            .with_partition_index(0)
+                                            .with_offset(0),
+                                    ]),
+                            ]),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        let p = &r.topics[0].partitions[0];
+                        assert_eq!((p.error_code, p.low_watermark), (0, 0), "v{v}");
+                    }),
                 other => panic!("no sweep case for {other:?}"),
             };
             result.unwrap_or_else(|e| panic!("{key:?} v{v}: {e}"));

@@ -36,7 +36,7 @@ fn time_retention_drops_segments_whose_newest_record_is_too_old() {
     let m = manifest();
     let by = |ms| Retention {
         ms: Some(ms),
-        bytes: None,
+        ..Retention::default()
     };
     assert_eq!(expired(&m, 2_500, by(1_000), 0), 1);
     assert_eq!(expired(&m, 2_500, by(10_000), 0), 0);
@@ -54,8 +54,8 @@ fn time_retention_drops_segments_whose_newest_record_is_too_old() {
 fn size_retention_counts_the_local_only_bytes_too() {
     let m = manifest();
     let by = |b| Retention {
-        ms: None,
         bytes: Some(b),
+        ..Retention::default()
     };
     // As in Kafka: a segment goes while what remains is still at least the limit.
     assert_eq!(expired(&m, 0, by(300), 0), 0);
@@ -64,6 +64,23 @@ fn size_retention_counts_the_local_only_bytes_too() {
     assert_eq!(expired(&m, 0, by(300), 150), 1, "450 bytes in all");
     assert_eq!(expired(&m, 0, by(200), 150), 2);
     assert_eq!(expired(&m, 0, by(10), 0), 2);
+}
+
+#[test]
+fn a_delete_records_point_expires_the_segments_wholly_below_it() {
+    let m = manifest();
+    let below = |o| Retention {
+        deleted_below: o,
+        ..Retention::default()
+    };
+    let first_end = m.segments[0].end_offset;
+    assert_eq!(
+        expired(&m, 0, below(first_end - 1), 0),
+        0,
+        "the segment holding it stays"
+    );
+    assert_eq!(expired(&m, 0, below(first_end), 0), 1);
+    assert_eq!(expired(&m, 0, below(u64::MAX), 0), 3);
 }
 
 /// Uploads three 100-record segments of `store` as leader epoch 1.
@@ -108,8 +125,8 @@ async fn the_manifest_drops_segments_first_then_their_objects_go() {
     assert_eq!(m.segments.len(), 3);
     let limit = m.segments[1].size_bytes + m.segments[2].size_bytes;
     let policy = Retention {
-        ms: None,
         bytes: Some(limit),
+        ..Retention::default()
     };
     // A deposed leader changes nothing.
     up.manifest().claim(2).await.unwrap();
@@ -137,7 +154,7 @@ async fn the_manifest_drops_segments_first_then_their_objects_go() {
     flaky.fail_deletes.store(2, Ordering::SeqCst);
     let tight = Retention {
         ms: Some(0),
-        bytes: None,
+        ..Retention::default()
     };
     let gone = apply(&store, up.manifest(), 2, i64::MAX, tight, 0)
         .await

@@ -32,7 +32,11 @@ pub struct Progress {
     /// Offsets below this are committed (durable on the ISR per the topic's flush policy)
     /// and visible to consumers.
     pub high_watermark: u64,
+    /// Where the local log starts (retention and DeleteRecords move it).
     pub log_start: u64,
+    /// Records below this were deleted by DeleteRecords: no tier serves them (the cold
+    /// tier may still hold some until its retention catches up).
+    pub deleted_below: u64,
     pub log_end: u64,
     /// Offsets below this are fsynced in the local log.
     pub durable_end: u64,
@@ -74,6 +78,19 @@ pub enum LeaderAppendError {
     Append(#[from] AppendError),
 }
 
+/// Why a DeleteRecords was not done (or not known to be done on the ISR).
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteRecordsError {
+    #[error("this replica does not lead the partition")]
+    NotLeader,
+    #[error("offset {offset} is not between 0 and the high watermark {hw}")]
+    OutOfRange { offset: i64, hw: u64 },
+    #[error("the log could not be changed: {0}")]
+    Storage(std::io::Error),
+    #[error("the ISR had not deleted the records in time (low watermark {low})")]
+    Timeout { low: u64 },
+}
+
 /// Why a replica fetch was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ReplicaFetchError {
@@ -107,6 +124,16 @@ pub enum ReplicaWriteError {
     Io(#[from] std::io::Error),
 }
 
+/// What a follower's fetch says of it: who, at which leader epoch, everything below
+/// `offset` in its log, and its DeleteRecords point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FollowerFetch {
+    pub replica: i32,
+    pub epoch: i32,
+    pub offset: u64,
+    pub deleted_below: u64,
+}
+
 /// A leader's answer to a replica fetch that was accepted.
 pub struct ReplicaFetchAnswer {
     pub records: bytes::Bytes,
@@ -138,6 +165,9 @@ pub struct Partition {
     stop: watch::Sender<bool>,
     /// Counts truncations, so a flush that ran across one does not claim the new data.
     cuts: std::sync::atomic::AtomicU64,
+    /// As leader: where each follower last said its DeleteRecords point is (in its
+    /// fetches), so a DeleteRecords is answered once the ISR has it.
+    follower_deleted_below: watch::Sender<std::collections::BTreeMap<i32, u64>>,
     /// What a produced batch's records are checked against, from the topic config (kept
     /// here so that a produce reads it without the log lock).
     rules: Mutex<ProduceRules>,
@@ -198,6 +228,7 @@ impl Partition {
         let (progress, _) = watch::channel(Progress {
             high_watermark: high_watermark.min(end),
             log_start: log.start_offset(),
+            deleted_below: log.deleted_below(),
             log_end: end,
             durable_end: end,
             failed: false,
@@ -216,6 +247,7 @@ impl Partition {
             flush: Notify::new(),
             stop,
             cuts: std::sync::atomic::AtomicU64::new(0),
+            follower_deleted_below: watch::Sender::new(Default::default()),
             rules,
             bytes_in: Default::default(),
             bytes_out: Default::default(),
@@ -325,6 +357,8 @@ impl Partition {
         if let Role::Follower { stop, .. } = &*role {
             stop.send_replace(true);
         }
+        // Followers tell a new leader afresh where their DeleteRecords points are.
+        self.follower_deleted_below.send_replace(Default::default());
         let (leader_end, log_end) = {
             let mut log = self.lock();
             if let Err(e) = log.begin_leader_epoch(epoch) {
@@ -659,8 +693,13 @@ impl Partition {
     ) -> Result<(bytes::Bytes, Progress), ReadError> {
         let deadline = tokio::time::Instant::now() + max_wait;
         let mut rx = self.progress.subscribe();
+        let deleted_below = rx.borrow().deleted_below;
         loop {
-            rx.borrow_and_update();
+            if rx.borrow_and_update().deleted_below != deleted_below {
+                // A DeleteRecords: answer now, so followers learn of it without waiting
+                // for records.
+                return Ok((bytes::Bytes::new(), self.progress()));
+            }
             let (plan, progress) = {
                 let log = self.lock();
                 let progress = self.progress();
@@ -688,13 +727,17 @@ impl Partition {
     /// the log end.
     pub async fn replica_fetch(
         &self,
-        replica: i32,
-        epoch: i32,
-        offset: u64,
+        fetch: FollowerFetch,
         max_bytes: usize,
         max_wait: Duration,
         now_ms: i64,
     ) -> Result<Result<ReplicaFetchAnswer, ReadError>, ReplicaFetchError> {
+        let FollowerFetch {
+            replica,
+            epoch,
+            offset,
+            deleted_below,
+        } = fetch;
         let hw = {
             let mut role = self.role();
             let Role::Leader { epoch: mine, state } = &mut *role else {
@@ -709,6 +752,8 @@ impl Partition {
             if !state.replicas().contains(&replica) {
                 return Err(ReplicaFetchError::NotReplica(replica));
             }
+            self.follower_deleted_below
+                .send_if_modified(|m| m.insert(replica, deleted_below) != Some(deleted_below));
             let Progress {
                 log_start, log_end, ..
             } = self.progress();
@@ -827,11 +872,13 @@ impl Partition {
     fn after_cut(&self, log: &PartitionLog, failed: bool) {
         self.cuts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let (start, end) = (log.start_offset(), log.end_offset());
+        let deleted_below = log.deleted_below();
         if failed {
             tracing::error!(topic = %self.topic, partition = self.index, "truncating the log failed; partition stops accepting writes until the broker restarts it");
         }
         self.progress.send_modify(|p| {
             p.log_start = start;
+            p.deleted_below = deleted_below;
             p.log_end = end;
             p.durable_end = p.durable_end.min(end);
             p.high_watermark = p.high_watermark.min(end);
@@ -871,7 +918,7 @@ impl Partition {
         let hw = progress.high_watermark;
         match timestamp {
             LATEST => Ok((-1, hw as i64)),
-            EARLIEST => Ok((-1, progress.log_start as i64)),
+            EARLIEST => Ok((-1, progress.log_start.max(progress.deleted_below) as i64)),
             MAX_TIMESTAMP => Ok(self
                 .lock()
                 .max_timestamp()
@@ -880,6 +927,7 @@ impl Partition {
             ts => Ok(self
                 .lock()
                 .offset_for_timestamp(ts)?
+                .map(|(o, found)| (o.max(progress.deleted_below), found))
                 .filter(|(o, _)| *o < hw)
                 .map_or((-1, -1), |(o, found)| (found, o as i64))),
         }
@@ -911,6 +959,77 @@ impl Partition {
         self.delete_segments(|log| log.trim_before(offset))
     }
 
+    /// DeleteRecords as leader: records below `offset` (`-1`: the high watermark) are
+    /// deleted; only committed records may be (`offset` at most the high watermark).
+    /// Returns the point, durable in this replica's log; [`Partition::deleted_on_isr`]
+    /// then waits for the followers. Blocking: writes the log's files.
+    pub fn delete_records(&self, offset: i64) -> Result<u64, DeleteRecordsError> {
+        let role = self.role();
+        if !matches!(&*role, Role::Leader { .. }) {
+            return Err(DeleteRecordsError::NotLeader);
+        }
+        if self.failed() {
+            return Err(DeleteRecordsError::Storage(std::io::Error::other(
+                "the partition's storage failed; it is being restarted",
+            )));
+        }
+        let hw = self.progress().high_watermark;
+        let point = match offset {
+            -1 => hw,
+            o if o >= 0 && o as u64 <= hw => o as u64,
+            o => return Err(DeleteRecordsError::OutOfRange { offset: o, hw }),
+        };
+        self.delete_segments(|log| log.delete_records_before(point).map(|_| Vec::new()))
+            .map_err(DeleteRecordsError::Storage)?;
+        drop(role);
+        Ok(point)
+    }
+
+    /// As leader: waits until every follower in the ISR has deleted the records below
+    /// `point` (they say so in their fetches), so that no replica that could lead next
+    /// still serves them. Returns the partition's low watermark: the lowest DeleteRecords
+    /// point over the leader and its ISR.
+    pub async fn deleted_on_isr(
+        &self,
+        point: u64,
+        timeout: Duration,
+    ) -> Result<u64, DeleteRecordsError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut starts = self.follower_deleted_below.subscribe();
+        let mut progress = self.progress.subscribe();
+        loop {
+            let low = {
+                let role = self.role();
+                let Role::Leader { state, .. } = &*role else {
+                    return Err(DeleteRecordsError::NotLeader);
+                };
+                let mine = self.progress().deleted_below;
+                let known = starts.borrow_and_update();
+                state
+                    .isr()
+                    .iter()
+                    .filter(|b| **b != state.me())
+                    .map(|b| known.get(b).copied().unwrap_or(0))
+                    .fold(mine, u64::min)
+            };
+            progress.borrow_and_update();
+            if low >= point {
+                return Ok(low);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return Err(DeleteRecordsError::Timeout { low }),
+                _ = starts.changed() => {}
+                _ = progress.changed() => {}
+            }
+        }
+    }
+
+    /// A follower replicated the leader's DeleteRecords point: records below it go here
+    /// too (at most up to this log's end; the rest arrives with the records).
+    pub fn follow_deleted_below(&self, point: u64) -> std::io::Result<usize> {
+        self.delete_segments(|log| log.delete_records_before(point).map(|_| Vec::new()))
+    }
+
     fn delete_segments(
         &self,
         delete: impl FnOnce(&mut PartitionLog) -> std::io::Result<Vec<u64>>,
@@ -921,9 +1040,12 @@ impl Partition {
         }
         let mut log = self.lock();
         let deleted = delete(&mut log)?;
-        let start = log.start_offset();
+        let (start, deleted_below) = (log.start_offset(), log.deleted_below());
         drop(log);
-        self.progress.send_modify(|p| p.log_start = start);
+        self.progress.send_modify(|p| {
+            p.log_start = start;
+            p.deleted_below = deleted_below;
+        });
         Ok(deleted.len())
     }
 
@@ -972,9 +1094,11 @@ impl Partition {
         *log = fresh;
         self.cuts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let (start, end) = (log.start_offset(), log.end_offset());
+        let deleted_below = log.deleted_below();
         drop(log);
         self.progress.send_modify(|p| {
             p.log_start = start;
+            p.deleted_below = deleted_below;
             p.log_end = end;
             p.durable_end = end;
             p.high_watermark = p.high_watermark.min(end);
@@ -1154,7 +1278,13 @@ mod tests {
         epoch: i32,
         offset: u64,
     ) -> Result<(), ReplicaFetchError> {
-        p.replica_fetch(replica, epoch, offset, 1 << 20, Duration::ZERO, 0)
+        let at = FollowerFetch {
+            replica,
+            epoch,
+            offset,
+            deleted_below: 0,
+        };
+        p.replica_fetch(at, 1 << 20, Duration::ZERO, 0)
             .await
             .map(|_| ())
     }
@@ -1255,6 +1385,74 @@ mod tests {
         fetch(&p, 3, 1, end).await.unwrap();
         assert_eq!(waiter.await.unwrap(), Ok(()));
         assert_eq!(p.progress().high_watermark, end);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn delete_records_is_answered_once_the_isr_has_deleted_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = leader(dir.path());
+        let (a, epoch) = p.append(&records(10), -1, 0).unwrap();
+        let end = a.last_offset + 1;
+        let waiter = spawn_wait(&p, end, epoch);
+        fetch(&p, 2, 1, end).await.unwrap();
+        fetch(&p, 3, 1, end).await.unwrap();
+        waiter.await.unwrap().unwrap();
+        // Past the high watermark, and below zero other than -1, is out of range.
+        assert!(matches!(
+            p.delete_records(end as i64 + 1),
+            Err(DeleteRecordsError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            p.delete_records(-2),
+            Err(DeleteRecordsError::OutOfRange { .. })
+        ));
+        assert_eq!(p.delete_records(4).unwrap(), 4);
+        let progress = p.progress();
+        assert_eq!((progress.log_start, progress.deleted_below), (4, 4));
+        assert_eq!(p.offset_for(EARLIEST).unwrap(), (-1, 4));
+        assert!(matches!(
+            p.plan_read(3),
+            Err(crate::log::ReadError::OffsetOutOfRange { .. })
+        ));
+        // Not answered until both followers say they have deleted them too.
+        let short = p.deleted_on_isr(4, Duration::from_millis(100)).await;
+        assert!(matches!(short, Err(DeleteRecordsError::Timeout { low: 0 })));
+        let p2 = p.clone();
+        let waiting = tokio::spawn(async move { p2.deleted_on_isr(4, WAIT).await });
+        let at = FollowerFetch {
+            replica: 2,
+            epoch: 1,
+            offset: end,
+            deleted_below: 4,
+        };
+        p.replica_fetch(at, 1 << 20, Duration::ZERO, 0)
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !waiting.is_finished(),
+            "answered before follower 3 deleted them"
+        );
+        let at = FollowerFetch {
+            replica: 3,
+            epoch: 1,
+            offset: end,
+            deleted_below: 4,
+        };
+        p.replica_fetch(at, 1 << 20, Duration::ZERO, 0)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(waiting.await.unwrap().unwrap(), 4);
+        // -1 deletes up to the high watermark.
+        assert_eq!(p.delete_records(-1).unwrap(), end);
+        // A follower refuses: it leads nothing.
+        p.become_idle();
+        assert!(matches!(
+            p.delete_records(-1),
+            Err(DeleteRecordsError::NotLeader)
+        ));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -164,10 +164,12 @@ pub async fn list_offset(
             .await
             .map_err(std::io::Error::other)?;
         if let Some((offset, found)) = found {
-            return Ok((found, offset as i64));
+            // (Records below a DeleteRecords point are gone: the first after it stands in.)
+            return Ok((found, offset.max(p.progress().deleted_below) as i64));
         }
     }
     let index = p.index;
+    let deleted_below = p.progress().deleted_below;
     let local = tokio::task::spawn_blocking(move || p.offset_for(ts))
         .await
         .map_err(std::io::Error::other)??;
@@ -176,7 +178,7 @@ pub async fn list_offset(
         .flatten()
         .and_then(|(c, id)| c.earliest(id, index));
     Ok(match earliest {
-        Some(r) => (local.0, (r as i64).min(local.1)),
+        Some(r) => (local.0, r.max(deleted_below).min(local.1 as u64) as i64),
         None => local,
     })
 }
@@ -513,6 +515,7 @@ impl Broker {
             let policy = Retention {
                 ms: c.retention_ms.map(|d| d.as_millis() as u64),
                 bytes: c.retention_bytes,
+                deleted_below: p.progress().deleted_below,
             };
             let end = cold.manifest(key.0, key.1).map_or(0, |m| m.end_offset());
             (policy, log.size_from(end))

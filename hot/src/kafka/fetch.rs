@@ -249,7 +249,8 @@ fn log_start(
     index: i32,
 ) -> i64 {
     let cold = remote.and_then(|(cold, id)| cold.earliest(*id, index));
-    cold.map_or(progress.log_start, |c| c.min(progress.log_start)) as i64
+    let start = cold.map_or(progress.log_start, |c| c.min(progress.log_start));
+    start.max(progress.deleted_below) as i64
 }
 
 /// Reads one partition. `first` lets the first non-empty partition exceed the request's byte
@@ -266,6 +267,10 @@ fn read_one(
         return (Bytes::new(), p.progress(), codes::OFFSET_OUT_OF_RANGE);
     }
     let progress = p.progress();
+    if (offset as u64) < progress.deleted_below {
+        // Deleted (DeleteRecords), though the cold tier may still hold it.
+        return (Bytes::new(), progress, codes::OFFSET_OUT_OF_RANGE);
+    }
     if (offset as u64) < progress.log_start {
         // Below the local log: the cold tier serves it if it holds it. This runs on the
         // blocking pool, so it may wait for the object store here.

@@ -17,6 +17,7 @@ mod group;
 pub mod limits;
 mod produce;
 pub mod quota;
+mod records;
 pub mod sasl;
 pub mod tls;
 mod users;
@@ -29,14 +30,15 @@ use kafka_protocol::messages::{
     api_versions_response::ApiVersion, AlterClientQuotasRequest, AlterConfigsRequest,
     AlterUserScramCredentialsRequest, ApiKey, ApiVersionsRequest, ApiVersionsResponse,
     CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest,
-    DeleteGroupsRequest, DeleteTopicsRequest, DescribeAclsRequest, DescribeClientQuotasRequest,
-    DescribeClusterRequest, DescribeConfigsRequest, DescribeGroupsRequest,
-    DescribeUserScramCredentialsRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
-    IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
-    ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
-    OffsetDeleteRequest, OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest,
-    RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslAuthenticateResponse,
-    SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest,
+    DeleteGroupsRequest, DeleteRecordsRequest, DeleteTopicsRequest, DescribeAclsRequest,
+    DescribeClientQuotasRequest, DescribeClusterRequest, DescribeConfigsRequest,
+    DescribeGroupsRequest, DescribeUserScramCredentialsRequest, FetchRequest,
+    FindCoordinatorRequest, HeartbeatRequest, IncrementalAlterConfigsRequest,
+    InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
+    ListOffsetsRequest, MetadataRequest, OffsetCommitRequest, OffsetDeleteRequest,
+    OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
+    SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
+    SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -73,6 +75,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::OffsetDelete, 0, 0),
+    (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::DescribeCluster, 0, 1),
     (ApiKey::SaslHandshake, 0, 1),
     (ApiKey::DescribeAcls, 1, 3),
@@ -706,6 +709,7 @@ impl KafkaServer {
             Body::DescribeGroups(req) => ctx.respond_now(&group::describe_groups(&ctx, req)),
             Body::DeleteGroups(req) => ctx.later(group::delete_groups(ctx.clone(), req)),
             Body::OffsetDelete(req) => ctx.later(group::offset_delete(ctx.clone(), req)),
+            Body::DeleteRecords(req) => ctx.later(records::delete_records(ctx.clone(), req)),
             Body::DescribeCluster(req) => ctx.respond_now(&admin::describe_cluster(&ctx, req)),
             Body::DescribeAcls(req) => ctx.respond_now(&acls::describe_acls(&ctx, req)),
             Body::CreateAcls(req) => ctx.later(acls::create_acls(ctx.clone(), req)),
@@ -804,6 +808,7 @@ pub enum Body {
     DescribeGroups(DescribeGroupsRequest),
     DeleteGroups(DeleteGroupsRequest),
     OffsetDelete(OffsetDeleteRequest),
+    DeleteRecords(DeleteRecordsRequest),
     DescribeCluster(DescribeClusterRequest),
     SaslHandshake(SaslHandshakeRequest),
     SaslAuthenticate(SaslAuthenticateRequest),
@@ -893,6 +898,7 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::DescribeGroups => Body::DescribeGroups(decode_body(&mut frame, version)?),
         ApiKey::DeleteGroups => Body::DeleteGroups(decode_body(&mut frame, version)?),
         ApiKey::OffsetDelete => Body::OffsetDelete(decode_body(&mut frame, version)?),
+        ApiKey::DeleteRecords => Body::DeleteRecords(decode_body(&mut frame, version)?),
         ApiKey::DescribeCluster => Body::DescribeCluster(decode_body(&mut frame, version)?),
         ApiKey::SaslHandshake => Body::SaslHandshake(decode_body(&mut frame, version)?),
         ApiKey::SaslAuthenticate => Body::SaslAuthenticate(decode_body(&mut frame, version)?),

@@ -38,6 +38,9 @@ use segment::{remove_if_exists, write_file, Segment};
 const RECOVERY_POINT_FILE: &str = "recovery-point";
 const CLEAN_SHUTDOWN_FILE: &str = "clean-shutdown";
 const EPOCH_CHECKPOINT_FILE: &str = "leader-epoch-checkpoint";
+/// Where DeleteRecords moved the log start (Kafka's `log-start-offset-checkpoint`, per
+/// partition): records below it are gone even where a segment still holds them.
+const LOG_START_FILE: &str = "log-start-offset";
 /// Producer snapshots kept besides the newest.
 const SNAPSHOTS_KEPT: usize = 2;
 
@@ -254,6 +257,9 @@ pub struct PartitionLog {
     closed: bool,
     /// Which leader epoch wrote which offsets (`leader-epoch-checkpoint`).
     epochs: LeaderEpochCache,
+    /// Records below this offset were deleted (DeleteRecords), whether or not a segment
+    /// still holds their bytes (`log-start-offset`; 0 when never set).
+    deleted_below: u64,
 }
 
 impl PartitionLog {
@@ -331,8 +337,14 @@ impl PartitionLog {
             messages_since_flush: 0,
             closed: false,
             epochs: LeaderEpochCache::default(),
+            deleted_below: 0,
         };
         log.sync_handed_out = log.end_offset();
+        // A deletion point past the recovered end (the tail it covered was lost with the
+        // page cache) can only be the end now.
+        log.deleted_below = read_number(&dir.join(LOG_START_FILE))
+            .unwrap_or(0)
+            .min(log.end_offset());
         // Snapshots past the recovered end describe a tail that was lost (or cut by a
         // truncation the crash interrupted); loading one after the log grows back past it
         // would resurrect that history's producer state.
@@ -381,9 +393,51 @@ impl PartitionLog {
         Ok(())
     }
 
-    /// First offset still in the log.
+    /// First offset still in the log: the oldest segment's base, or where DeleteRecords
+    /// moved the start inside it.
     pub fn start_offset(&self) -> u64 {
-        self.segments.values().next().map_or(0, |s| s.base)
+        self.segments
+            .values()
+            .next()
+            .map_or(0, |s| s.base)
+            .max(self.deleted_below)
+    }
+
+    /// Where DeleteRecords last moved the log start (0 when never): no tier serves records
+    /// below it, while [`PartitionLog::start_offset`] is only where the local log starts.
+    pub fn deleted_below(&self) -> u64 {
+        self.deleted_below
+    }
+
+    /// DeleteRecords: records below `offset` (at most the log end) are gone from now on.
+    /// The point is made durable first, then the segments wholly below it are deleted;
+    /// the one holding it stays and is read from the new start. A point at or below the
+    /// current one changes nothing. Returns the log start.
+    pub fn delete_records_before(&mut self, offset: u64) -> io::Result<u64> {
+        let offset = offset.min(self.end_offset());
+        if offset <= self.deleted_below {
+            return Ok(self.start_offset());
+        }
+        write_atomically(&self.dir, LOG_START_FILE, offset.to_string().as_bytes())?;
+        self.deleted_below = offset;
+        let deleted = self.delete_oldest_while(|_, next_base| next_base <= offset)?;
+        if deleted.is_empty() {
+            // (delete_oldest_while trims these when it deletes a segment.)
+            self.prune_snapshots()?;
+            self.epochs.truncate_from_start(self.start_offset());
+            self.persist_epochs()?;
+        }
+        tracing::info!(dir = %self.dir.display(), log_start = self.start_offset(), segments = deleted.len(), "deleted records");
+        Ok(self.start_offset())
+    }
+
+    /// Keeps the DeleteRecords point inside the log after it was cut to `end`.
+    fn clamp_deleted_below(&mut self, end: u64) -> io::Result<()> {
+        if self.deleted_below > end {
+            self.deleted_below = end;
+            write_atomically(&self.dir, LOG_START_FILE, end.to_string().as_bytes())?;
+        }
+        Ok(())
     }
 
     /// Offset the next appended record gets (log end offset).
@@ -566,6 +620,7 @@ impl PartitionLog {
             let seg = Segment::create(&self.dir, offset, now_ms, self.config.index_interval_bytes)?;
             self.segments.insert(offset, seg);
         }
+        self.clamp_deleted_below(offset)?;
         // The next sync covers the cut files and the directory, whatever sync was in flight
         // across the cut (the flusher discards that one).
         self.dir_dirty = true;
@@ -592,6 +647,11 @@ impl PartitionLog {
         let seg = Segment::create(&self.dir, offset, now_ms, self.config.index_interval_bytes)?;
         self.segments.insert(offset, seg);
         self.lower_recovery_point(offset)?;
+        // The leader deleted everything below `offset` one way or another.
+        if self.deleted_below != offset {
+            write_atomically(&self.dir, LOG_START_FILE, offset.to_string().as_bytes())?;
+            self.deleted_below = offset;
+        }
         self.producers = ProducerStateTable::default();
         self.epochs.truncate_from_end(0);
         self.persist_epochs()?;

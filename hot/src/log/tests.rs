@@ -609,6 +609,61 @@ fn truncating_below_the_log_start_empties_the_log_at_that_offset() {
 }
 
 #[test]
+fn deleted_records_are_gone_inside_a_segment_and_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    let batches = append_many(&mut log, 30);
+    let end = log.end_offset();
+    // A point inside the third segment's batches: whole segments below it go, the one
+    // holding it stays but reads start there.
+    let (base, n) = batches[20];
+    let point = base + n as u64 - 1;
+    let segments = log.segment_count();
+    assert_eq!(log.delete_records_before(point).unwrap(), point);
+    assert_eq!(log.start_offset(), point);
+    assert_eq!(log.deleted_below(), point);
+    assert!(
+        log.segment_count() < segments,
+        "segments wholly below were deleted"
+    );
+    assert!(matches!(
+        log.plan_read(point - 1, u64::MAX),
+        Err(ReadError::OffsetOutOfRange { .. })
+    ));
+    // The batch holding the point is served whole (the reader skips what lies below).
+    assert_eq!(read_all(&log, point).first().map(|b| b.0), Some(base));
+    // Moving it back changes nothing.
+    assert_eq!(log.delete_records_before(3).unwrap(), point);
+    drop(log);
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(2048), 0).unwrap();
+    assert_eq!((log.start_offset(), log.end_offset()), (point, end));
+    // Up to the end: empty, and the next append lands at the end.
+    assert_eq!(log.delete_records_before(u64::MAX).unwrap(), end);
+    assert!(log.plan_read(end, u64::MAX).unwrap().is_none());
+    let a = log
+        .append(&make(99, 1, 5_000, ProducerIds::NONE), 0)
+        .unwrap();
+    assert_eq!(a.base_offset, end);
+    assert_eq!(read_all(&log, end), vec![(end, 1)]);
+}
+
+#[test]
+fn a_cut_below_the_deletion_point_lowers_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    let batches = append_many(&mut log, 10);
+    log.delete_records_before(12).unwrap();
+    // (A follower cuts at a batch boundary: where its epochs agree with the leader's.)
+    let cut = batches[3].0;
+    assert!(cut < 12);
+    log.truncate_to(cut, 0).unwrap();
+    assert_eq!((log.start_offset(), log.end_offset()), (cut, cut));
+    drop(log);
+    let (log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    assert_eq!((log.start_offset(), log.deleted_below()), (cut, cut));
+}
+
+#[test]
 fn a_follower_promoted_to_leader_deduplicates_the_old_leaders_producers() {
     let leader_dir = tempfile::tempdir().unwrap();
     let follower_dir = tempfile::tempdir().unwrap();

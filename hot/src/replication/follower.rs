@@ -274,6 +274,7 @@ async fn fetch_loop(
             max_bytes: FETCH_MAX_BYTES,
             max_wait_ms: FETCH_WAIT.as_millis() as u32,
             broker_epoch: directory.broker_epoch().unwrap_or(0),
+            deleted_below: partition.progress().deleted_below,
         });
         let resp = match tokio::time::timeout(FETCH_WAIT + CALL_TIMEOUT, call).await {
             Err(_) => return Restart::Backoff("fetch timed out".into()),
@@ -322,6 +323,13 @@ async fn fetch_loop(
             // (The next round fsyncs what this appended before fetching on.)
             if let Err(why) = append(partition, target.following(), resp.records, directory) {
                 return Restart::Truncate(why);
+            }
+        }
+        if resp.deleted_below > partition.progress().deleted_below {
+            // The leader answered a DeleteRecords: the records below its point go here too
+            // (up to this log's end; a point past it is reached as the records arrive).
+            if let Err(err) = partition.follow_deleted_below(resp.deleted_below) {
+                tracing::warn!(topic = %target.topic, partition = partition.index, error = %err, "could not delete the records below the leader's DeleteRecords point");
             }
         }
         if !partition.set_follower_hw(target.following(), resp.high_watermark) {

@@ -190,6 +190,11 @@ impl LeaderState {
         &self.replicas
     }
 
+    /// The leader's own broker id.
+    pub fn me(&self) -> BrokerId {
+        self.me
+    }
+
     /// Whether the committed ISR is smaller than `min.insync.replicas`.
     pub fn under_min_isr(&self) -> bool {
         self.isr.len() < self.min_isr

@@ -17,7 +17,7 @@ use strata_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::broker::partition::ReplicaFetchError;
+use crate::broker::partition::{FollowerFetch, ReplicaFetchError};
 use crate::broker::{Broker, Partition};
 use crate::kafka::codes;
 use crate::log::ReadError;
@@ -145,9 +145,12 @@ impl Replica for ReplicaService {
         let max_bytes = r.max_bytes.clamp(1, MAX_BYTES) as usize;
         let answer = partition
             .replica_fetch(
-                r.replica_id,
-                r.leader_epoch,
-                r.fetch_offset,
+                FollowerFetch {
+                    replica: r.replica_id,
+                    epoch: r.leader_epoch,
+                    offset: r.fetch_offset,
+                    deleted_below: r.deleted_below,
+                },
                 max_bytes,
                 max_wait,
                 self.broker.now_ms(),
@@ -160,6 +163,7 @@ impl Replica for ReplicaService {
             log_start_offset: progress.log_start,
             log_end_offset: progress.log_end,
             records: Default::default(),
+            deleted_below: progress.deleted_below,
         };
         match answer {
             Err(e) => resp.error = Some(epoch_error(e)),
