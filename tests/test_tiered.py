@@ -432,3 +432,80 @@ def test_store_stopped_under_load_loses_nothing_and_uploads_resume(tmp_path):
             b.stop()
         moto.kill()
         moto.wait()
+
+
+def test_a_restart_while_the_store_is_down_hides_no_cold_history(tmp_path):
+    """The broker restarts while moto_server is SIGSTOPped, so it cannot read the
+    partition's manifest: until it can, ListOffsets earliest and fetches below the local
+    log answer retriable errors, not the local log start (a consumer resetting to earliest
+    would otherwise start after the history only the cold tier holds). Once the store is
+    back, a new group from the earliest offset reads every record from offset 0."""
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+    moto, endpoint = start_moto(tmp_path)
+    b = None
+    try:
+        bucket = new_bucket(endpoint)
+        b = Broker(strata_bin(), tmp_path)
+        b.extra_env = {
+            "STRATA__COLD__URL": f"s3://{bucket}/strata", "STRATA__COLD__ENDPOINT": endpoint,
+            "STRATA__COLD__PATH_STYLE": "true", "STRATA__COLD__INTERVAL": "200ms",
+            "STRATA__COLD__REQUEST_TIMEOUT": "1s",
+            "STRATA__TOPICS__RETENTION_CHECK_INTERVAL": "200ms", **S3_ENV,
+        }
+        b.start()
+        n = 20_000
+        b.create_topic("ledger", 1, {"segment.bytes": SEGMENT, "remote.storage.enable": "true",
+                                     "local.retention.bytes": LOCAL, "retention.ms": -1})
+        p = Producer(rdkafka_conf({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 20,
+                                   "batch.size": 16384}))
+        for i in range(n):
+            p.produce("ledger", key=record_key(i).encode(), value=record_value(i).encode())
+            if i % 1000 == 0:
+                p.poll(0)
+        assert p.flush(60) == 0
+        start_key = 'strata_partition_log_start_offset{topic="ledger",partition="0"}'
+        deadline = time.monotonic() + 60
+        while True:
+            m = metrics(b)
+            if m.get("strata_under_tiered_bytes", 1) == 0 and m.get(start_key, 0) > n // 4:
+                break
+            assert time.monotonic() < deadline, f"not tiered: local start {m.get(start_key)}"
+            time.sleep(0.2)
+        local_start = int(m[start_key])
+
+        b.kill()
+        moto.send_signal(signal.SIGSTOP)
+        try:
+            b.start()
+            # The broker cannot tell where the cold tier starts: no answer, rather than a
+            # wrong one.
+            c = Consumer(rdkafka_conf({"bootstrap.servers": b.bootstrap, "group.id": "wm"}))
+            try:
+                with pytest.raises(KafkaException):
+                    low, _ = c.get_watermark_offsets(TopicPartition("ledger", 0), timeout=3)
+                    raise AssertionError(f"earliest answered {low} while the manifest is unknown (local start {local_start})")
+            finally:
+                c.close()
+            group = Consumer(rdkafka_conf({"bootstrap.servers": b.bootstrap, "group.id": "late-auditor",
+                                           "auto.offset.reset": "earliest", "enable.auto.commit": False}))
+            group.subscribe(["ledger"])
+            early = [m for m in group.consume(num_messages=1000, timeout=4) if m.error() is None]
+            assert not early, f"read from {early[0].offset()} while the cold tier was unknown (local start {local_start})"
+        finally:
+            moto.send_signal(signal.SIGCONT)
+        seen = []
+        deadline = time.monotonic() + 90
+        while len(seen) < n:
+            assert time.monotonic() < deadline, f"read {len(seen)} of {n} after the store came back"
+            for m in group.consume(num_messages=5000, timeout=0.5):
+                if m.error() is None:
+                    seen.append(m.offset())
+        group.close()
+        assert seen == list(range(n)), f"first offsets {seen[:3]}"
+    finally:
+        if b is not None:
+            b.stop()
+        moto.send_signal(signal.SIGCONT)
+        moto.kill()
+        moto.wait()

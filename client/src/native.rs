@@ -26,6 +26,10 @@ const NOT_LEADER_OR_FOLLOWER: i32 = 6;
 const UNKNOWN_TOPIC_OR_PARTITION: i32 = 3;
 const LEADER_NOT_AVAILABLE: i32 = 5;
 const REQUEST_TIMED_OUT: i32 = 7;
+/// A broker's storage (or its cold tier) cannot answer for now.
+const KAFKA_STORAGE_ERROR: i32 = 56;
+/// The offset asked for is not known yet (a tiered partition whose manifest is not read).
+const OFFSET_NOT_AVAILABLE: i32 = 78;
 
 /// Kafka's murmur2 hash (as in `org.apache.kafka.common.utils.Utils.murmur2`).
 pub fn murmur2(data: &[u8]) -> i32 {
@@ -271,7 +275,7 @@ impl Cluster {
 
     /// Whether an error means "refresh metadata and try again".
     fn retriable(e: &ClientError) -> bool {
-        matches!(e, ClientError::Kafka { code, .. } if [NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, REQUEST_TIMED_OUT].contains(&i32::from(*code)))
+        matches!(e, ClientError::Kafka { code, .. } if [NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, REQUEST_TIMED_OUT, KAFKA_STORAGE_ERROR, OFFSET_NOT_AVAILABLE].contains(&i32::from(*code)))
             || matches!(
                 e,
                 ClientError::Grpc { .. } | ClientError::Connect { .. } | ClientError::Io(_)

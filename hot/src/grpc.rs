@@ -243,6 +243,20 @@ impl GrpcService {
         if (r.offset as u64) < progress.log_start {
             // Below the local log: from the cold tier, when it holds the offset.
             let cold = self.broker.cold().zip(self.broker.topic(&r.topic));
+            if cold.is_some() && crate::broker::tier::cold_tier_unknown(&partition) {
+                return Ok(Response::new(FetchResponse {
+                    error: error(
+                        codes::KAFKA_STORAGE_ERROR,
+                        format!(
+                            "offset {} is below the local log and the cold tier's manifest is not read yet (retry)",
+                            r.offset
+                        ),
+                    ),
+                    high_watermark: progress.high_watermark as i64,
+                    log_start_offset: progress.log_start as i64,
+                    records: Default::default(),
+                }));
+            }
             if let Some((cold, topic)) = cold {
                 let read = cold
                     .read(
@@ -476,6 +490,10 @@ impl BrokerApi for GrpcService {
             Ok((_, offset)) => ListOffsetsResponse {
                 error: None,
                 offset,
+            },
+            Err(e @ crate::broker::tier::ListOffsetError::ColdTierUnknown) => ListOffsetsResponse {
+                error: error(codes::OFFSET_NOT_AVAILABLE, e.to_string()),
+                offset: -1,
             },
             Err(e) => ListOffsetsResponse {
                 error: error(codes::KAFKA_STORAGE_ERROR, e.to_string()),

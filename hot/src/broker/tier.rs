@@ -146,6 +146,23 @@ impl ColdTier {
     }
 }
 
+/// Whether `p` is tiered but this broker has not read its manifest yet (just after the
+/// replica started, or while the object store cannot be reached): what the cold tier holds
+/// is unknown, so an offset below the local log can be neither served nor refused, and the
+/// earliest offset is not known. Answers are retriable errors until it is read.
+pub fn cold_tier_unknown(p: &super::partition::Partition) -> bool {
+    p.progress().tiered_end.is_none() && p.lock().config().remote_storage
+}
+
+/// Why ListOffsets over both tiers has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ListOffsetError {
+    #[error("the cold tier's manifest of this partition is not read yet (the broker just started, or the object store cannot be reached); retry")]
+    ColdTierUnknown,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
 /// ListOffsets over both tiers, as (timestamp, offset): by time, the cold tier holds the
 /// oldest records, so its answer, when it has one, comes first; the earliest offset is the
 /// cold tier's start when it holds any.
@@ -153,11 +170,15 @@ pub async fn list_offset(
     broker: &Broker,
     p: Arc<super::partition::Partition>,
     ts: i64,
-) -> std::io::Result<(i64, i64)> {
+) -> Result<(i64, i64), ListOffsetError> {
     let cold = broker
         .cold()
         .zip(broker.topic(&p.topic))
         .map(|(c, t)| (c.clone(), t.spec.id));
+    let by_cold = ts >= 0 || ts == super::partition::EARLIEST;
+    if cold.is_some() && by_cold && cold_tier_unknown(&p) {
+        return Err(ListOffsetError::ColdTierUnknown);
+    }
     if let (true, Some((cold, id))) = (ts >= 0, &cold) {
         let found = cold
             .offset_for_timestamp(*id, p.index, ts)

@@ -9,6 +9,7 @@ use crate::log::{AppendError, ReadError};
 pub const NONE: i16 = 0;
 pub const UNKNOWN_SERVER_ERROR: i16 = E::UnknownServerError.code();
 pub const OFFSET_OUT_OF_RANGE: i16 = E::OffsetOutOfRange.code();
+pub const OFFSET_NOT_AVAILABLE: i16 = E::OffsetNotAvailable.code();
 pub const UNSUPPORTED_VERSION: i16 = E::UnsupportedVersion.code();
 pub const INVALID_CONFIG: i16 = E::InvalidConfig.code();
 pub const LEADER_NOT_AVAILABLE: i16 = E::LeaderNotAvailable.code();

@@ -275,6 +275,11 @@ fn read_one(
         // Below the local log: the cold tier serves it if it holds it. This runs on the
         // blocking pool, so it may wait for the object store here.
         if let Some((cold, topic_id)) = remote {
+            if crate::broker::tier::cold_tier_unknown(p) {
+                // Whether the cold tier holds it is not known yet: neither served nor
+                // out of range (a consumer would reset past the cold tier's history).
+                return (Bytes::new(), progress, codes::KAFKA_STORAGE_ERROR);
+            }
             if budget == 0 && !first {
                 return (Bytes::new(), progress, codes::NONE);
             }
@@ -343,6 +348,10 @@ pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListO
                 };
             partitions.push(match crate::broker::tier::list_offset(&broker, part, p.timestamp).await {
                 Ok((ts, offset)) => resp.with_timestamp(ts).with_offset(offset).with_leader_epoch(epoch),
+                // (Kafka's "not available yet"; clients retry it.)
+                Err(crate::broker::tier::ListOffsetError::ColdTierUnknown) => {
+                    resp.with_error_code(codes::OFFSET_NOT_AVAILABLE)
+                }
                 Err(e) => {
                     tracing::warn!(topic = %name, partition = p.partition_index, error = %e, "offset lookup failed");
                     resp.with_error_code(codes::KAFKA_STORAGE_ERROR)

@@ -647,11 +647,10 @@ impl PartitionLog {
         let seg = Segment::create(&self.dir, offset, now_ms, self.config.index_interval_bytes)?;
         self.segments.insert(offset, seg);
         self.lower_recovery_point(offset)?;
-        // The leader deleted everything below `offset` one way or another.
-        if self.deleted_below != offset {
-            write_atomically(&self.dir, LOG_START_FILE, offset.to_string().as_bytes())?;
-            self.deleted_below = offset;
-        }
+        // Not a DeleteRecords point: what lies below `offset` may still be in the cold tier
+        // (the leader's local retention removed it after tiering). The leader's own point
+        // arrives with its fetch responses.
+        self.clamp_deleted_below(offset)?;
         self.producers = ProducerStateTable::default();
         self.epochs.truncate_from_end(0);
         self.persist_epochs()?;

@@ -647,6 +647,22 @@ fn deleted_records_are_gone_inside_a_segment_and_across_a_restart() {
     assert_eq!(read_all(&log, end), vec![(end, 1)]);
 }
 
+/// A follower far behind a tiered leader restarts its log at the leader's local log start;
+/// the records below are in the cold tier, not deleted. (The fault suite caught the first
+/// version of DeleteRecords taking that start for a deletion point: the follower, once
+/// leader, answered ListOffsets earliest with it and refused the cold tier's history.)
+#[test]
+fn restarting_at_the_leaders_log_start_deletes_no_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    append_many(&mut log, 4);
+    log.reset_to(1890, 0).unwrap();
+    assert_eq!((log.start_offset(), log.deleted_below()), (1890, 0));
+    drop(log);
+    let (log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    assert_eq!((log.start_offset(), log.deleted_below()), (1890, 0));
+}
+
 #[test]
 fn a_cut_below_the_deletion_point_lowers_it() {
     let dir = tempfile::tempdir().unwrap();
