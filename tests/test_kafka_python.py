@@ -140,3 +140,42 @@ def test_kafka_python_deletes_group_offsets_except_those_an_active_group_consume
         if consumer is not None:
             consumer.close()
         admin.close()
+
+
+def test_kafka_python_deletes_records_and_describes_log_dirs(broker):
+    """DeleteRecords and DescribeLogDirs through kafka-python's admin client: the low
+    watermark moves (and a consumer from the beginning starts there), and the log directory
+    lists the broker's replicas with their sizes and the file system's space (v4)."""
+    from kafka.admin import KafkaAdminClient
+
+    broker.create_topic("kp-dr", 2)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+    for i in range(40):
+        producer.send("kp-dr", value=record_value(i).encode(), partition=i % 2)
+    producer.flush(30)
+    producer.close()
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        p0, p1 = TopicPartition("kp-dr", 0), TopicPartition("kp-dr", 1)
+        got = admin.delete_records({p0: 15, p1: -1})
+        assert {tp: m["low_watermark"] for tp, m in got.items()} == {p0: 15, p1: 20}, got
+
+        dirs = admin.describe_log_dirs()
+        assert len(dirs) == 1, dirs
+        results = dirs[0]["log_dirs"]
+        assert len(results) == 1 and results[0]["error_code"] == 0, results
+        d = results[0]
+        assert d["log_dir"].endswith("logs") and d["total_bytes"] > 0 and d["usable_bytes"] > 0, d
+        sizes = {(t["name"], p["partition_index"]): p["partition_size"]
+                 for t in d["topics"] for p in t["partitions"]}
+        assert sizes[("kp-dr", 0)] > 0 and sizes[("kp-dr", 1)] > 0, sizes
+        only = admin.describe_log_dirs({"kp-dr": [1]})[0]["log_dirs"][0]["topics"]
+        assert [(t["name"], [p["partition_index"] for p in t["partitions"]]) for t in only] == [("kp-dr", [1])], only
+    finally:
+        admin.close()
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=5000)
+    consumer.assign([p0])
+    first = next(iter(consumer))
+    consumer.close()
+    assert first.offset == 15, first

@@ -123,6 +123,30 @@ impl ControllerAdmin {
             .credentials)
     }
 
+    /// Kafka's ElectLeaders: preferred (each partition's first replica leads again, where
+    /// it is alive and in the ISR) or unclean; `partitions` `None`: every partition.
+    pub async fn elect_leaders(
+        &mut self,
+        unclean: bool,
+        partitions: Option<Vec<(String, u32)>>,
+    ) -> Result<Vec<strata_proto::v1::ElectLeaderResult>> {
+        Ok(self
+            .client
+            .elect_leaders(strata_proto::v1::ElectLeadersRequest {
+                unclean,
+                all: partitions.is_none(),
+                partitions: partitions
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(topic, partition)| strata_proto::v1::PartitionRef { topic, partition })
+                    .collect(),
+            })
+            .await
+            .map_err(ClientError::from)?
+            .into_inner()
+            .results)
+    }
+
     pub async fn delete_topic(&mut self, name: &str) -> Result<()> {
         self.client
             .delete_topic(DeleteTopicRequest {

@@ -146,6 +146,21 @@ pub fn server_builder() -> tonic::transport::Server {
         .http2_max_pending_accept_reset_streams(Some(64))
 }
 
+/// The most partitions one ElectLeaders may name (Kafka's own cap is the cluster's size).
+const MAX_ELECTIONS: usize = 100_000;
+
+/// Kafka's error code for a refused election of one partition.
+fn election_error_code(e: &MetadataError) -> i32 {
+    match e {
+        MetadataError::UnknownTopic(_) | MetadataError::UnknownPartition { .. } => 3,
+        MetadataError::PreferredLeaderNotAvailable { .. } => 80,
+        MetadataError::EligibleLeadersNotAvailable { .. } => 83,
+        MetadataError::ElectionNotNeeded { .. } => 84,
+        MetadataError::InvalidRequest(_) => 42,
+        _ => -1,
+    }
+}
+
 fn status(e: &MetadataError) -> Status {
     let msg = e.to_string();
     match e {
@@ -165,7 +180,10 @@ fn status(e: &MetadataError) -> Status {
         | MetadataError::InvalidRequest(_) => Status::invalid_argument(msg),
         MetadataError::StaleBrokerEpoch { .. }
         | MetadataError::StalePartitionEpoch { .. }
-        | MetadataError::NotLeader { .. } => Status::failed_precondition(msg),
+        | MetadataError::NotLeader { .. }
+        | MetadataError::ElectionNotNeeded { .. }
+        | MetadataError::PreferredLeaderNotAvailable { .. }
+        | MetadataError::EligibleLeadersNotAvailable { .. } => Status::failed_precondition(msg),
     }
 }
 
@@ -386,6 +404,29 @@ impl Controller {
     /// Proposes a command and waits for it to be applied; a refusal comes back as an error.
     pub async fn propose(&self, cmd: Command) -> Result<Applied, Status> {
         self.propose_at(cmd).await.map(|(applied, _)| applied)
+    }
+
+    /// `propose`, with the state machine's refusal kept apart from a failure to commit: a
+    /// refusal is an answer (`Ok(Err(..))`), a failed write a gRPC error.
+    async fn propose_or_refusal(
+        &self,
+        cmd: Command,
+    ) -> Result<Result<Applied, MetadataError>, Status> {
+        if let Err(e) = cmd.validate() {
+            return Ok(Err(e));
+        }
+        let _pending = Pending::count(&self.pending);
+        match self.raft.client_write(cmd).await {
+            Ok(resp) => Ok(resp.data.0),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(Status::unavailable(format!(
+                    "controller {} is not the leader (leader: {:?}); retry",
+                    self.config.node_id,
+                    f.leader_node.map(|n| n.addr)
+                )))
+            }
+            Err(e) => Err(Status::unavailable(format!("metadata write failed: {e}"))),
+        }
     }
 
     /// `propose`, also giving the metadata version (log index) the command was applied at.
@@ -948,6 +989,73 @@ impl ControllerApi for ControllerService {
             .await?;
         tracing::info!(topic = %r.name, total = r.total, "added partitions");
         Ok(Response::new(CreatePartitionsResponse {
+            version: self.0.state.current().version,
+        }))
+    }
+
+    async fn elect_leaders(
+        &self,
+        req: Request<ElectLeadersRequest>,
+    ) -> Result<Response<ElectLeadersResponse>, Status> {
+        self.admit(&req, Caller::Admin)?;
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.elect_leaders(req.into_inner()).await;
+        }
+        let r = req.into_inner();
+        let current = self.0.state.current();
+        let asked: Vec<(String, u32)> = if r.all {
+            current
+                .topics
+                .values()
+                .flat_map(|t| (0..t.partitions.len() as u32).map(|i| (t.name.clone(), i)))
+                .collect()
+        } else {
+            r.partitions
+                .into_iter()
+                .map(|p| (p.topic, p.partition))
+                .collect()
+        };
+        if asked.len() > MAX_ELECTIONS {
+            return Err(Status::invalid_argument(format!(
+                "{} partitions in one ElectLeaders; at most {MAX_ELECTIONS}",
+                asked.len()
+            )));
+        }
+        let mut results = Vec::with_capacity(asked.len());
+        for (topic, partition) in asked {
+            let cmd = Command::ElectLeader {
+                topic: topic.clone(),
+                partition,
+                unclean: r.unclean,
+            };
+            let (error_code, message) = match self.0.propose_or_refusal(cmd).await? {
+                Ok(_) => {
+                    tracing::info!(%topic, partition, unclean = r.unclean, "leader elected on request");
+                    (0, String::new())
+                }
+                // With every partition asked for, those already led as asked are left out.
+                Err(MetadataError::ElectionNotNeeded { .. }) if r.all => continue,
+                Err(e) => (election_error_code(&e), e.to_string()),
+            };
+            let leader = self
+                .0
+                .state
+                .current()
+                .topics
+                .get(&topic)
+                .and_then(|t| t.partitions.get(partition as usize))
+                .and_then(|p| p.leader)
+                .unwrap_or(-1);
+            results.push(ElectLeaderResult {
+                topic,
+                partition,
+                error_code,
+                message,
+                leader,
+            });
+        }
+        Ok(Response::new(ElectLeadersResponse {
+            results,
             version: self.0.state.current().version,
         }))
     }

@@ -26,6 +26,21 @@ pub enum TopicCommand {
     Describe { name: String },
     /// Delete a topic and its data.
     Delete { name: String },
+    /// Elect leaders (Kafka's kafka-leader-election.sh): by default each partition's
+    /// preferred (first) replica leads again where it is alive and in the ISR. Needs
+    /// --controller.
+    ElectLeaders {
+        /// The topic (every partition of it unless --partition); none: every topic.
+        topic: Option<String>,
+        /// Only these partitions of the topic (repeatable).
+        #[arg(long = "partition", requires = "topic")]
+        partitions: Vec<u32>,
+        /// Unclean election: a partition without a leader takes any live replica, even
+        /// one that may lack acknowledged records (they are then lost). Refused for a
+        /// partition that has a leader.
+        #[arg(long)]
+        unclean: bool,
+    },
 }
 
 fn parse_configs(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
@@ -108,6 +123,9 @@ pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()>
                 .await
                 .with_context(|| format!("deleting topic '{name}'"))?;
             println!("deleted topic {name}");
+        }
+        TopicCommand::ElectLeaders { .. } => {
+            bail!("elect-leaders is decided by the controllers: give --controller HOST:PORT")
         }
     }
     Ok(())
@@ -736,6 +754,58 @@ pub async fn topic_via_controller(controller: &str, command: TopicCommand) -> an
                 .await
                 .with_context(|| format!("deleting topic '{name}'"))?;
             println!("deleted topic {name}");
+        }
+        TopicCommand::ElectLeaders {
+            topic,
+            partitions,
+            unclean,
+        } => {
+            let asked = match topic {
+                None => None,
+                Some(topic) => {
+                    let partitions = if partitions.is_empty() {
+                        let snapshot = admin
+                            .metadata_snapshot()
+                            .await
+                            .context("reading the cluster metadata")?;
+                        let metadata: serde_json::Value =
+                            serde_json::from_slice(&snapshot.metadata_json)
+                                .context("decoding the cluster metadata")?;
+                        let count = metadata["topics"][&topic]["partitions"]
+                            .as_array()
+                            .with_context(|| format!("topic '{topic}' does not exist"))?
+                            .len() as u32;
+                        (0..count).collect()
+                    } else {
+                        partitions
+                    };
+                    Some(partitions.into_iter().map(|p| (topic.clone(), p)).collect())
+                }
+            };
+            let results = admin
+                .elect_leaders(unclean, asked)
+                .await
+                .context("electing leaders")?;
+            let mut failed = 0;
+            for r in &results {
+                match r.error_code {
+                    0 => println!("{}-{}	elected broker {}", r.topic, r.partition, r.leader),
+                    84 => println!("{}-{}	unchanged: {}", r.topic, r.partition, r.message),
+                    _ => {
+                        failed += 1;
+                        println!("{}-{}	not elected: {}", r.topic, r.partition, r.message);
+                    }
+                }
+            }
+            if results.is_empty() {
+                println!("no partition needed an election");
+            }
+            if failed > 0 {
+                bail!(
+                    "{failed} of {} partitions could not be elected",
+                    results.len()
+                );
+            }
         }
         TopicCommand::List | TopicCommand::Describe { .. } => {
             let snapshot = admin

@@ -503,6 +503,40 @@ impl ClusterLink {
         .map(|r| r.version)
     }
 
+    /// Kafka's ElectLeaders through the controllers: `partitions` `None` for every one.
+    /// Returns each partition's (topic, partition, Kafka error code, message) and a
+    /// metadata version that includes the elections.
+    pub async fn elect_leaders(
+        &self,
+        unclean: bool,
+        partitions: Option<Vec<(String, u32)>>,
+    ) -> Result<(Vec<(String, u32, i16, String)>, u64), tonic::Status> {
+        let req = strata_proto::v1::ElectLeadersRequest {
+            unclean,
+            all: partitions.is_none(),
+            partitions: partitions
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(topic, partition)| strata_proto::v1::PartitionRef { topic, partition })
+                .collect(),
+        };
+        let resp = self
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.elect_leaders(req).await }
+            })
+            .await?;
+        let results = resp
+            .results
+            .into_iter()
+            .map(|r| {
+                let code = i16::try_from(r.error_code).unwrap_or(-1);
+                (r.topic, r.partition, code, r.message)
+            })
+            .collect();
+        Ok((results, resp.version))
+    }
+
     /// Reserves `count` producer ids for this broker; returns the first.
     pub async fn allocate_producer_ids(&self, count: u32) -> Result<i64, tonic::Status> {
         let epoch = self

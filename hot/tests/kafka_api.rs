@@ -466,6 +466,52 @@ async fn every_served_api_answers_at_every_served_version() {
                         let p = &r.topics[0].partitions[0];
                         assert_eq!((p.error_code, p.low_watermark), (0, 0), "v{v}");
                     }),
+                DescribeLogDirs => conn
+                    .send(
+                        &kafka_protocol::messages::DescribeLogDirsRequest::default().with_topics(Some(vec![
+                            kafka_protocol::messages::describe_log_dirs_request::DescribableLogDirTopic::default()
+                                .with_topic(topic())
+                                .with_partitions(vec![0]),
+                        ])),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!((r.error_code, r.results.len()), (0, 1), "v{v}");
+                        let dir = &r.results[0];
+                        assert!(dir.log_dir.ends_with("logs"), "v{v}: {:?}", dir.log_dir);
+                        assert_eq!(dir.topics.len(), 1, "v{v}");
+                        assert_eq!(dir.topics[0].partitions[0].partition_index, 0, "v{v}");
+                        assert!(dir.topics[0].partitions[0].partition_size > 0, "v{v}");
+                        if v >= 4 {
+                            assert!(dir.total_bytes > 0 && dir.usable_bytes > 0, "v{v}");
+                        }
+                    }),
+                // A standalone broker's partitions are led by their only replica.
+                // tests/test_elect_leaders.py elects for real on a 3 + 3 cluster.
+                ElectLeaders => conn
+                    .send(
+                        &kafka_protocol::messages::ElectLeadersRequest::default()
+                            .with_election_type(0)
+                            .with_timeout_ms(5_000)
+                            .with_topic_partitions(Some(vec![
+                                kafka_protocol::messages::elect_leaders_request::TopicPartitions::default()
+                                    .with_topic(topic())
+                                    .with_partitions(vec![0, 7]),
+                            ])),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!(r.error_code, 0, "v{v}");
+                        let codes: Vec<i16> = r.replica_election_results[0]
+                            .partition_result
+                            .iter()
+                            .map(|p| p.error_code)
+                            .collect();
+                        // ELECTION_NOT_NEEDED (84), UNKNOWN_TOPIC_OR_PARTITION (3)
+                        assert_eq!(codes, vec![84, 3], "v{v}");
+                    }),
                 other => panic!("no sweep case for {other:?}"),
             };
             result.unwrap_or_else(|e| panic!("{key:?} v{v}: {e}"));

@@ -198,6 +198,14 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         assignments: Vec<Vec<BrokerId>>,
     },
+    /// Kafka's ElectLeaders for one partition. Preferred: leadership moves to the first
+    /// replica if it is alive and in the ISR. Unclean: a partition without a leader takes
+    /// the first live replica, in the ISR or not (its ISR becomes that replica alone).
+    ElectLeader {
+        topic: String,
+        partition: u32,
+        unclean: bool,
+    },
     /// A leader's ISR change, applied only if the partition epoch still matches (CAS).
     AlterIsr {
         topic: String,
@@ -305,6 +313,24 @@ pub enum MetadataError {
     InvalidConfig(String),
     #[error("{0}")]
     InvalidRequest(String),
+    /// ElectLeaders: the partition already has the leader asked for.
+    #[error("{topic}-{partition}: {reason}")]
+    ElectionNotNeeded {
+        topic: String,
+        partition: u32,
+        reason: String,
+    },
+    /// ElectLeaders (preferred): the first replica is fenced or out of the ISR.
+    #[error("{topic}-{partition}: the preferred leader {preferred} is {reason}")]
+    PreferredLeaderNotAvailable {
+        topic: String,
+        partition: u32,
+        preferred: BrokerId,
+        reason: String,
+    },
+    /// ElectLeaders (unclean): no replica is alive.
+    #[error("{topic}-{partition}: no replica is alive to lead it")]
+    EligibleLeadersNotAvailable { topic: String, partition: u32 },
 }
 
 /// The most producer ids one command may reserve (brokers ask for 1,000 at a time).
@@ -661,6 +687,57 @@ impl ClusterMetadata {
                 let t = self.topics.get_mut(name).expect("checked above");
                 t.partitions.extend(added.into_iter().map(new_partition));
                 Ok(Applied::Done)
+            }
+            Command::ElectLeader {
+                topic,
+                partition,
+                unclean,
+            } => {
+                let alive = self.alive_ids();
+                let is_alive = |r: BrokerId| alive.contains(&r);
+                let p = self.partition_mut(topic, *partition)?;
+                let (topic, partition) = (topic.clone(), *partition);
+                if *unclean {
+                    if let Some(leader) = p.leader {
+                        return Err(MetadataError::ElectionNotNeeded {
+                            topic,
+                            partition,
+                            reason: format!("broker {leader} leads it"),
+                        });
+                    }
+                    let choice = elect(p, &is_alive, true)
+                        .ok_or(MetadataError::EligibleLeadersNotAvailable { topic, partition })?;
+                    apply_election(p, Some(choice));
+                } else {
+                    let preferred = *p.replicas.first().expect("a partition has replicas");
+                    if p.leader == Some(preferred) {
+                        return Err(MetadataError::ElectionNotNeeded {
+                            topic,
+                            partition,
+                            reason: format!("its preferred replica {preferred} leads it"),
+                        });
+                    }
+                    let why = if !is_alive(preferred) {
+                        Some("fenced")
+                    } else if !p.isr.contains(&preferred) {
+                        Some("not in the ISR")
+                    } else {
+                        None
+                    };
+                    if let Some(reason) = why {
+                        return Err(MetadataError::PreferredLeaderNotAvailable {
+                            topic,
+                            partition,
+                            preferred,
+                            reason: reason.into(),
+                        });
+                    }
+                    apply_election(p, Some((preferred, false)));
+                }
+                Ok(Applied::PartitionUpdated {
+                    leader_epoch: p.leader_epoch,
+                    partition_epoch: p.partition_epoch,
+                })
             }
             Command::AlterIsr {
                 topic,

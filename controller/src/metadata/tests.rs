@@ -876,3 +876,160 @@ fn a_topic_created_with_a_manual_assignment_gets_those_replicas() {
     assert_eq!((p[0].replicas.clone(), p[0].leader), (vec![2, 3], Some(2)));
     assert_eq!((p[1].replicas.clone(), p[1].leader), (vec![3, 1], Some(3)));
 }
+
+#[test]
+fn elect_leaders_moves_leadership_to_the_preferred_replica_only_when_it_can_lead() {
+    let (mut m, epochs) = three_brokers();
+    create(&mut m, 10, "t", 1, 3).unwrap();
+    let preferred = m.topics["t"].partitions[0].replicas[0];
+    let elect = |m: &mut ClusterMetadata, index, unclean| {
+        m.apply(
+            index,
+            &Command::ElectLeader {
+                topic: "t".into(),
+                partition: 0,
+                unclean,
+            },
+        )
+    };
+    assert!(matches!(
+        elect(&mut m, 11, false),
+        Err(MetadataError::ElectionNotNeeded { .. })
+    ));
+    // The preferred leader is fenced: leadership moves away, and it cannot be elected
+    // while fenced, nor once back until the leader takes it into the ISR again.
+    let epoch = epochs[(preferred - 1) as usize];
+    m.apply(
+        12,
+        &Command::FenceBroker {
+            id: preferred,
+            epoch,
+        },
+    )
+    .unwrap();
+    let moved = m.topics["t"].partitions[0].clone();
+    assert_ne!(moved.leader, Some(preferred));
+    let refused = elect(&mut m, 13, false).unwrap_err();
+    assert!(
+        matches!(&refused, MetadataError::PreferredLeaderNotAvailable { reason, .. } if reason == "fenced"),
+        "{refused}"
+    );
+    m.apply(
+        14,
+        &Command::UnfenceBroker {
+            id: preferred,
+            epoch,
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        elect(&mut m, 15, false),
+        Err(MetadataError::PreferredLeaderNotAvailable { .. })
+    ));
+    assert_eq!(
+        m.topics["t"].partitions[0], moved,
+        "a refused election changes nothing"
+    );
+    let mut isr = moved.isr.clone();
+    isr.push(preferred);
+    m.apply(
+        16,
+        &Command::AlterIsr {
+            topic: "t".into(),
+            partition: 0,
+            leader: moved.leader.unwrap(),
+            leader_epoch: moved.leader_epoch,
+            partition_epoch: moved.partition_epoch,
+            isr,
+        },
+    )
+    .unwrap();
+    let Applied::PartitionUpdated { leader_epoch, .. } = elect(&mut m, 17, false).unwrap() else {
+        panic!("not a partition update")
+    };
+    let p = &m.topics["t"].partitions[0];
+    assert_eq!((p.leader, p.leader_epoch), (Some(preferred), leader_epoch));
+    assert_eq!(
+        leader_epoch,
+        moved.leader_epoch + 1,
+        "a new leader epoch fences the old leader"
+    );
+    // Unclean: not needed while a leader is there.
+    assert!(matches!(
+        elect(&mut m, 18, true),
+        Err(MetadataError::ElectionNotNeeded { .. })
+    ));
+    assert!(matches!(
+        m.apply(
+            19,
+            &Command::ElectLeader {
+                topic: "t".into(),
+                partition: 1,
+                unclean: false
+            }
+        ),
+        Err(MetadataError::UnknownPartition { .. })
+    ));
+}
+
+#[test]
+fn an_unclean_election_brings_an_offline_partition_back_only_when_asked() {
+    let (mut m, epochs) = three_brokers();
+    create(&mut m, 10, "t", 1, 3).unwrap();
+    let replicas = m.topics["t"].partitions[0].replicas.clone();
+    // The ISR shrinks to the first replica, which then dies: offline (the topic does not
+    // allow unclean election on its own).
+    let p = m.topics["t"].partitions[0].clone();
+    m.apply(
+        11,
+        &Command::AlterIsr {
+            topic: "t".into(),
+            partition: 0,
+            leader: replicas[0],
+            leader_epoch: p.leader_epoch,
+            partition_epoch: p.partition_epoch,
+            isr: vec![replicas[0]],
+        },
+    )
+    .unwrap();
+    let fence = |m: &mut ClusterMetadata, index, id: BrokerId| {
+        m.apply(
+            index,
+            &Command::FenceBroker {
+                id,
+                epoch: epochs[(id - 1) as usize],
+            },
+        )
+        .unwrap()
+    };
+    for (i, r) in replicas.iter().enumerate() {
+        fence(&mut m, 12 + i as u64, *r);
+    }
+    let unclean = |m: &mut ClusterMetadata, index| {
+        m.apply(
+            index,
+            &Command::ElectLeader {
+                topic: "t".into(),
+                partition: 0,
+                unclean: true,
+            },
+        )
+    };
+    assert!(matches!(
+        unclean(&mut m, 20),
+        Err(MetadataError::EligibleLeadersNotAvailable { .. })
+    ));
+    let second = replicas[1];
+    m.apply(
+        21,
+        &Command::UnfenceBroker {
+            id: second,
+            epoch: epochs[(second - 1) as usize],
+        },
+    )
+    .unwrap();
+    assert_eq!(m.topics["t"].partitions[0].leader, None, "not on its own");
+    unclean(&mut m, 22).unwrap();
+    let p = &m.topics["t"].partitions[0];
+    assert_eq!((p.leader, p.isr.clone()), (Some(second), vec![second]));
+}

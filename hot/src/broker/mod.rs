@@ -1115,6 +1115,38 @@ impl Broker {
         }
     }
 
+    /// Kafka's ElectLeaders (`partitions` `None`: every partition): in a cluster through the
+    /// controllers, answered once this broker's metadata shows the elections; a single
+    /// broker leads every partition already. Each partition's (topic, partition, Kafka
+    /// error code, message).
+    pub async fn elect_leaders(
+        &self,
+        unclean: bool,
+        partitions: Option<Vec<(String, u32)>>,
+    ) -> Result<Vec<(String, u32, i16, String)>, tonic::Status> {
+        if let Some(link) = &self.cluster {
+            let (results, version) = link.elect_leaders(unclean, partitions).await?;
+            self.wait_for_metadata(version).await;
+            return Ok(results);
+        }
+        // (Every partition asked for: none needs an election, and those are left out.)
+        Ok(partitions
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(topic, partition)| {
+                let known = self
+                    .topic(&topic)
+                    .is_some_and(|t| partition < t.spec.partitions);
+                let (code, message) = if known {
+                    (84, "its only replica leads it".to_string())
+                } else {
+                    (3, format!("{topic}-{partition} does not exist"))
+                };
+                (topic, partition, code, message)
+            })
+            .collect())
+    }
+
     /// Waits (bounded) until this broker's topics reflect metadata `version`.
     async fn wait_for_metadata(&self, version: u64) {
         let mut applied = self.metadata_version.subscribe();

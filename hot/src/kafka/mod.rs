@@ -12,9 +12,11 @@ mod admin;
 mod client_quotas;
 pub(crate) mod codes;
 mod configs;
+mod elections;
 mod fetch;
 mod group;
 pub mod limits;
+mod log_dirs;
 mod produce;
 pub mod quota;
 mod records;
@@ -32,13 +34,13 @@ use kafka_protocol::messages::{
     CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest,
     DeleteGroupsRequest, DeleteRecordsRequest, DeleteTopicsRequest, DescribeAclsRequest,
     DescribeClientQuotasRequest, DescribeClusterRequest, DescribeConfigsRequest,
-    DescribeGroupsRequest, DescribeUserScramCredentialsRequest, FetchRequest,
-    FindCoordinatorRequest, HeartbeatRequest, IncrementalAlterConfigsRequest,
-    InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
-    ListOffsetsRequest, MetadataRequest, OffsetCommitRequest, OffsetDeleteRequest,
-    OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, RequestHeader, ResponseHeader,
-    SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
-    SyncGroupRequest,
+    DescribeGroupsRequest, DescribeLogDirsRequest, DescribeUserScramCredentialsRequest,
+    ElectLeadersRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
+    IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
+    ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+    OffsetDeleteRequest, OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest,
+    RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslAuthenticateResponse,
+    SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -76,6 +78,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::OffsetDelete, 0, 0),
     (ApiKey::DeleteRecords, 0, 2),
+    (ApiKey::DescribeLogDirs, 1, 4),
+    (ApiKey::ElectLeaders, 0, 2),
     (ApiKey::DescribeCluster, 0, 1),
     (ApiKey::SaslHandshake, 0, 1),
     (ApiKey::DescribeAcls, 1, 3),
@@ -710,6 +714,8 @@ impl KafkaServer {
             Body::DeleteGroups(req) => ctx.later(group::delete_groups(ctx.clone(), req)),
             Body::OffsetDelete(req) => ctx.later(group::offset_delete(ctx.clone(), req)),
             Body::DeleteRecords(req) => ctx.later(records::delete_records(ctx.clone(), req)),
+            Body::DescribeLogDirs(req) => ctx.respond_now(&log_dirs::describe_log_dirs(&ctx, req)),
+            Body::ElectLeaders(req) => ctx.later(elections::elect_leaders(ctx.clone(), req)),
             Body::DescribeCluster(req) => ctx.respond_now(&admin::describe_cluster(&ctx, req)),
             Body::DescribeAcls(req) => ctx.respond_now(&acls::describe_acls(&ctx, req)),
             Body::CreateAcls(req) => ctx.later(acls::create_acls(ctx.clone(), req)),
@@ -809,6 +815,8 @@ pub enum Body {
     DeleteGroups(DeleteGroupsRequest),
     OffsetDelete(OffsetDeleteRequest),
     DeleteRecords(DeleteRecordsRequest),
+    DescribeLogDirs(DescribeLogDirsRequest),
+    ElectLeaders(ElectLeadersRequest),
     DescribeCluster(DescribeClusterRequest),
     SaslHandshake(SaslHandshakeRequest),
     SaslAuthenticate(SaslAuthenticateRequest),
@@ -899,6 +907,8 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::DeleteGroups => Body::DeleteGroups(decode_body(&mut frame, version)?),
         ApiKey::OffsetDelete => Body::OffsetDelete(decode_body(&mut frame, version)?),
         ApiKey::DeleteRecords => Body::DeleteRecords(decode_body(&mut frame, version)?),
+        ApiKey::DescribeLogDirs => Body::DescribeLogDirs(decode_body(&mut frame, version)?),
+        ApiKey::ElectLeaders => Body::ElectLeaders(decode_body(&mut frame, version)?),
         ApiKey::DescribeCluster => Body::DescribeCluster(decode_body(&mut frame, version)?),
         ApiKey::SaslHandshake => Body::SaslHandshake(decode_body(&mut frame, version)?),
         ApiKey::SaslAuthenticate => Body::SaslAuthenticate(decode_body(&mut frame, version)?),
