@@ -12,12 +12,11 @@ through confluent-kafka against real strata processes.
 
 import time
 
-import pytest
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from conftest import rdkafka_conf, strata_bin
-from test_cluster import LEASE_S, Cluster, attach_logs_on_failure
+from test_cluster import LEASE_S, cluster  # noqa: F401 (the 3 + 3 cluster fixture)
 
 TIMEOUT = 20
 
@@ -115,17 +114,6 @@ def test_delete_records_is_refused_on_internal_and_compact_only_topics(broker):
     c.close()
     got = delete(admin, [TopicPartition("__consumer_offsets", 0, OFFSET_END)])
     assert got[0].code() == KafkaError.TOPIC_EXCEPTION, got  # INVALID_TOPIC_EXCEPTION (17)
-
-
-@pytest.fixture
-def cluster(request, tmp_path):
-    c = Cluster(strata_bin(), tmp_path)
-    try:
-        c.start_all()
-        yield c
-    finally:
-        c.stop_all()
-        attach_logs_on_failure(request, c)
 
 
 def test_a_new_leader_serves_none_of_the_deleted_records(cluster):

@@ -10,26 +10,14 @@ election is refused (PREFERRED_LEADER_NOT_AVAILABLE) and nothing changes.
 
 import time
 
-import pytest
 from confluent_kafka import (OFFSET_BEGINNING, Consumer, ElectionType, KafkaError, KafkaException, Producer,
                              TopicPartition)
 from confluent_kafka.admin import AdminClient
 
-from conftest import rdkafka_conf, strata_bin
-from test_cluster import LEASE_S, Cluster, attach_logs_on_failure
+from conftest import rdkafka_conf
+from test_cluster import LEASE_S, cluster  # noqa: F401 (the 3 + 3 cluster fixture)
 
 TIMEOUT = 20
-
-
-@pytest.fixture
-def cluster(request, tmp_path):
-    c = Cluster(strata_bin(), tmp_path)
-    try:
-        c.start_all()
-        yield c
-    finally:
-        c.stop_all()
-        attach_logs_on_failure(request, c)
 
 
 def produce(bootstrap, topic, start, n) -> dict:

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import sys
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -315,6 +316,22 @@ def test_leader_sigkill_mid_upload_leaves_each_segment_once(tmp_path, s3_endpoin
         attach_logs_on_failure(request, c, 80)
 
 
+def s3_broker(tmp_path, endpoint) -> Broker:
+    """A started broker tiering to a new bucket of the S3 server at `endpoint`, with 1 s
+    object-store requests and quick tiering and retention rounds."""
+    bucket = new_bucket(endpoint)
+    b = Broker(strata_bin(), tmp_path)
+    b.extra_env = {
+        "STRATA__COLD__URL": f"s3://{bucket}/strata", "STRATA__COLD__ENDPOINT": endpoint,
+        "STRATA__COLD__PATH_STYLE": "true", "STRATA__COLD__INTERVAL": "200ms",
+        "STRATA__COLD__REQUEST_TIMEOUT": "1s",
+        "STRATA__TOPICS__RETENTION_CHECK_INTERVAL": "200ms", **S3_ENV,
+    }
+    b.bucket = bucket
+    b.start()
+    return b
+
+
 def test_store_stopped_under_load_loses_nothing_and_uploads_resume(tmp_path):
     """moto_server is SIGSTOPped for a while under acks=all load: requests to it hang and
     time out, uploads fail and are retried, local disk keeps the backlog (nothing not
@@ -325,15 +342,7 @@ def test_store_stopped_under_load_loses_nothing_and_uploads_resume(tmp_path):
     moto, endpoint = start_moto(tmp_path)
     b = None
     try:
-        bucket = new_bucket(endpoint)
-        b = Broker(strata_bin(), tmp_path)
-        b.extra_env = {
-            "STRATA__COLD__URL": f"s3://{bucket}/strata", "STRATA__COLD__ENDPOINT": endpoint,
-            "STRATA__COLD__PATH_STYLE": "true", "STRATA__COLD__INTERVAL": "200ms",
-            "STRATA__COLD__REQUEST_TIMEOUT": "1s",
-            "STRATA__TOPICS__RETENTION_CHECK_INTERVAL": "200ms", **S3_ENV,
-        }
-        b.start()
+        b = s3_broker(tmp_path, endpoint)
         b.create_topic("ledger", 1, {"segment.bytes": SEGMENT, "remote.storage.enable": "true",
                                      "local.retention.bytes": LOCAL, "retention.ms": -1})
         acked, failed = [], []
@@ -423,7 +432,7 @@ def test_store_stopped_under_load_loses_nothing_and_uploads_resume(tmp_path):
         assert [o for o, _, _ in out[0]] == list(range(hwm[0]))
         assert [v for _, _, v in out[0]] == list(range(len(out[0])))
         assert sorted(acked) == list(range(len(acked))) and len(acked) <= hwm[0]
-        manifests, keys = bucket_manifests(endpoint, bucket)
+        manifests, keys = bucket_manifests(endpoint, b.bucket)
         (manifest,) = manifests.values()
         check_manifest(manifest, keys)
     finally:
@@ -445,15 +454,7 @@ def test_a_restart_while_the_store_is_down_hides_no_cold_history(tmp_path):
     moto, endpoint = start_moto(tmp_path)
     b = None
     try:
-        bucket = new_bucket(endpoint)
-        b = Broker(strata_bin(), tmp_path)
-        b.extra_env = {
-            "STRATA__COLD__URL": f"s3://{bucket}/strata", "STRATA__COLD__ENDPOINT": endpoint,
-            "STRATA__COLD__PATH_STYLE": "true", "STRATA__COLD__INTERVAL": "200ms",
-            "STRATA__COLD__REQUEST_TIMEOUT": "1s",
-            "STRATA__TOPICS__RETENTION_CHECK_INTERVAL": "200ms", **S3_ENV,
-        }
-        b.start()
+        b = s3_broker(tmp_path, endpoint)
         n = 20_000
         b.create_topic("ledger", 1, {"segment.bytes": SEGMENT, "remote.storage.enable": "true",
                                      "local.retention.bytes": LOCAL, "retention.ms": -1})
@@ -478,13 +479,29 @@ def test_a_restart_while_the_store_is_down_hides_no_cold_history(tmp_path):
         moto.send_signal(signal.SIGSTOP)
         try:
             b.start()
+            # Ready (registered, metadata applied, the replica open and leading); the
+            # manifest cannot be read, the store being stopped.
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{b.metrics_port}/readyz", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, "the restarted broker never became ready"
+                time.sleep(0.1)
             # The broker cannot tell where the cold tier starts: no answer, rather than a
             # wrong one.
+            # (librdkafka folds a low watermark it did not get into the high one: `low == n`
+            # means no earliest offset was given, which is right; an offset inside the
+            # history, such as the local log start, is the defect.)
             c = Consumer(rdkafka_conf({"bootstrap.servers": b.bootstrap, "group.id": "wm"}))
             try:
-                with pytest.raises(KafkaException):
-                    low, _ = c.get_watermark_offsets(TopicPartition("ledger", 0), timeout=3)
-                    raise AssertionError(f"earliest answered {low} while the manifest is unknown (local start {local_start})")
+                low, _ = c.get_watermark_offsets(TopicPartition("ledger", 0), timeout=3)
+                assert not 0 < low < n, f"earliest answered {low} while the manifest is unknown (local start {local_start})"
+            except KafkaException:
+                pass
             finally:
                 c.close()
             group = Consumer(rdkafka_conf({"bootstrap.servers": b.bootstrap, "group.id": "late-auditor",

@@ -412,32 +412,26 @@ impl Controller {
         &self,
         cmd: Command,
     ) -> Result<Result<Applied, MetadataError>, Status> {
+        Ok(self.write(cmd).await?.map(|(applied, _)| applied))
+    }
+
+    /// `propose`, also giving the metadata version (log index) the command was applied at.
+    async fn propose_at(&self, cmd: Command) -> Result<(Applied, u64), Status> {
+        self.write(cmd).await?.map_err(|e| status(&e))
+    }
+
+    /// Checks `cmd` and commits it: the state machine's answer (a refusal included) with
+    /// the log index it was applied at, or why it could not be written.
+    async fn write(&self, cmd: Command) -> Result<Result<(Applied, u64), MetadataError>, Status> {
+        // Refused here with the reason; `apply` checks again for entries that got in anyway.
         if let Err(e) = cmd.validate() {
             return Ok(Err(e));
         }
         let _pending = Pending::count(&self.pending);
         match self.raft.client_write(cmd).await {
-            Ok(resp) => Ok(resp.data.0),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(Status::unavailable(format!(
-                    "controller {} is not the leader (leader: {:?}); retry",
-                    self.config.node_id,
-                    f.leader_node.map(|n| n.addr)
-                )))
-            }
-            Err(e) => Err(Status::unavailable(format!("metadata write failed: {e}"))),
-        }
-    }
-
-    /// `propose`, also giving the metadata version (log index) the command was applied at.
-    async fn propose_at(&self, cmd: Command) -> Result<(Applied, u64), Status> {
-        // Refused here with the reason; `apply` checks again for entries that got in anyway.
-        cmd.validate().map_err(|e| status(&e))?;
-        let _pending = Pending::count(&self.pending);
-        match self.raft.client_write(cmd).await {
             Ok(resp) => {
                 let index = resp.log_id.index;
-                resp.data.0.map(|a| (a, index)).map_err(|e| status(&e))
+                Ok(resp.data.0.map(|a| (a, index)))
             }
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 Err(Status::unavailable(format!(
