@@ -149,9 +149,12 @@ impl ColdTier {
 /// Whether `p` is tiered but this broker has not read its manifest yet (just after the
 /// replica started, or while the object store cannot be reached): what the cold tier holds
 /// is unknown, so an offset below the local log can be neither served nor refused, and the
-/// earliest offset is not known. Answers are retriable errors until it is read.
+/// earliest offset is not known. Answers are retriable errors until it is read. A local
+/// log that starts at 0 has nothing below it to ask the cold tier about (a topic that has
+/// just turned tiering on, say).
 pub fn cold_tier_unknown(p: &super::partition::Partition) -> bool {
-    p.progress().tiered_end.is_none() && p.lock().config().remote_storage
+    let progress = p.progress();
+    progress.tiered_end.is_none() && progress.log_start > 0 && p.lock().config().remote_storage
 }
 
 /// Why ListOffsets over both tiers has no answer.
