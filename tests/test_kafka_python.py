@@ -13,6 +13,7 @@ from conftest import (
     parse_value,
     record_key,
     record_value,
+    scrape_metrics,
 )
 
 PARTITIONS = 6
@@ -179,3 +180,55 @@ def test_kafka_python_deletes_records_and_describes_log_dirs(broker):
     first = next(iter(consumer))
     consumer.close()
     assert first.offset == 15, first
+
+
+def test_kafka_python_consumes_through_an_incremental_fetch_session(broker):
+    """kafka-python keeps a KIP-227 fetch session: after one full fetch it sends only the
+    partitions whose position moved and hears only of partitions with news. Records written
+    in waves to a few of 24 partitions at a time (so most of each session's partitions say
+    nothing) are all read back once, at their offsets, through incremental fetches."""
+    topic = "kpy-sessions"
+    partitions = 24
+    broker.create_topic(topic, partitions)
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=2)
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=100,
+    )
+    acked = {}
+    seen = {}
+    try:
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        consumer.poll(timeout_ms=500)  # the full fetch that opens the session
+        for wave in range(6):
+            # each wave writes to 4 partitions only
+            targets = [(wave * 4 + k) % partitions for k in range(4)]
+            futures = []
+            for i in range(200):
+                value = f"{wave}-{i}"
+                p = targets[i % 4]
+                futures.append((value, producer.send(topic, value=value.encode(), partition=p)))
+            producer.flush(timeout=20)
+            for value, f in futures:
+                md = f.get(timeout=10)
+                acked[value] = (md.partition, md.offset)
+            deadline = time.monotonic() + 20
+            while len(seen) < len(acked):
+                assert time.monotonic() < deadline, f"wave {wave}: {len(seen)} of {len(acked)} read back"
+                for tp, msgs in consumer.poll(timeout_ms=200).items():
+                    for m in msgs:
+                        v = m.value.decode()
+                        assert v not in seen, f"{v} read twice, at {seen[v]} and {(tp.partition, m.offset)}"
+                        seen[v] = (tp.partition, m.offset)
+        metrics = scrape_metrics(broker.metrics_port)
+    finally:
+        consumer.close()
+        producer.close(timeout=5)
+    assert seen == acked
+    assert metrics["strata_kafka_fetch_sessions"] >= 1, "no fetch session was open"
+    assert metrics["strata_kafka_fetch_incremental_total"] >= 6, metrics["strata_kafka_fetch_incremental_total"]

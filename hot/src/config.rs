@@ -264,6 +264,11 @@ pub struct KafkaSection {
     /// The longest a fetch may wait for data, whatever its `max_wait_ms`.
     #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub fetch_max_wait: Duration,
+    /// Fetch sessions (KIP-227) the broker keeps (Kafka's
+    /// `max.incremental.fetch.session.cache.slots`); 0 turns them off.
+    pub fetch_session_cache_slots: usize,
+    /// The partitions all fetch sessions may hold between them.
+    pub fetch_session_cache_partitions: usize,
     /// Named listeners, each with its security protocol (Kafka's `listeners` and
     /// `listener.security.protocol.map`). When given, they replace `listen`.
     pub listeners: Vec<NamedListener>,
@@ -290,6 +295,8 @@ impl KafkaSection {
             max_connections_per_ip: self.max_connections_per_ip,
             max_connections_per_ip_overrides: overrides,
             queued_max_request_bytes: self.queued_max_request_bytes,
+            fetch_session_cache_slots: self.fetch_session_cache_slots,
+            fetch_session_cache_partitions: self.fetch_session_cache_partitions,
         })
     }
 }
@@ -626,6 +633,8 @@ impl Default for KafkaSection {
             max_connections_per_ip_overrides: BTreeMap::new(),
             fetch_max_bytes: 55 << 20,
             fetch_max_wait: Duration::from_secs(30),
+            fetch_session_cache_slots: 1000,
+            fetch_session_cache_partitions: 200_000,
             listeners: Vec::new(),
             tls: None,
             sasl: SaslSection::default(),

@@ -607,6 +607,31 @@ fn broker(out: &mut Out<'_>, broker: &Broker) -> fmt::Result {
         "Reads that paused because kafka.queued_max_request_bytes was in use.",
         load(&l.request_memory_waits),
     )?;
+    out.gauge(
+        "strata_kafka_fetch_sessions",
+        "Fetch sessions (KIP-227) the broker keeps (kafka.fetch_session_cache_slots).",
+        load(&l.fetch_sessions),
+    )?;
+    out.gauge(
+        "strata_kafka_fetch_session_partitions",
+        "Partitions held by all fetch sessions (kafka.fetch_session_cache_partitions).",
+        load(&l.fetch_session_partitions),
+    )?;
+    out.counter(
+        "strata_kafka_fetch_incremental_total",
+        "Incremental fetch requests (KIP-227) served.",
+        load(&l.fetch_incremental),
+    )?;
+    out.counter(
+        "strata_kafka_fetch_sessions_evicted_total",
+        "Idle fetch sessions evicted to make room for new ones.",
+        load(&l.fetch_sessions_evicted),
+    )?;
+    out.counter(
+        "strata_kafka_fetch_sessions_refused_total",
+        "Full fetches answered without a session because the session cache was full.",
+        load(&l.fetch_sessions_refused),
+    )?;
     partitions(out, broker)?;
     out.counter(
         "strata_isr_shrinks_total",

@@ -1259,3 +1259,119 @@ async fn a_refused_batch_names_the_record_that_made_it_invalid() {
     assert!(p.record_errors[0].batch_index_error_message.is_some());
     assert!(p.error_message.is_some());
 }
+
+/// KIP-227 through the listener: a full request opens a session, incremental ones carry only
+/// what changed and hear only of partitions that changed; forgotten partitions stay out,
+/// wrong epochs and unknown ids are refused, and epoch -1 closes the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_sessions_answer_only_what_changed() {
+    use kafka_protocol::messages::fetch_request::ForgottenTopic;
+    let b = start().await;
+    with_topic(&b, "fs", 3).await;
+    let mut conn = Connection::connect(&b.addr).await.unwrap();
+    produce(&mut conn, "fs", 0, records(2, 0, ProducerIds::NONE), -1)
+        .await
+        .unwrap();
+    let part = |p: i32, offset: i64| {
+        FetchPartition::default()
+            .with_partition(p)
+            .with_fetch_offset(offset)
+            .with_partition_max_bytes(1 << 20)
+    };
+    let req = |id: i32, epoch: i32, parts: Vec<FetchPartition>| {
+        FetchRequest::default()
+            .with_max_wait_ms(50)
+            .with_max_bytes(1 << 20)
+            .with_session_id(id)
+            .with_session_epoch(epoch)
+            .with_topics(if parts.is_empty() {
+                vec![]
+            } else {
+                vec![FetchTopic::default()
+                    .with_topic(TopicName(s("fs")))
+                    .with_partitions(parts)]
+            })
+    };
+    // (partition, high watermark, bytes of records) of every partition answered
+    let answered = |r: &kafka_protocol::messages::FetchResponse| -> Vec<(i32, i64, usize)> {
+        r.responses
+            .iter()
+            .flat_map(|t| t.partitions.iter())
+            .map(|p| {
+                (
+                    p.partition_index,
+                    p.high_watermark,
+                    p.records.as_ref().map_or(0, |r| r.len()),
+                )
+            })
+            .collect()
+    };
+
+    // full, opening a session: all three answered, partition 0 with its records
+    let full = conn
+        .send(&req(0, 0, vec![part(0, 0), part(1, 0), part(2, 0)]), 12)
+        .await
+        .unwrap();
+    let id = full.session_id;
+    assert_ne!(id, 0, "no session opened");
+    let got = answered(&full);
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(got[0].2 > 0 && got[1].2 == 0, "{got:?}");
+
+    // incremental, partition 0 at its new offset: nothing changed, nothing answered
+    let r = conn.send(&req(id, 1, vec![part(0, 2)]), 12).await.unwrap();
+    assert_eq!((r.error_code, r.session_id), (0, id));
+    assert_eq!(answered(&r), vec![]);
+
+    // records on partition 1: only it is answered, though nothing asked for it again
+    produce(&mut conn, "fs", 1, records(3, 0, ProducerIds::NONE), -1)
+        .await
+        .unwrap();
+    let r = conn.send(&req(id, 2, vec![]), 12).await.unwrap();
+    let got = answered(&r);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!((got[0].0, got[0].1), (1, 3));
+    assert!(got[0].2 > 0);
+
+    // an epoch that is not the next one, an unknown id: refused, the session still there
+    let r = conn.send(&req(id, 2, vec![]), 12).await.unwrap();
+    assert_eq!(r.error_code, 71, "INVALID_FETCH_SESSION_EPOCH");
+    let r = conn.send(&req(id ^ 1, 3, vec![]), 12).await.unwrap();
+    assert_eq!(r.error_code, 70, "FETCH_SESSION_ID_NOT_FOUND");
+
+    // partition 2 forgotten: its new records are not answered, partition 1's offset moves on
+    let forget =
+        req(id, 3, vec![part(1, 3)]).with_forgotten_topics_data(vec![ForgottenTopic::default()
+            .with_topic(TopicName(s("fs")))
+            .with_partitions(vec![2])]);
+    let r = conn.send(&forget, 12).await.unwrap();
+    assert_eq!(answered(&r), vec![]);
+    produce(&mut conn, "fs", 2, records(1, 0, ProducerIds::NONE), -1)
+        .await
+        .unwrap();
+    produce(&mut conn, "fs", 0, records(1, 0, ProducerIds::NONE), -1)
+        .await
+        .unwrap();
+    let r = conn.send(&req(id, 4, vec![]), 12).await.unwrap();
+    let got = answered(&r);
+    assert_eq!(
+        got.iter().map(|p| p.0).collect::<Vec<_>>(),
+        vec![0],
+        "{got:?}"
+    );
+    assert_eq!(got[0].1, 3);
+
+    // epoch -1 closes it: a sessionless full answer; the id is gone afterwards
+    let r = conn
+        .send(&req(id, -1, vec![part(0, 0), part(1, 0)]), 12)
+        .await
+        .unwrap();
+    assert_eq!((r.error_code, r.session_id), (0, 0));
+    assert_eq!(answered(&r).len(), 2);
+    let r = conn.send(&req(id, 5, vec![]), 12).await.unwrap();
+    assert_eq!(r.error_code, 70);
+
+    // before v7 there are no sessions, whatever the fields say
+    let r = conn.send(&req(0, 0, vec![part(0, 0)]), 6).await.unwrap();
+    assert_eq!((r.error_code, r.session_id), (0, 0));
+}

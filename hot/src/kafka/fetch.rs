@@ -24,6 +24,7 @@ use kafka_protocol::messages::{
 };
 use tokio::sync::watch;
 
+use super::fetch_session::{self, Plan, Wanted};
 use super::{codes, Request};
 use crate::broker::{Partition, Progress, Route};
 
@@ -60,14 +61,11 @@ pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
     use std::sync::atomic::Ordering::Relaxed;
     let started = std::time::Instant::now();
     let broker = ctx.broker().clone();
-    // A consumer over its consumer_byte_rate is answered at once with its throttle time and
-    // no data, as Kafka does, and its connection is not read from until the time is over.
-    let owed = ctx.throttle_owed(QuotaKey::ConsumerByteRate);
-    if owed > 0 {
-        return FetchResponse::default().with_throttle_time_ms(owed);
-    }
     let quota_ctx = ctx.clone();
     let resp = handle_inner(ctx, req).await;
+    if resp.throttle_time_ms > 0 {
+        return resp;
+    }
     let mut bytes = 0;
     for t in &resp.responses {
         for p in &t.partitions {
@@ -88,44 +86,127 @@ pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
 }
 
 async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
-    let broker = ctx.broker();
     // A partition named twice is read and answered once (its first mention), as Kafka's
     // fetch session keeps one entry per partition: repeats must not multiply the response.
     let mut seen = std::collections::HashSet::new();
-    let topics: Arc<Vec<(TopicName, Vec<Target>)>> = Arc::new(
-        req.topics
+    let asked: Vec<Wanted> = req
+        .topics
+        .into_iter()
+        .flat_map(|t| {
+            let topic = t.topic;
+            t.partitions.into_iter().map(move |p| Wanted {
+                topic: topic.clone(),
+                partition: p.partition,
+                fetch_offset: p.fetch_offset,
+                max_bytes: p.partition_max_bytes,
+                current_leader_epoch: p.current_leader_epoch,
+            })
+        })
+        .filter(|w| seen.insert((w.topic.clone(), w.partition)))
+        .collect();
+    let plan = if ctx.version >= 7 {
+        let forgotten = req
+            .forgotten_topics_data
             .into_iter()
-            .filter_map(|mut t| {
-                t.partitions
-                    .retain(|p| seen.insert((t.topic.0.clone(), p.partition)));
-                (!t.partitions.is_empty()).then_some(t)
+            .flat_map(|t| {
+                let topic = t.topic;
+                t.partitions.into_iter().map(move |p| (topic.clone(), p))
             })
-            .map(|t| {
-                let name = t.topic.0.to_string();
-                let may_read = ctx.may_topic(Operation::Read, &name);
-                let remote = broker.cold().and_then(|cold| {
-                    let topic = broker.topic(&name)?;
-                    Some((cold.clone(), topic.spec.id))
-                });
-                let targets = t
-                    .partitions
-                    .into_iter()
-                    .map(|p| Target {
-                        index: p.partition,
-                        offset: p.fetch_offset,
-                        max_bytes: p.partition_max_bytes.max(0) as usize,
-                        partition: if may_read {
-                            lookup_partition(broker, &name, p.partition, p.current_leader_epoch)
-                        } else {
-                            Err(codes::TOPIC_AUTHORIZATION_FAILED)
-                        },
-                        remote: remote.clone(),
-                    })
-                    .collect();
-                (t.topic, targets)
-            })
-            .collect(),
-    );
+            .collect();
+        ctx.fetch_sessions().plan(
+            ctx.principal(),
+            req.session_id,
+            req.session_epoch,
+            asked,
+            forgotten,
+        )
+    } else {
+        Plan::Sessionless(asked)
+    };
+    if let Plan::Refused(code) = plan {
+        return FetchResponse::default().with_error_code(code);
+    }
+    // A consumer over its consumer_byte_rate is answered at once with its throttle time and
+    // no data, as Kafka does, and its connection is not read from until the time is over.
+    // An incremental session goes on (its epoch has moved, as the client expects).
+    let owed = ctx.throttle_owed(QuotaKey::ConsumerByteRate);
+    if owed > 0 {
+        let id = match plan {
+            Plan::Incremental { id, .. } => id,
+            _ => fetch_session::INVALID_SESSION_ID,
+        };
+        return FetchResponse::default()
+            .with_session_id(id)
+            .with_throttle_time_ms(owed);
+    }
+    let limits = ctx.listener();
+    let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(limits.fetch_max_wait);
+    // The broker's fetch.max.bytes caps what a request may ask; zero or less asks for
+    // nothing beyond the first batch KIP-74 always allows.
+    let max_bytes = (req.max_bytes.max(0) as usize).min(limits.fetch_max_bytes);
+    let min_bytes = req.min_bytes.max(0) as usize;
+    let topics = targets(&ctx, plan.partitions());
+    let Some(responses) = long_poll(topics, wait, max_bytes, min_bytes).await else {
+        return FetchResponse::default().with_error_code(-1);
+    };
+    let sessions = ctx.fetch_sessions();
+    match plan {
+        Plan::Sessionless(_) | Plan::Refused(_) => {
+            FetchResponse::default().with_responses(responses)
+        }
+        Plan::Full(asked) => {
+            let id = sessions.open(ctx.principal(), &asked, &responses);
+            FetchResponse::default()
+                .with_session_id(id)
+                .with_responses(responses)
+        }
+        Plan::Incremental { id, .. } => FetchResponse::default()
+            .with_session_id(id)
+            .with_responses(sessions.changed(id, responses)),
+    }
+}
+
+/// What to read for `wanted`, grouped by topic (consecutive partitions of one topic share
+/// an entry, as a response lists them): the local leader replica, or the error to answer.
+fn targets(ctx: &Request, wanted: &[Wanted]) -> Arc<Vec<(TopicName, Vec<Target>)>> {
+    let broker = ctx.broker();
+    let mut topics: Vec<(TopicName, Vec<Target>)> = Vec::new();
+    let mut access = None;
+    for w in wanted {
+        if topics.last().is_none_or(|(t, _)| *t != w.topic) {
+            let name = w.topic.0.to_string();
+            let may_read = ctx.may_topic(Operation::Read, &name);
+            let remote = broker.cold().and_then(|cold| {
+                let topic = broker.topic(&name)?;
+                Some((cold.clone(), topic.spec.id))
+            });
+            access = Some((name, may_read, remote));
+            topics.push((w.topic.clone(), Vec::new()));
+        }
+        let (name, may_read, remote) = access.as_ref().expect("set with the topic");
+        topics.last_mut().expect("just pushed").1.push(Target {
+            index: w.partition,
+            offset: w.fetch_offset,
+            max_bytes: w.max_bytes.max(0) as usize,
+            partition: if *may_read {
+                lookup_partition(broker, name, w.partition, w.current_leader_epoch)
+            } else {
+                Err(codes::TOPIC_AUTHORIZATION_FAILED)
+            },
+            remote: remote.clone(),
+        });
+    }
+    Arc::new(topics)
+}
+
+/// Reads `topics` until they hold `min_bytes`, one of them answers an error, or `wait` has
+/// passed, waking whenever one of their high watermarks moves. `None` if a read failed.
+async fn long_poll(
+    topics: Arc<Vec<(TopicName, Vec<Target>)>>,
+    wait: Duration,
+    max_bytes: usize,
+    min_bytes: usize,
+) -> Option<Vec<FetchableTopicResponse>> {
     let mut watchers: Vec<watch::Receiver<Progress>> = topics
         .iter()
         .flat_map(|(_, ts)| {
@@ -133,13 +214,7 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
                 .filter_map(|t| t.partition.as_ref().ok().map(|p| p.subscribe()))
         })
         .collect();
-    let limits = ctx.listener();
-    let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(limits.fetch_max_wait);
     let deadline = tokio::time::Instant::now() + wait;
-    // The broker's fetch.max.bytes caps what a request may ask; zero or less asks for
-    // nothing beyond the first batch KIP-74 always allows.
-    let max_bytes = (req.max_bytes.max(0) as usize).min(limits.fetch_max_bytes);
-    let min_bytes = req.min_bytes.max(0) as usize;
     loop {
         for w in &mut watchers {
             w.borrow_and_update();
@@ -150,7 +225,7 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "fetch read task failed");
-                return FetchResponse::default().with_error_code(-1);
+                return None;
             }
         };
         if total >= min_bytes
@@ -158,15 +233,15 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
             || tokio::time::Instant::now() >= deadline
             || watchers.is_empty()
         {
-            return FetchResponse::default().with_responses(responses);
+            return Some(responses);
         }
         let changed = any_changed(&mut watchers);
         if tokio::time::timeout_at(deadline, changed).await.is_err() {
             // Deadline: answer with what there is (usually nothing) without another wait.
             let snapshot = topics.clone();
             return match tokio::task::spawn_blocking(move || read_all(&snapshot, max_bytes)).await {
-                Ok((responses, _, _)) => FetchResponse::default().with_responses(responses),
-                Err(_) => FetchResponse::default().with_error_code(-1),
+                Ok((responses, _, _)) => Some(responses),
+                Err(_) => None,
             };
         }
     }

@@ -49,6 +49,13 @@ pub struct ListenerStats {
     /// Open file descriptors of the process at the last count, and its limit.
     pub open_fds: AtomicU64,
     pub fd_limit: AtomicU64,
+    /// Fetch sessions open, the partitions they hold, and sessions evicted or refused.
+    pub fetch_sessions: AtomicU64,
+    pub fetch_session_partitions: AtomicU64,
+    pub fetch_sessions_evicted: AtomicU64,
+    pub fetch_sessions_refused: AtomicU64,
+    /// Incremental fetch requests served.
+    pub fetch_incremental: AtomicU64,
 }
 
 /// The limits, shared by every listener of a broker.
@@ -62,6 +69,8 @@ pub struct Limits {
     stats: Arc<ListenerStats>,
     /// Connections the file descriptors leave room for (see the module doc).
     fd_room: std::sync::atomic::AtomicUsize,
+    /// The broker's fetch sessions (KIP-227).
+    fetch_sessions: super::fetch_session::Cache,
 }
 
 #[derive(Default)]
@@ -100,6 +109,10 @@ pub struct LimitsConfig {
     pub max_connections_per_ip: usize,
     pub max_connections_per_ip_overrides: HashMap<IpAddr, usize>,
     pub queued_max_request_bytes: usize,
+    /// Fetch sessions the broker keeps (`max.incremental.fetch.session.cache.slots`) and
+    /// the partitions they may hold between them.
+    pub fetch_session_cache_slots: usize,
+    pub fetch_session_cache_partitions: usize,
 }
 
 /// A connection's place under the limits; dropping it frees the place.
@@ -127,9 +140,19 @@ impl Limits {
             memory: Arc::new(Semaphore::new(
                 config.queued_max_request_bytes.min(Semaphore::MAX_PERMITS),
             )),
+            fetch_sessions: super::fetch_session::Cache::new(
+                config.fetch_session_cache_slots,
+                config.fetch_session_cache_partitions,
+                stats.clone(),
+            ),
             stats,
             fd_room: std::sync::atomic::AtomicUsize::new(usize::MAX),
         })
+    }
+
+    /// The broker's fetch sessions, shared by its listeners.
+    pub fn fetch_sessions(&self) -> &super::fetch_session::Cache {
+        &self.fetch_sessions
     }
 
     /// How many connections may be open now: `max.connections`, or fewer when the file
@@ -362,6 +385,8 @@ mod tests {
                 max_connections_per_ip: per_ip,
                 max_connections_per_ip_overrides: HashMap::from([("10.0.0.9".parse().unwrap(), 5)]),
                 queued_max_request_bytes: memory,
+                fetch_session_cache_slots: 10,
+                fetch_session_cache_partitions: 100,
             },
             Arc::default(),
         )

@@ -14,6 +14,7 @@ pub(crate) mod codes;
 mod configs;
 mod elections;
 mod fetch;
+pub mod fetch_session;
 mod group;
 pub mod limits;
 mod log_dirs;
@@ -1054,6 +1055,15 @@ impl Request {
 
     pub fn listener(&self) -> &ListenerConfig {
         &self.server.config
+    }
+
+    /// The broker's fetch sessions (KIP-227).
+    pub fn fetch_sessions(&self) -> &fetch_session::Cache {
+        self.server.limits.fetch_sessions()
+    }
+
+    pub fn principal(&self) -> &str {
+        &self.principal
     }
 
     /// Who this request is, as client quotas name it.
