@@ -232,3 +232,37 @@ def test_kafka_python_consumes_through_an_incremental_fetch_session(broker):
     assert seen == acked
     assert metrics["strata_kafka_fetch_sessions"] >= 1, "no fetch session was open"
     assert metrics["strata_kafka_fetch_incremental_total"] >= 6, metrics["strata_kafka_fetch_incremental_total"]
+
+
+def test_kafka_python_describes_the_producers_a_partition_remembers(broker):
+    """DescribeProducers (KIP-664) through kafka-python's admin client: the idempotent
+    producer that wrote to a partition is listed with its epoch and last sequence; a partition
+    nobody wrote to lists none, and an unknown partition is an error."""
+    from kafka.admin import KafkaAdminClient
+
+    topic = "kpy-producers"
+    broker.create_topic(topic, 2)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", enable_idempotence=True)
+    try:
+        for i in range(7):
+            producer.send(topic, value=f"v{i}".encode(), partition=0).get(timeout=10)
+        pid = producer._transaction_manager.producer_id_and_epoch.producer_id
+    finally:
+        producer.close(timeout=5)
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        states = admin.describe_producers([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+        active = states[TopicPartition(topic, 0)].active_producers
+        assert [p.producer_id for p in active] == [pid], active
+        assert active[0].producer_epoch == 0
+        assert active[0].last_sequence == 6, active[0]
+        assert active[0].last_timestamp > 0
+        assert states[TopicPartition(topic, 1)].active_producers == []
+        try:
+            admin.describe_producers([TopicPartition(topic, 5)], broker_id=1)
+        except Exception as e:  # noqa: BLE001 - kafka-python raises the broker's error
+            assert "UnknownTopicOrPartition" in type(e).__name__, repr(e)
+        else:
+            raise AssertionError("an unknown partition was described")
+    finally:
+        admin.close()

@@ -512,6 +512,22 @@ async fn every_served_api_answers_at_every_served_version() {
                         // ELECTION_NOT_NEEDED (84), UNKNOWN_TOPIC_OR_PARTITION (3)
                         assert_eq!(codes, vec![84, 3], "v{v}");
                     }),
+                // tests/test_kafka_python.py checks the producers an idempotent client left.
+                DescribeProducers => conn
+                    .send(
+                        &kafka_protocol::messages::DescribeProducersRequest::default().with_topics(vec![
+                            kafka_protocol::messages::describe_producers_request::TopicRequest::default()
+                                .with_name(topic())
+                                .with_partition_indexes(vec![0, 7]),
+                        ]),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        let codes: Vec<i16> =
+                            r.topics[0].partitions.iter().map(|p| p.error_code).collect();
+                        assert_eq!(codes, vec![0, 3], "v{v}");
+                    }),
                 other => panic!("no sweep case for {other:?}"),
             };
             result.unwrap_or_else(|e| panic!("{key:?} v{v}: {e}"));

@@ -19,6 +19,7 @@ mod group;
 pub mod limits;
 mod log_dirs;
 mod produce;
+mod producers;
 pub mod quota;
 mod records;
 pub mod sasl;
@@ -35,10 +36,10 @@ use kafka_protocol::messages::{
     CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest,
     DeleteGroupsRequest, DeleteRecordsRequest, DeleteTopicsRequest, DescribeAclsRequest,
     DescribeClientQuotasRequest, DescribeClusterRequest, DescribeConfigsRequest,
-    DescribeGroupsRequest, DescribeLogDirsRequest, DescribeUserScramCredentialsRequest,
-    ElectLeadersRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
-    IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
-    ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+    DescribeGroupsRequest, DescribeLogDirsRequest, DescribeProducersRequest,
+    DescribeUserScramCredentialsRequest, ElectLeadersRequest, FetchRequest, FindCoordinatorRequest,
+    HeartbeatRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest,
+    LeaveGroupRequest, ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
     OffsetDeleteRequest, OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest,
     RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslAuthenticateResponse,
     SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest,
@@ -80,6 +81,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetDelete, 0, 0),
     (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::DescribeLogDirs, 1, 4),
+    (ApiKey::DescribeProducers, 0, 0),
     (ApiKey::ElectLeaders, 0, 2),
     (ApiKey::DescribeCluster, 0, 1),
     (ApiKey::SaslHandshake, 0, 1),
@@ -716,6 +718,9 @@ impl KafkaServer {
             Body::OffsetDelete(req) => ctx.later(group::offset_delete(ctx.clone(), req)),
             Body::DeleteRecords(req) => ctx.later(records::delete_records(ctx.clone(), req)),
             Body::DescribeLogDirs(req) => ctx.respond_now(&log_dirs::describe_log_dirs(&ctx, req)),
+            Body::DescribeProducers(req) => {
+                ctx.respond_now(&producers::describe_producers(&ctx, req))
+            }
             Body::ElectLeaders(req) => ctx.later(elections::elect_leaders(ctx.clone(), req)),
             Body::DescribeCluster(req) => ctx.respond_now(&admin::describe_cluster(&ctx, req)),
             Body::DescribeAcls(req) => ctx.respond_now(&acls::describe_acls(&ctx, req)),
@@ -817,6 +822,7 @@ pub enum Body {
     OffsetDelete(OffsetDeleteRequest),
     DeleteRecords(DeleteRecordsRequest),
     DescribeLogDirs(DescribeLogDirsRequest),
+    DescribeProducers(DescribeProducersRequest),
     ElectLeaders(ElectLeadersRequest),
     DescribeCluster(DescribeClusterRequest),
     SaslHandshake(SaslHandshakeRequest),
@@ -909,6 +915,7 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::OffsetDelete => Body::OffsetDelete(decode_body(&mut frame, version)?),
         ApiKey::DeleteRecords => Body::DeleteRecords(decode_body(&mut frame, version)?),
         ApiKey::DescribeLogDirs => Body::DescribeLogDirs(decode_body(&mut frame, version)?),
+        ApiKey::DescribeProducers => Body::DescribeProducers(decode_body(&mut frame, version)?),
         ApiKey::ElectLeaders => Body::ElectLeaders(decode_body(&mut frame, version)?),
         ApiKey::DescribeCluster => Body::DescribeCluster(decode_body(&mut frame, version)?),
         ApiKey::SaslHandshake => Body::SaslHandshake(decode_body(&mut frame, version)?),

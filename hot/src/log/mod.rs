@@ -688,6 +688,11 @@ impl PartitionLog {
         Ok(())
     }
 
+    /// The idempotent producers this partition remembers (DescribeProducers).
+    pub fn active_producers(&self) -> Vec<producer_state::ActiveProducer> {
+        self.producers.active()
+    }
+
     /// Forgets the producer ids silent for `after_ms` (KIP-854); the next snapshot leaves
     /// them out. Returns how many went and how many are left.
     pub fn expire_producers(&mut self, now_ms: i64, after_ms: i64) -> (usize, usize) {

@@ -37,6 +37,17 @@ struct ProducerEntry {
     last_ms: i64,
 }
 
+/// A producer as DescribeProducers shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActiveProducer {
+    pub producer_id: i64,
+    pub epoch: i16,
+    pub last_sequence: i32,
+    pub last_offset: u64,
+    /// Broker time (ms) of its last batch here.
+    pub last_ms: i64,
+}
+
 /// What to do with an incoming batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SequenceCheck {
@@ -135,6 +146,27 @@ impl ProducerStateTable {
 
     pub fn len(&self) -> usize {
         self.producers.len()
+    }
+
+    /// The producers this partition remembers, by id: their epoch, the last sequence and
+    /// offset written, and the broker time of their last batch (DescribeProducers).
+    pub fn active(&self) -> Vec<ActiveProducer> {
+        let mut out: Vec<ActiveProducer> = self
+            .producers
+            .iter()
+            .filter_map(|(id, e)| {
+                let last = e.batches.back()?;
+                Some(ActiveProducer {
+                    producer_id: *id,
+                    epoch: e.epoch,
+                    last_sequence: last.last_seq,
+                    last_offset: last.last_offset,
+                    last_ms: e.last_ms,
+                })
+            })
+            .collect();
+        out.sort_unstable_by_key(|p| p.producer_id);
+        out
     }
 
     /// Forgets the producers with no batch for `after_ms` or more by `now_ms`; returns how
@@ -287,6 +319,29 @@ mod tests {
                 got: 6
             }
         );
+    }
+
+    #[test]
+    fn active_producers_show_their_last_batch_and_newest_epoch() {
+        let mut t = ProducerStateTable::default();
+        t.record(&header(9, 0, 0, 3, 0), 100);
+        t.record(&header(4, 2, 0, 1, 3), 200);
+        t.record(&header(9, 0, 3, 2, 4), 300);
+        t.record(&header(4, 3, 0, 5, 6), 400);
+        let got: Vec<_> = t
+            .active()
+            .iter()
+            .map(|p| {
+                (
+                    p.producer_id,
+                    p.epoch,
+                    p.last_sequence,
+                    p.last_offset,
+                    p.last_ms,
+                )
+            })
+            .collect();
+        assert_eq!(got, vec![(4, 3, 4, 10, 400), (9, 0, 4, 5, 300)]);
     }
 
     #[test]
