@@ -147,6 +147,20 @@ impl ControllerAdmin {
             .results)
     }
 
+    /// Kafka's AlterPartitionReassignments: each move's result.
+    pub async fn reassign_partitions(
+        &mut self,
+        moves: Vec<strata_proto::v1::PartitionMove>,
+    ) -> Result<Vec<strata_proto::v1::ReassignPartitionResult>> {
+        Ok(self
+            .client
+            .reassign_partitions(strata_proto::v1::ReassignPartitionsRequest { moves })
+            .await
+            .map_err(ClientError::from)?
+            .into_inner()
+            .results)
+    }
+
     pub async fn delete_topic(&mut self, name: &str) -> Result<()> {
         self.client
             .delete_topic(DeleteTopicRequest {

@@ -183,7 +183,19 @@ fn status(e: &MetadataError) -> Status {
         | MetadataError::NotLeader { .. }
         | MetadataError::ElectionNotNeeded { .. }
         | MetadataError::PreferredLeaderNotAvailable { .. }
-        | MetadataError::EligibleLeadersNotAvailable { .. } => Status::failed_precondition(msg),
+        | MetadataError::EligibleLeadersNotAvailable { .. }
+        | MetadataError::NoReassignmentInProgress { .. } => Status::failed_precondition(msg),
+    }
+}
+
+/// Kafka's error code for a refused reassignment.
+fn reassignment_error_code(e: &MetadataError) -> i32 {
+    match e {
+        MetadataError::UnknownTopic(_) | MetadataError::UnknownPartition { .. } => 3,
+        MetadataError::InvalidReplicaAssignment(_) => 39,
+        MetadataError::NoReassignmentInProgress { .. } => 85,
+        MetadataError::InvalidRequest(_) => 42,
+        _ => -1,
     }
 }
 
@@ -1049,6 +1061,50 @@ impl ControllerApi for ControllerService {
             });
         }
         Ok(Response::new(ElectLeadersResponse {
+            results,
+            version: self.0.state.current().version,
+        }))
+    }
+
+    async fn reassign_partitions(
+        &self,
+        req: Request<ReassignPartitionsRequest>,
+    ) -> Result<Response<ReassignPartitionsResponse>, Status> {
+        self.admit(&req, Caller::Admin)?;
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.reassign_partitions(req.into_inner()).await;
+        }
+        let r = req.into_inner();
+        if r.moves.len() > MAX_ELECTIONS {
+            return Err(Status::invalid_argument(format!(
+                "{} partitions in one reassignment; at most {MAX_ELECTIONS}",
+                r.moves.len()
+            )));
+        }
+        let mut results = Vec::with_capacity(r.moves.len());
+        for m in r.moves {
+            let target = (!m.cancel).then_some(m.replicas);
+            let cmd = Command::ReassignPartition {
+                topic: m.topic.clone(),
+                partition: m.partition,
+                target: target.clone(),
+                throttle: (m.throttle_bytes_per_second > 0).then_some(m.throttle_bytes_per_second),
+            };
+            let (error_code, message) = match self.0.propose_or_refusal(cmd).await? {
+                Ok(_) => {
+                    tracing::info!(topic = %m.topic, partition = m.partition, ?target, "partition reassignment changed");
+                    (0, String::new())
+                }
+                Err(e) => (reassignment_error_code(&e), e.to_string()),
+            };
+            results.push(ReassignPartitionResult {
+                topic: m.topic,
+                partition: m.partition,
+                error_code,
+                message,
+            });
+        }
+        Ok(Response::new(ReassignPartitionsResponse {
             results,
             version: self.0.state.current().version,
         }))

@@ -41,6 +41,28 @@ pub enum TopicCommand {
         #[arg(long)]
         unclean: bool,
     },
+    /// Move partitions to other brokers (Kafka's kafka-reassign-partitions.sh): the new
+    /// replicas copy from the leader, join the ISR once caught up, and then the old ones
+    /// leave and delete their copies. Needs --controller.
+    Reassign {
+        topic: String,
+        /// The partitions to move (repeatable); none: every partition of the topic.
+        #[arg(long = "partition")]
+        partitions: Vec<u32>,
+        /// The target replicas by broker id, the first preferred to lead, e.g. 2,3.
+        #[arg(long, value_delimiter = ',', required_unless_present = "cancel")]
+        replicas: Vec<i32>,
+        /// Cancel the moves in progress: back to the replicas they had before.
+        #[arg(long, conflicts_with = "replicas")]
+        cancel: bool,
+        /// Bytes per second each new replica may copy at (e.g. 10485760); default:
+        /// unthrottled.
+        #[arg(long)]
+        throttle: Option<u64>,
+        /// Wait until the moves are done, with a progress bar.
+        #[arg(long)]
+        wait: bool,
+    },
 }
 
 fn parse_configs(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
@@ -126,6 +148,9 @@ pub async fn topic(bootstrap: &str, command: TopicCommand) -> anyhow::Result<()>
         }
         TopicCommand::ElectLeaders { .. } => {
             bail!("elect-leaders is decided by the controllers: give --controller HOST:PORT")
+        }
+        TopicCommand::Reassign { .. } => {
+            bail!("reassign is decided by the controllers: give --controller HOST:PORT")
         }
     }
     Ok(())
@@ -807,6 +832,58 @@ pub async fn topic_via_controller(controller: &str, command: TopicCommand) -> an
                 );
             }
         }
+        TopicCommand::Reassign {
+            topic,
+            partitions,
+            replicas,
+            cancel,
+            throttle,
+            wait,
+        } => {
+            let metadata = metadata_json(&mut admin).await?;
+            let partitions = if partitions.is_empty() {
+                let count = metadata["topics"][&topic]["partitions"]
+                    .as_array()
+                    .with_context(|| format!("topic '{topic}' does not exist"))?
+                    .len() as u32;
+                (0..count).collect()
+            } else {
+                partitions
+            };
+            let moves = partitions
+                .iter()
+                .map(|p| strata_proto::v1::PartitionMove {
+                    topic: topic.clone(),
+                    partition: *p,
+                    replicas: replicas.clone(),
+                    cancel,
+                    throttle_bytes_per_second: throttle.unwrap_or(0),
+                })
+                .collect();
+            let results = admin
+                .reassign_partitions(moves)
+                .await
+                .context("reassigning partitions")?;
+            let mut failed = 0;
+            for r in &results {
+                if r.error_code == 0 {
+                    let what = if cancel { "cancelled" } else { "moving" };
+                    println!("{}-{}\t{what}", r.topic, r.partition);
+                } else {
+                    failed += 1;
+                    println!("{}-{}\trefused: {}", r.topic, r.partition, r.message);
+                }
+            }
+            if failed > 0 {
+                bail!(
+                    "{failed} of {} partitions could not be reassigned",
+                    results.len()
+                );
+            }
+            if wait {
+                wait_for_moves(&mut admin, &topic, &partitions).await?;
+            }
+        }
         TopicCommand::List | TopicCommand::Describe { .. } => {
             let snapshot = admin
                 .metadata_snapshot()
@@ -839,6 +916,63 @@ pub async fn topic_via_controller(controller: &str, command: TopicCommand) -> an
         }
     }
     Ok(())
+}
+
+/// The controller's metadata as JSON.
+async fn metadata_json(admin: &mut ControllerAdmin) -> anyhow::Result<serde_json::Value> {
+    let snapshot = admin
+        .metadata_snapshot()
+        .await
+        .context("reading the cluster metadata")?;
+    serde_json::from_slice(&snapshot.metadata_json).context("decoding the cluster metadata")
+}
+
+/// Polls the metadata until none of `partitions` of `topic` is moving, with a bar of the
+/// partitions done and the ones still copying.
+async fn wait_for_moves(
+    admin: &mut ControllerAdmin,
+    topic: &str,
+    partitions: &[u32],
+) -> anyhow::Result<()> {
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(partitions.len() as u64),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "moving {bar:30} {pos}/{len} partitions, {elapsed} {msg}",
+        )
+        .expect("a valid template"),
+    );
+    loop {
+        let metadata = metadata_json(admin).await?;
+        let parts = metadata["topics"][topic]["partitions"]
+            .as_array()
+            .with_context(|| format!("topic '{topic}' was deleted while it moved"))?;
+        let moving: Vec<String> = partitions
+            .iter()
+            .filter_map(|p| {
+                let r = &parts.get(*p as usize)?["reassignment"];
+                (!r.is_null()).then(|| {
+                    format!(
+                        "{topic}-{p} copying to {} (ISR {})",
+                        r["target"], parts[*p as usize]["isr"]
+                    )
+                })
+            })
+            .collect();
+        bar.set_position((partitions.len() - moving.len()) as u64);
+        if moving.is_empty() {
+            bar.finish_with_message("done");
+            println!(
+                "all {} partitions are on their new replicas",
+                partitions.len()
+            );
+            return Ok(());
+        }
+        bar.set_message(moving.first().cloned().unwrap_or_default());
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
 }
 
 /// `strata produce`: lines from stdin to a topic through the gRPC data plane.

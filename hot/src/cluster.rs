@@ -183,6 +183,11 @@ impl ClusterLink {
         *self.epoch.borrow()
     }
 
+    /// Changes of this broker's registration epoch.
+    pub fn watch_epoch(&self) -> watch::Receiver<Option<u64>> {
+        self.epoch.subscribe()
+    }
+
     /// Whether this broker may act as a leader now: its lease, renewed by heartbeats, has
     /// not run out by its own clock, and after an unfencing it has seen the metadata that
     /// says which leaderships it lost.
@@ -524,6 +529,31 @@ impl ClusterLink {
             .call(|mut c| {
                 let req = req.clone();
                 async move { c.elect_leaders(req).await }
+            })
+            .await?;
+        let results = resp
+            .results
+            .into_iter()
+            .map(|r| {
+                let code = i16::try_from(r.error_code).unwrap_or(-1);
+                (r.topic, r.partition, code, r.message)
+            })
+            .collect();
+        Ok((results, resp.version))
+    }
+
+    /// Kafka's AlterPartitionReassignments through the controllers. Returns each move's
+    /// (topic, partition, Kafka error code, message) and a metadata version that includes
+    /// the changes.
+    pub async fn reassign_partitions(
+        &self,
+        moves: Vec<strata_proto::v1::PartitionMove>,
+    ) -> Result<(Vec<(String, u32, i16, String)>, u64), tonic::Status> {
+        let req = strata_proto::v1::ReassignPartitionsRequest { moves };
+        let resp = self
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.reassign_partitions(req).await }
             })
             .await?;
         let results = resp

@@ -512,6 +512,44 @@ async fn every_served_api_answers_at_every_served_version() {
                         // ELECTION_NOT_NEEDED (84), UNKNOWN_TOPIC_OR_PARTITION (3)
                         assert_eq!(codes, vec![84, 3], "v{v}");
                     }),
+                        // A single broker (id 0 here) has nowhere to move a partition: to itself is
+                // nothing to do. tests/test_reassignment.py moves partitions on a 3 + 3
+                // cluster.
+                AlterPartitionReassignments => conn
+                    .send(
+                        &kafka_protocol::messages::AlterPartitionReassignmentsRequest::default()
+                            .with_timeout_ms(5_000)
+                            .with_allow_replication_factor_change(true)
+                            .with_topics(vec![
+                                kafka_protocol::messages::alter_partition_reassignments_request::ReassignableTopic::default()
+                                    .with_name(topic())
+                                    .with_partitions(vec![
+                                        kafka_protocol::messages::alter_partition_reassignments_request::ReassignablePartition::default()
+                                            .with_partition_index(0)
+                                            .with_replicas(Some(vec![0.into()])),
+                                        kafka_protocol::messages::alter_partition_reassignments_request::ReassignablePartition::default()
+                                            .with_partition_index(7)
+                                            .with_replicas(Some(vec![2.into()])),
+                                    ]),
+                            ]),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!(r.error_code, 0, "v{v}");
+                        let codes: Vec<i16> =
+                            r.responses[0].partitions.iter().map(|p| p.error_code).collect();
+                        // (UNKNOWN_TOPIC_OR_PARTITION: the sweep topic has one partition)
+                        assert_eq!(codes, vec![0, 3], "v{v}");
+                    }),
+                ListPartitionReassignments => conn
+                    .send(
+                        &kafka_protocol::messages::ListPartitionReassignmentsRequest::default()
+                            .with_timeout_ms(5_000),
+                        v,
+                    )
+                    .await
+                    .map(|r| assert_eq!((r.error_code, r.topics.len()), (0, 0), "v{v}")),
                 // tests/test_kafka_python.py checks the producers an idempotent client left.
                 DescribeProducers => conn
                     .send(

@@ -55,6 +55,45 @@ pub struct PartitionRecord {
     pub leader_epoch: i32,
     /// Bumped at every change of this record (leader or ISR): the CAS token for ISR changes.
     pub partition_epoch: i32,
+    /// A move to other replicas in progress (Kafka's AlterPartitionReassignments). While it
+    /// lasts, `replicas` is the target followed by the original replicas leaving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reassignment: Option<Reassignment>,
+}
+
+/// A partition moving to new replicas. The new ones follow the leader and join the ISR as
+/// they catch up; once every target replica is in the ISR the move completes: `replicas`
+/// becomes the target, the leaving replicas drop out (and delete their copies), and a
+/// leader not in the target hands over to one that is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reassignment {
+    /// The replicas it moves to, in preference order.
+    pub target: Vec<BrokerId>,
+    /// The replicas it had when the move began; a cancellation returns to them.
+    pub original: Vec<BrokerId>,
+    /// Bytes per second each joining replica may copy at; `None`: as fast as it can.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<u64>,
+}
+
+impl Reassignment {
+    /// Replicas the move adds.
+    pub fn adding(&self) -> Vec<BrokerId> {
+        self.target
+            .iter()
+            .copied()
+            .filter(|b| !self.original.contains(b))
+            .collect()
+    }
+
+    /// Replicas the move removes.
+    pub fn removing(&self) -> Vec<BrokerId> {
+        self.original
+            .iter()
+            .copied()
+            .filter(|b| !self.target.contains(b))
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -220,6 +259,16 @@ pub enum Command {
         epoch: u64,
         count: u32,
     },
+    /// Kafka's AlterPartitionReassignments for one partition: move it to `target` (which
+    /// replaces a move in progress), or, with `None`, cancel the move in progress and return
+    /// to the original replicas.
+    ReassignPartition {
+        topic: String,
+        partition: u32,
+        target: Option<Vec<BrokerId>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        throttle: Option<u64>,
+    },
     /// Creates or replaces a user's credential for one mechanism.
     UpsertScramCredential {
         user: String,
@@ -331,7 +380,13 @@ pub enum MetadataError {
     /// ElectLeaders (unclean): no replica is alive.
     #[error("{topic}-{partition}: no replica is alive to lead it")]
     EligibleLeadersNotAvailable { topic: String, partition: u32 },
+    /// A cancellation of a reassignment that is not happening.
+    #[error("{topic}-{partition} is not being reassigned")]
+    NoReassignmentInProgress { topic: String, partition: u32 },
 }
+
+/// The most replicas a partition may be moved to.
+pub const MAX_REPLICAS: usize = 64;
 
 /// The most producer ids one command may reserve (brokers ask for 1,000 at a time).
 pub const MAX_PRODUCER_ID_BLOCK: u32 = 1_000_000;
@@ -387,6 +442,26 @@ impl Command {
                 .iter()
                 .try_for_each(|a| a.validate())
                 .map_err(MetadataError::InvalidQuota),
+            Command::ReassignPartition {
+                topic,
+                target: Some(target),
+                throttle,
+                ..
+            } => {
+                check_assignments(topic, std::slice::from_ref(target), None)?;
+                if target.len() > MAX_REPLICAS {
+                    return Err(MetadataError::InvalidReplicaAssignment(format!(
+                        "topic '{topic}': {} replicas; at most {MAX_REPLICAS}",
+                        target.len()
+                    )));
+                }
+                if *throttle == Some(0) {
+                    return Err(MetadataError::InvalidRequest(
+                        "a reassignment throttle of 0 bytes per second would never finish".into(),
+                    ));
+                }
+                Ok(())
+            }
             Command::AllocateProducerIds { count, .. }
                 if *count == 0 || *count > MAX_PRODUCER_ID_BLOCK =>
             {
@@ -782,6 +857,32 @@ impl ClusterMetadata {
                 }
                 p.isr = isr.clone();
                 p.partition_epoch += 1;
+                complete_reassignment(p, &|r| alive.contains(&r));
+                Ok(Applied::PartitionUpdated {
+                    leader_epoch: p.leader_epoch,
+                    partition_epoch: p.partition_epoch,
+                })
+            }
+            Command::ReassignPartition {
+                topic,
+                partition,
+                target,
+                throttle,
+            } => {
+                if let Some(target) = target {
+                    self.check_registered(topic, std::slice::from_ref(target))?;
+                }
+                let alive = self.alive_ids();
+                let is_alive = |r: BrokerId| alive.contains(&r);
+                let p = self.partition_mut(topic, *partition)?;
+                reassign(
+                    p,
+                    topic,
+                    *partition,
+                    target.as_deref(),
+                    *throttle,
+                    &is_alive,
+                )?;
                 Ok(Applied::PartitionUpdated {
                     leader_epoch: p.leader_epoch,
                     partition_epoch: p.partition_epoch,
@@ -961,6 +1062,100 @@ fn new_partition(replicas: Vec<BrokerId>) -> PartitionRecord {
         replicas,
         leader_epoch: 0,
         partition_epoch: 0,
+        reassignment: None,
+    }
+}
+
+/// Starts, replaces or (`target` `None`) cancels a partition's move. The replica set
+/// changes, so the leader epoch moves even when the leader stays: its followers are then
+/// the new set's (every leader change and replica change starts a fresh leader state).
+fn reassign(
+    p: &mut PartitionRecord,
+    topic: &str,
+    partition: u32,
+    target: Option<&[BrokerId]>,
+    throttle: Option<u64>,
+    alive: &dyn Fn(BrokerId) -> bool,
+) -> Result<(), MetadataError> {
+    if let (Some(r), Some(target)) = (&mut p.reassignment, target) {
+        if r.target == target {
+            // The move in progress, asked again (perhaps with another throttle).
+            r.throttle = throttle;
+            return Ok(());
+        }
+    }
+    let original = p
+        .reassignment
+        .as_ref()
+        .map_or_else(|| p.replicas.clone(), |r| r.original.clone());
+    let (replicas, reassignment) = match target {
+        None => {
+            if p.reassignment.is_none() {
+                return Err(MetadataError::NoReassignmentInProgress {
+                    topic: topic.to_string(),
+                    partition,
+                });
+            }
+            (original.clone(), None)
+        }
+        Some(target) if p.reassignment.is_none() && target == p.replicas.as_slice() => {
+            // Already there: nothing to move.
+            return Ok(());
+        }
+        Some(target) => {
+            let mut replicas = target.to_vec();
+            replicas.extend(original.iter().filter(|b| !target.contains(b)));
+            let r = Reassignment {
+                target: target.to_vec(),
+                original: original.clone(),
+                throttle,
+            };
+            (replicas, Some(r))
+        }
+    };
+    // Replicas an earlier target added and this one drops leave the ISR with it; the ISR
+    // must keep a member, or nothing acknowledged would be sure to survive.
+    let isr: Vec<BrokerId> = p
+        .isr
+        .iter()
+        .copied()
+        .filter(|b| replicas.contains(b))
+        .collect();
+    if isr.is_empty() {
+        return Err(MetadataError::InvalidReplicaAssignment(format!(
+            "{topic}-{partition}: none of the in-sync replicas {:?} would stay a replica of \
+             {replicas:?}; let the move in progress finish first",
+            p.isr
+        )));
+    }
+    p.replicas = replicas;
+    p.isr = isr;
+    p.reassignment = reassignment;
+    let leader = p.leader.filter(|l| p.replicas.contains(l) && alive(*l));
+    match leader {
+        Some(l) => apply_election(p, Some((l, false))),
+        None => apply_election(p, elect(p, alive, false)),
+    }
+    complete_reassignment(p, alive);
+    Ok(())
+}
+
+/// Completes a partition's move once every target replica is in the ISR and one of them
+/// is alive to lead: the replicas become the target, the leaving ones drop out of the ISR,
+/// and leadership moves to a target replica if the leader is leaving.
+fn complete_reassignment(p: &mut PartitionRecord, alive: &dyn Fn(BrokerId) -> bool) {
+    let Some(r) = &p.reassignment else { return };
+    if !r.target.iter().all(|b| p.isr.contains(b)) || !r.target.iter().any(|b| alive(*b)) {
+        return;
+    }
+    let target = r.target.clone();
+    p.replicas = target.clone();
+    p.isr.retain(|b| target.contains(b));
+    p.reassignment = None;
+    let leader = p.leader.filter(|l| target.contains(l) && alive(*l));
+    match leader {
+        Some(l) => apply_election(p, Some((l, false))),
+        None => apply_election(p, elect(p, alive, false)),
     }
 }
 

@@ -1033,3 +1033,180 @@ fn an_unclean_election_brings_an_offline_partition_back_only_when_asked() {
     let p = &m.topics["t"].partitions[0];
     assert_eq!((p.leader, p.isr.clone()), (Some(second), vec![second]));
 }
+
+fn reassign(
+    m: &mut ClusterMetadata,
+    index: u64,
+    target: Option<Vec<BrokerId>>,
+) -> Result<Applied, MetadataError> {
+    m.apply(
+        index,
+        &Command::ReassignPartition {
+            topic: "mv".into(),
+            partition: 0,
+            target,
+            throttle: None,
+        },
+    )
+}
+
+/// The partition's leader proposes `isr` at its current epochs.
+fn alter_isr(
+    m: &mut ClusterMetadata,
+    index: u64,
+    isr: Vec<BrokerId>,
+) -> Result<Applied, MetadataError> {
+    let p = m.topics["mv"].partitions[0].clone();
+    m.apply(
+        index,
+        &Command::AlterIsr {
+            topic: "mv".into(),
+            partition: 0,
+            leader: p.leader.unwrap(),
+            leader_epoch: p.leader_epoch,
+            partition_epoch: p.partition_epoch,
+            isr,
+        },
+    )
+}
+
+#[test]
+fn a_reassignment_adds_replicas_then_completes_once_they_are_in_sync() {
+    let (mut m, _) = three_brokers();
+    register(&mut m, 4, 4, None);
+    m.apply(
+        10,
+        &Command::CreateTopic {
+            name: "mv".into(),
+            id: Uuid::new_v4(),
+            partitions: 1,
+            replication_factor: 2,
+            configs: BTreeMap::new(),
+            assignments: vec![vec![1, 2]],
+        },
+    )
+    .unwrap();
+    // 1,2 -> 3,4: the leader (1) stays while 3 and 4 copy; a new leader epoch.
+    reassign(&mut m, 11, Some(vec![3, 4])).unwrap();
+    let p = m.topics["mv"].partitions[0].clone();
+    assert_eq!(p.replicas, vec![3, 4, 1, 2]);
+    assert_eq!((p.leader, p.isr.clone()), (Some(1), vec![1, 2]));
+    assert_eq!(p.leader_epoch, 1);
+    let r = p.reassignment.clone().unwrap();
+    assert_eq!((r.adding(), r.removing()), (vec![3, 4], vec![1, 2]));
+    // a member that is not a replica cannot join; 3 joins: not done yet
+    assert!(alter_isr(&mut m, 12, vec![1, 2, 5]).is_err());
+    alter_isr(&mut m, 13, vec![1, 2, 3]).unwrap();
+    assert!(m.topics["mv"].partitions[0].reassignment.is_some());
+    // 4 joins: done. The target replicas alone; the leader was leaving, so 3 leads.
+    alter_isr(&mut m, 14, vec![1, 2, 3, 4]).unwrap();
+    let p = m.topics["mv"].partitions[0].clone();
+    assert_eq!(p.reassignment, None);
+    assert_eq!(
+        (p.replicas.clone(), p.isr.clone()),
+        (vec![3, 4], vec![3, 4])
+    );
+    assert_eq!((p.leader, p.leader_epoch), (Some(3), 2));
+    // moving to where it is: nothing happens; cancelling nothing: Kafka's error
+    reassign(&mut m, 15, Some(vec![3, 4])).unwrap();
+    assert_eq!(m.topics["mv"].partitions[0], p);
+    assert!(matches!(
+        reassign(&mut m, 16, None),
+        Err(MetadataError::NoReassignmentInProgress { .. })
+    ));
+}
+
+#[test]
+fn a_cancelled_reassignment_returns_to_the_original_replicas() {
+    let (mut m, _) = three_brokers();
+    m.apply(
+        10,
+        &Command::CreateTopic {
+            name: "mv".into(),
+            id: Uuid::new_v4(),
+            partitions: 1,
+            replication_factor: 2,
+            configs: BTreeMap::new(),
+            assignments: vec![vec![1, 2]],
+        },
+    )
+    .unwrap();
+    let before = m.topics["mv"].partitions[0].clone();
+    reassign(&mut m, 11, Some(vec![2, 3])).unwrap();
+    assert_eq!(m.topics["mv"].partitions[0].replicas, vec![2, 3, 1]);
+    // an unregistered broker and repeated brokers are refused, changing nothing
+    let moving = m.topics["mv"].partitions[0].clone();
+    assert!(matches!(
+        reassign(&mut m, 12, Some(vec![2, 9])),
+        Err(MetadataError::InvalidReplicaAssignment(_))
+    ));
+    assert!(matches!(
+        reassign(&mut m, 13, Some(vec![3, 3])),
+        Err(MetadataError::InvalidReplicaAssignment(_))
+    ));
+    assert_eq!(m.topics["mv"].partitions[0], moving);
+    // cancelled before 3 caught up: back to 1,2 with 1 leading, at a new epoch
+    reassign(&mut m, 14, None).unwrap();
+    let p = m.topics["mv"].partitions[0].clone();
+    assert_eq!(
+        (p.replicas, p.isr, p.leader),
+        (before.replicas.clone(), before.isr, Some(1))
+    );
+    assert!(p.leader_epoch > moving.leader_epoch && p.reassignment.is_none());
+
+    // a move whose target is all in sync once it joins completes with that ISR change
+    reassign(&mut m, 15, Some(vec![3])).unwrap();
+    let p = m.topics["mv"].partitions[0].clone();
+    assert_eq!(p.replicas, vec![3, 1, 2]);
+    alter_isr(&mut m, 16, vec![1, 2, 3]).unwrap();
+    let p = m.topics["mv"].partitions[0].clone();
+    assert_eq!((p.replicas, p.leader), (vec![3], Some(3)), "completed");
+}
+
+#[test]
+fn a_reassignment_that_drops_every_in_sync_replica_is_refused() {
+    let (mut m, epochs) = three_brokers();
+    m.apply(
+        10,
+        &Command::CreateTopic {
+            name: "mv".into(),
+            id: Uuid::new_v4(),
+            partitions: 1,
+            replication_factor: 1,
+            configs: BTreeMap::new(),
+            assignments: vec![vec![1]],
+        },
+    )
+    .unwrap();
+    // 1 -> 2, 3: 2 joins the ISR, then 1 is fenced, so 2 leads alone (3 still copying)
+    reassign(&mut m, 11, Some(vec![2, 3])).unwrap();
+    alter_isr(&mut m, 12, vec![1, 2]).unwrap();
+    m.apply(
+        13,
+        &Command::FenceBroker {
+            id: 1,
+            epoch: epochs[0],
+        },
+    )
+    .unwrap();
+    let p = m.topics["mv"].partitions[0].clone();
+    assert_eq!((p.leader, p.isr.clone()), (Some(2), vec![2]));
+    // replacing the move with one to 3 alone would drop 2, the only in-sync replica
+    let e = reassign(&mut m, 14, Some(vec![3])).unwrap_err();
+    assert!(e.to_string().contains("in-sync"), "{e}");
+    assert_eq!(m.topics["mv"].partitions[0], p);
+    // and so would cancelling (back to 1 alone)
+    assert!(reassign(&mut m, 15, None).is_err());
+    // a throttle of 0 would never finish
+    assert!(m
+        .apply(
+            16,
+            &Command::ReassignPartition {
+                topic: "mv".into(),
+                partition: 0,
+                target: Some(vec![2]),
+                throttle: Some(0),
+            },
+        )
+        .is_err());
+}

@@ -103,6 +103,11 @@ pub struct PartitionLayout {
     pub leader_epoch: i32,
     pub replicas: Vec<i32>,
     pub isr: Vec<i32>,
+    /// A reassignment in progress: the replicas it adds and removes, and how fast each
+    /// added one may copy (bytes per second, `None`: unthrottled).
+    pub adding: Vec<i32>,
+    pub removing: Vec<i32>,
+    pub throttle: Option<u64>,
 }
 
 impl Topic {
@@ -279,6 +284,9 @@ pub struct Broker {
     opening: Mutex<HashMap<PathBuf, reconcile::Opening>>,
     /// Poked when a background open finishes, so the metadata is applied again.
     reconcile_again: Arc<tokio::sync::Notify>,
+    /// Whether copies of replicas moved away while this broker was down have been looked
+    /// for (once, at the first metadata at least as new as this broker's registration).
+    strays_checked: std::sync::atomic::AtomicBool,
     /// The consumer group coordinators of the offsets partitions this broker leads.
     groups: std::sync::OnceLock<Arc<crate::group::manager::GroupManager>>,
     /// The cold tier, when configured.
@@ -320,6 +328,7 @@ impl Broker {
             metrics: crate::metrics::Metrics::default(),
             opening: Mutex::new(HashMap::new()),
             reconcile_again: Arc::new(tokio::sync::Notify::new()),
+            strays_checked: std::sync::atomic::AtomicBool::new(false),
             groups: std::sync::OnceLock::new(),
             cold: std::sync::OnceLock::new(),
         });
@@ -742,6 +751,9 @@ impl Broker {
                 leader_epoch: 0,
                 replicas: vec![node],
                 isr: vec![node],
+                adding: Vec::new(),
+                removing: Vec::new(),
+                throttle: None,
             })
             .collect();
         Ok(Arc::new(Topic {
@@ -1143,6 +1155,42 @@ impl Broker {
                     (3, format!("{topic}-{partition} does not exist"))
                 };
                 (topic, partition, code, message)
+            })
+            .collect())
+    }
+
+    /// Kafka's AlterPartitionReassignments: in a cluster through the controllers, answered
+    /// once this broker's metadata shows the changes. A single broker has nowhere to move a
+    /// partition. Each move's (topic, partition, Kafka error code, message).
+    pub async fn reassign_partitions(
+        &self,
+        moves: Vec<strata_proto::v1::PartitionMove>,
+    ) -> Result<Vec<(String, u32, i16, String)>, tonic::Status> {
+        if let Some(link) = &self.cluster {
+            let (results, version) = link.reassign_partitions(moves).await?;
+            self.wait_for_metadata(version).await;
+            return Ok(results);
+        }
+        let node = self.config.node_id;
+        Ok(moves
+            .into_iter()
+            .map(|m| {
+                let known = self
+                    .topic(&m.topic)
+                    .is_some_and(|t| m.partition < t.spec.partitions);
+                let (code, message) = if !known {
+                    (3, format!("{}-{} does not exist", m.topic, m.partition))
+                } else if m.cancel {
+                    (85, format!("{}-{} is not being reassigned", m.topic, m.partition))
+                } else if m.replicas == [node] {
+                    (0, String::new())
+                } else {
+                    (
+                        39,
+                        format!("this single broker is broker {node}; there is nowhere else to move a partition"),
+                    )
+                };
+                (m.topic, m.partition, code, message)
             })
             .collect())
     }

@@ -33,6 +33,11 @@ pub(super) async fn follow_metadata(
     mut rx: watch::Receiver<Arc<ClusterMetadata>>,
     again: Arc<tokio::sync::Notify>,
 ) {
+    // A (re-)registration applies the metadata again: the first check for copies moved
+    // away while the broker was down waits for it (see `remove_strays`).
+    let mut registered = broker
+        .upgrade()
+        .and_then(|b| b.cluster.as_ref().map(|l| l.watch_epoch()));
     loop {
         let metadata = rx.borrow_and_update().clone();
         let Some(b) = broker.upgrade() else { return };
@@ -43,6 +48,12 @@ pub(super) async fn follow_metadata(
         tokio::select! {
             changed = rx.changed() => if changed.is_err() { return },
             _ = again.notified() => {}
+            Some(Ok(())) = async {
+                match registered.as_mut() {
+                    Some(r) => Some(r.changed().await),
+                    None => std::future::pending().await,
+                }
+            } => {}
         }
     }
 }
@@ -143,9 +154,11 @@ impl Broker {
                 .map_err(io::Error::other)?;
         }
 
+        self.remove_strays(m).await?;
         let now = self.clock.now_ms();
         let deadline = tokio::time::Instant::now() + self.config.replica_open_timeout;
         let mut next = HashMap::with_capacity(m.topics.len());
+        let mut moved_away = Vec::new();
         for t in m.topics.values() {
             let prev = current.get(&t.name).filter(|p| p.spec.id == t.id);
             let known: BTreeMap<String, String> = t
@@ -170,6 +183,12 @@ impl Broker {
             let mut partitions = Vec::with_capacity(t.partitions.len());
             for (i, pr) in t.partitions.iter().enumerate() {
                 if !pr.replicas.contains(&node) {
+                    // Moved away (a completed reassignment): stop and delete the copy.
+                    if let Some(p) = prev.and_then(|p| p.partitions.get(i).cloned().flatten()) {
+                        p.stop();
+                        moved_away.push(self.partition_dir(&t.name, i as u32));
+                        tracing::info!(topic = %t.name, partition = i, "replica moved to other brokers; deleting the local copy");
+                    }
                     partitions.push(None);
                     continue;
                 }
@@ -204,6 +223,15 @@ impl Broker {
                     leader_epoch: p.leader_epoch,
                     replicas: p.replicas.clone(),
                     isr: p.isr.clone(),
+                    adding: p
+                        .reassignment
+                        .as_ref()
+                        .map_or_else(Vec::new, |r| r.adding()),
+                    removing: p
+                        .reassignment
+                        .as_ref()
+                        .map_or_else(Vec::new, |r| r.removing()),
+                    throttle: p.reassignment.as_ref().and_then(|r| r.throttle),
                 })
                 .collect();
             let spec = TopicSpec {
@@ -234,9 +262,61 @@ impl Broker {
                 })
             });
         *self.topics_write() = next;
+        if !moved_away.is_empty() {
+            tokio::task::spawn_blocking(move || remove_replica_dirs(moved_away))
+                .await
+                .map_err(io::Error::other)?;
+        }
         self.layout_changed();
         self.metadata_version.send_replace(m.version);
         Ok(())
+    }
+
+    /// Once per start: deletes the copies of replicas that were moved to other brokers while
+    /// this one was down (a reassignment completed without it). Only at metadata at least as
+    /// new as this broker's own registration, which every move finished before it includes,
+    /// and only a directory that holds the same topic id: never a replica the broker should
+    /// hold.
+    async fn remove_strays(&self, m: &ClusterMetadata) -> io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.strays_checked.load(Relaxed) {
+            return Ok(());
+        }
+        let Some(registered) = self.cluster.as_ref().and_then(|l| l.epoch()) else {
+            return Ok(());
+        };
+        if m.version < registered {
+            return Ok(());
+        }
+        self.strays_checked.store(true, Relaxed);
+        let node = self.config.node_id;
+        let candidates: Vec<(PathBuf, Uuid)> = m
+            .topics
+            .values()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| !p.replicas.contains(&node))
+                    .map(|(i, _)| (self.partition_dir(&t.name, i as u32), t.id))
+            })
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            let strays: Vec<PathBuf> = candidates
+                .into_iter()
+                .filter(|(dir, id)| {
+                    fs::read_to_string(dir.join(TOPIC_ID_FILE))
+                        .is_ok_and(|found| found.trim() == id.to_string())
+                })
+                .map(|(dir, _)| dir)
+                .collect();
+            for dir in &strays {
+                tracing::info!(dir = %dir.display(), "replica moved to other brokers while this one was down; deleting the local copy");
+            }
+            remove_replica_dirs(strays);
+        })
+        .await
+        .map_err(io::Error::other)
     }
 
     /// Opens (recovering) a replica's log on the blocking pool, waiting until `deadline`.

@@ -21,6 +21,7 @@ mod log_dirs;
 mod produce;
 mod producers;
 pub mod quota;
+mod reassignments;
 mod records;
 pub mod sasl;
 pub mod tls;
@@ -83,6 +84,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeLogDirs, 1, 4),
     (ApiKey::DescribeProducers, 0, 0),
     (ApiKey::ElectLeaders, 0, 2),
+    (ApiKey::AlterPartitionReassignments, 0, 1),
+    (ApiKey::ListPartitionReassignments, 0, 0),
     (ApiKey::DescribeCluster, 0, 1),
     (ApiKey::SaslHandshake, 0, 1),
     (ApiKey::DescribeAcls, 1, 3),
@@ -722,6 +725,12 @@ impl KafkaServer {
                 ctx.respond_now(&producers::describe_producers(&ctx, req))
             }
             Body::ElectLeaders(req) => ctx.later(elections::elect_leaders(ctx.clone(), req)),
+            Body::AlterPartitionReassignments(req) => {
+                ctx.later(reassignments::alter(ctx.clone(), req))
+            }
+            Body::ListPartitionReassignments(req) => {
+                ctx.respond_now(&reassignments::list(&ctx, req))
+            }
             Body::DescribeCluster(req) => ctx.respond_now(&admin::describe_cluster(&ctx, req)),
             Body::DescribeAcls(req) => ctx.respond_now(&acls::describe_acls(&ctx, req)),
             Body::CreateAcls(req) => ctx.later(acls::create_acls(ctx.clone(), req)),
@@ -824,6 +833,8 @@ pub enum Body {
     DescribeLogDirs(DescribeLogDirsRequest),
     DescribeProducers(DescribeProducersRequest),
     ElectLeaders(ElectLeadersRequest),
+    AlterPartitionReassignments(kafka_protocol::messages::AlterPartitionReassignmentsRequest),
+    ListPartitionReassignments(kafka_protocol::messages::ListPartitionReassignmentsRequest),
     DescribeCluster(DescribeClusterRequest),
     SaslHandshake(SaslHandshakeRequest),
     SaslAuthenticate(SaslAuthenticateRequest),
@@ -917,6 +928,12 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::DescribeLogDirs => Body::DescribeLogDirs(decode_body(&mut frame, version)?),
         ApiKey::DescribeProducers => Body::DescribeProducers(decode_body(&mut frame, version)?),
         ApiKey::ElectLeaders => Body::ElectLeaders(decode_body(&mut frame, version)?),
+        ApiKey::AlterPartitionReassignments => {
+            Body::AlterPartitionReassignments(decode_body(&mut frame, version)?)
+        }
+        ApiKey::ListPartitionReassignments => {
+            Body::ListPartitionReassignments(decode_body(&mut frame, version)?)
+        }
         ApiKey::DescribeCluster => Body::DescribeCluster(decode_body(&mut frame, version)?),
         ApiKey::SaslHandshake => Body::SaslHandshake(decode_body(&mut frame, version)?),
         ApiKey::SaslAuthenticate => Body::SaslAuthenticate(decode_body(&mut frame, version)?),

@@ -7,3 +7,4 @@ pub mod epochs;
 pub mod follower;
 pub mod leader;
 pub mod service;
+pub mod throttle;

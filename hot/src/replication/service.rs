@@ -24,6 +24,8 @@ use crate::log::ReadError;
 
 /// Longest long poll a follower may ask for.
 const MAX_WAIT: Duration = Duration::from_secs(10);
+/// Longest a throttled fetch waits before it is served or answered empty.
+const MAX_THROTTLE_WAIT: Duration = Duration::from_secs(2);
 /// Largest response a follower may ask for.
 const MAX_BYTES: u32 = 32 << 20;
 
@@ -31,6 +33,8 @@ pub struct ReplicaService {
     broker: Arc<Broker>,
     /// Whether the port proves its peers (mTLS).
     authenticated: bool,
+    /// Copy-rate limits of replicas a reassignment adds.
+    throttles: super::throttle::Throttles,
 }
 
 impl ReplicaService {
@@ -38,6 +42,7 @@ impl ReplicaService {
         ReplicaServer::new(ReplicaService {
             broker,
             authenticated,
+            throttles: Default::default(),
         })
         .max_decoding_message_size(1 << 20)
         .max_encoding_message_size(2 * MAX_BYTES as usize)
@@ -142,7 +147,35 @@ impl Replica for ReplicaService {
             }
         };
         let max_wait = Duration::from_millis(u64::from(r.max_wait_ms)).min(MAX_WAIT);
-        let max_bytes = r.max_bytes.clamp(1, MAX_BYTES) as usize;
+        let mut max_bytes = r.max_bytes.clamp(1, MAX_BYTES) as usize;
+        // A replica a reassignment adds copies at the move's rate, if it has one.
+        let throttle = self.broker.topic(&r.topic).and_then(|t| {
+            let layout = t.layout.get(r.partition as usize)?;
+            let rate = layout.throttle?;
+            layout.adding.contains(&r.replica_id).then_some(rate)
+        });
+        let throttle_key = (r.topic.clone(), r.partition, r.replica_id);
+        if let Some(rate) = throttle {
+            let (wait, most) =
+                self.throttles
+                    .admit(&throttle_key, rate, max_bytes, std::time::Instant::now());
+            if wait > MAX_THROTTLE_WAIT {
+                // Deep in debt (a rate below a fetch's smallest size): answer nothing after
+                // a pause, well inside the follower's call timeout, and let it ask again.
+                tokio::time::sleep(MAX_THROTTLE_WAIT).await;
+                let progress = partition.progress();
+                return Ok(Response::new(ReplicaFetchResponse {
+                    error: None,
+                    high_watermark: progress.high_watermark,
+                    log_start_offset: progress.log_start,
+                    log_end_offset: progress.log_end,
+                    records: Default::default(),
+                    deleted_below: progress.deleted_below,
+                }));
+            }
+            tokio::time::sleep(wait).await;
+            max_bytes = most;
+        }
         let answer = partition
             .replica_fetch(
                 FollowerFetch {
@@ -183,6 +216,9 @@ impl Replica for ReplicaService {
                 })
             }
             Ok(Ok(a)) => {
+                if throttle.is_some() {
+                    self.throttles.charge(&throttle_key, a.records.len());
+                }
                 self.broker
                     .metrics()
                     .replicated_bytes
