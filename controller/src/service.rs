@@ -1138,6 +1138,11 @@ impl ControllerApi for ControllerService {
                 leader_epoch: r.leader_epoch,
                 partition_epoch: r.partition_epoch,
                 isr: r.isr.clone(),
+                joining: r
+                    .joining
+                    .iter()
+                    .map(|j| (j.broker_id, j.broker_epoch))
+                    .collect(),
             })
             .await?;
         match applied {

@@ -16,8 +16,9 @@ use strata_proto::v1::{
     AllocateProducerIdsRequest, AlterClientQuotasRequest, AlterIsrRequest, AlterIsrResponse,
     AlterScramCredentialsRequest, AlterTopicConfigsRequest, ControlledShutdownRequest,
     CreateAclsRequest, CreatePartitionsRequest, CreateTopicRequest, CreateTopicResponse,
-    DeleteAclsRequest, DeleteTopicRequest, Endpoint, HeartbeatRequest, MetadataUpdate,
-    RegisterBrokerRequest, ScramDeletion, ScramUpsertion, SessionRequest, WatchRequest,
+    DeleteAclsRequest, DeleteTopicRequest, Endpoint, HeartbeatRequest, JoiningReplica,
+    MetadataUpdate, RegisterBrokerRequest, ScramDeletion, ScramUpsertion, SessionRequest,
+    WatchRequest,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -656,7 +657,8 @@ impl ClusterLink {
     }
 
     /// Proposes a new ISR for a partition this broker leads at `leader_epoch`, based on
-    /// `partition_epoch` (the controller refuses it if either is stale).
+    /// `partition_epoch` (the controller refuses it if either is stale), adding the `joining`
+    /// members as the registrations that caught up.
     pub async fn alter_isr(
         &self,
         topic: &str,
@@ -664,6 +666,7 @@ impl ClusterLink {
         leader_epoch: i32,
         partition_epoch: i32,
         isr: Vec<i32>,
+        joining: &[(i32, u64)],
     ) -> Result<AlterIsrResponse, tonic::Status> {
         let epoch = self
             .epoch()
@@ -676,6 +679,13 @@ impl ClusterLink {
             leader_epoch,
             partition_epoch,
             isr,
+            joining: joining
+                .iter()
+                .map(|(id, epoch)| JoiningReplica {
+                    broker_id: *id,
+                    broker_epoch: *epoch,
+                })
+                .collect(),
         };
         self.call(|mut c| {
             let req = req.clone();

@@ -253,6 +253,10 @@ pub enum Command {
         leader_epoch: i32,
         partition_epoch: i32,
         isr: Vec<BrokerId>,
+        /// The members added, each with the broker epoch that caught up (KIP-903): refused if
+        /// that broker has registered again since. Absent in entries of older leaders.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        joining: Vec<(BrokerId, u64)>,
     },
     AllocateProducerIds {
         broker: BrokerId,
@@ -821,8 +825,14 @@ impl ClusterMetadata {
                 leader_epoch,
                 partition_epoch,
                 isr,
+                joining,
             } => {
                 let alive = self.alive_ids();
+                // A member that caught up as a registration that is no longer its own: a
+                // restarted process, whose log (perhaps on an empty disk) has not fetched yet.
+                let replaced = joining
+                    .iter()
+                    .find(|(r, e)| self.brokers.get(r).is_some_and(|b| b.epoch != *e));
                 let p = self.partition_mut(topic, *partition)?;
                 if p.partition_epoch != *partition_epoch {
                     return Err(MetadataError::StalePartitionEpoch {
@@ -848,6 +858,11 @@ impl ClusterMetadata {
                 }
                 if isr.iter().any(|r| !p.isr.contains(r) && !alive.contains(r)) {
                     return Err(invalid("a fenced broker cannot join the ISR"));
+                }
+                if let Some((r, e)) = replaced.filter(|(r, _)| !p.isr.contains(r)) {
+                    return Err(invalid(&format!(
+                        "broker {r} caught up as broker epoch {e}, and has registered again                          since: it must fetch again"
+                    )));
                 }
                 let mut deduped = isr.clone();
                 deduped.sort_unstable();

@@ -236,6 +236,7 @@ fn unclean_election_only_when_the_topic_allows_it() {
                 leader_epoch: 0,
                 partition_epoch: epoch,
                 isr: vec![leader],
+                joining: vec![],
             },
         )
         .unwrap();
@@ -274,6 +275,44 @@ fn unclean_election_only_when_the_topic_allows_it() {
 }
 
 #[test]
+fn a_member_that_caught_up_as_an_older_registration_cannot_join() {
+    // KIP-903: broker 3 caught up, was removed, then restarted (perhaps on an empty disk)
+    // before the leader saw its new process fetch. The leader's proposal names the
+    // registration that caught up; the controllers refuse it once that is not 3's own.
+    let (mut m, epochs) = three_brokers();
+    create(&mut m, 10, "t", 1, 3).unwrap();
+    let p = m.topics["t"].partitions[0].clone();
+    let leader = p.leader.unwrap();
+    let other = *p.replicas.iter().find(|r| **r != leader).unwrap();
+    let rest: Vec<BrokerId> = p.replicas.iter().copied().filter(|r| *r != other).collect();
+    let alter = |pe: i32, isr: Vec<BrokerId>, joining: Vec<(BrokerId, u64)>| Command::AlterIsr {
+        topic: "t".into(),
+        partition: 0,
+        leader,
+        leader_epoch: 0,
+        partition_epoch: pe,
+        isr,
+        joining,
+    };
+    m.apply(11, &alter(0, rest.clone(), vec![])).unwrap();
+    let old = epochs[(other - 1) as usize];
+    let new = register(&mut m, 12, other, None);
+    let pe = m.topics["t"].partitions[0].partition_epoch;
+    let err = m
+        .apply(13, &alter(pe, p.replicas.clone(), vec![(other, old)]))
+        .unwrap_err();
+    assert!(
+        matches!(&err, MetadataError::InvalidIsr { reason, .. } if reason.contains("registered again")),
+        "{err}"
+    );
+    assert_eq!(m.topics["t"].partitions[0].isr, rest);
+    // once the new process caught up, it joins
+    m.apply(14, &alter(pe, p.replicas.clone(), vec![(other, new)]))
+        .unwrap();
+    assert_eq!(m.topics["t"].partitions[0].isr, p.replicas);
+}
+
+#[test]
 fn alter_isr_is_a_compare_and_set_on_the_partition_epoch() {
     let (mut m, epochs) = three_brokers();
     create(&mut m, 10, "t", 1, 3).unwrap();
@@ -286,6 +325,7 @@ fn alter_isr_is_a_compare_and_set_on_the_partition_epoch() {
         leader_epoch: 0,
         partition_epoch: pe,
         isr,
+        joining: vec![],
     };
     let without: Vec<BrokerId> = p
         .replicas
@@ -339,7 +379,8 @@ fn alter_isr_is_a_compare_and_set_on_the_partition_epoch() {
                 leader: other,
                 leader_epoch: 0,
                 partition_epoch: pe,
-                isr: vec![other]
+                isr: vec![other],
+                joining: vec![],
             }
         ),
         Err(MetadataError::NotLeader { .. })
@@ -941,6 +982,7 @@ fn elect_leaders_moves_leadership_to_the_preferred_replica_only_when_it_can_lead
             leader_epoch: moved.leader_epoch,
             partition_epoch: moved.partition_epoch,
             isr,
+            joining: vec![],
         },
     )
     .unwrap();
@@ -989,6 +1031,7 @@ fn an_unclean_election_brings_an_offline_partition_back_only_when_asked() {
             leader_epoch: p.leader_epoch,
             partition_epoch: p.partition_epoch,
             isr: vec![replicas[0]],
+            joining: vec![],
         },
     )
     .unwrap();
@@ -1066,6 +1109,7 @@ fn alter_isr(
             leader_epoch: p.leader_epoch,
             partition_epoch: p.partition_epoch,
             isr,
+            joining: vec![],
         },
     )
 }

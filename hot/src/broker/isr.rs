@@ -52,6 +52,7 @@ pub(super) async fn run(broker: Weak<Broker>, link: Arc<ClusterLink>) {
                             epoch,
                             proposal.partition_epoch,
                             proposal.isr.clone(),
+                            &proposal.joining,
                         )
                         .await;
                     match answer {

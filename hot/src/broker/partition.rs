@@ -124,11 +124,12 @@ pub enum ReplicaWriteError {
     Io(#[from] std::io::Error),
 }
 
-/// What a follower's fetch says of it: who, at which leader epoch, everything below
-/// `offset` in its log, and its DeleteRecords point.
+/// What a follower's fetch says of it: who (and which registration of it), at which leader
+/// epoch, everything below `offset` in its log, and its DeleteRecords point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FollowerFetch {
     pub replica: i32,
+    pub broker_epoch: u64,
     pub epoch: i32,
     pub offset: u64,
     pub deleted_below: u64,
@@ -734,6 +735,7 @@ impl Partition {
     ) -> Result<Result<ReplicaFetchAnswer, ReadError>, ReplicaFetchError> {
         let FollowerFetch {
             replica,
+            broker_epoch,
             epoch,
             offset,
             deleted_below,
@@ -761,7 +763,7 @@ impl Partition {
             // nothing of what the follower holds, so it must not count as its position.
             (log_start..=log_end)
                 .contains(&offset)
-                .then(|| state.on_follower_fetch(replica, offset, log_end, now_ms))
+                .then(|| state.on_follower_fetch(replica, broker_epoch, offset, log_end, now_ms))
                 .flatten()
         };
         self.publish_hw(hw);
@@ -1280,6 +1282,7 @@ mod tests {
     ) -> Result<(), ReplicaFetchError> {
         let at = FollowerFetch {
             replica,
+            broker_epoch: 1,
             epoch,
             offset,
             deleted_below: 0,
@@ -1421,6 +1424,7 @@ mod tests {
         let waiting = tokio::spawn(async move { p2.deleted_on_isr(4, WAIT).await });
         let at = FollowerFetch {
             replica: 2,
+            broker_epoch: 1,
             epoch: 1,
             offset: end,
             deleted_below: 4,
@@ -1436,6 +1440,7 @@ mod tests {
         );
         let at = FollowerFetch {
             replica: 3,
+            broker_epoch: 1,
             epoch: 1,
             offset: end,
             deleted_below: 4,

@@ -7,8 +7,9 @@
 //!   expansion is pending, the HW is taken over the larger set; the HW never moves back.
 //! - A follower that has not caught up to the leader's LEO for `lag_max_ms` is proposed for
 //!   removal; one whose LEO reached both the HW and the start of this leader's epoch is
-//!   proposed for re-addition (a new leader's HW may be stale, KAFKA-7128). A change counts
-//!   only once the controller committed it (with the partition epoch as CAS token).
+//!   proposed for re-addition (a new leader's HW may be stale, KAFKA-7128), on a fetch made
+//!   after it left the ISR (its old incarnation's log may be gone). A change counts only once
+//!   the controller committed it (with the partition epoch as CAS token).
 //! - A proposal whose fate is unknown (no answer, or a refusal that says the partition moved
 //!   on, as when the controller committed it and failed over before answering) stays pending,
 //!   and the HW keeps counting its members, until the metadata shows the outcome.
@@ -21,6 +22,9 @@ pub type BrokerId = i32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Follower {
+    /// The registration (broker epoch) of the process whose fetches these are: a fetch of an
+    /// older one is ignored, and a newer one starts afresh.
+    broker_epoch: u64,
     leo: u64,
     /// Whether it fetched since this broker became leader (its LEO is known).
     fetched: bool,
@@ -73,6 +77,10 @@ pub struct IsrProposal {
     pub isr: Vec<BrokerId>,
     /// The partition epoch the proposal is based on (the controller's CAS token).
     pub partition_epoch: i32,
+    /// The members it adds, each with the registration (broker epoch) its catching-up fetches
+    /// came from: the controllers refuse the change if that broker registered again since
+    /// (a restart, perhaps on an empty disk), as Kafka does since KIP-903.
+    pub joining: Vec<(BrokerId, u64)>,
 }
 
 /// How the controllers answered a proposal that was not committed.
@@ -148,6 +156,7 @@ impl LeaderState {
                 (
                     *r,
                     Follower {
+                        broker_epoch: 0,
                         leo: 0,
                         fetched: false,
                         caught_up_ms: now_ms,
@@ -263,16 +272,26 @@ impl LeaderState {
         self.advance_hw()
     }
 
-    /// A follower fetched from `fetch_offset`, so everything before it is in its log;
-    /// `log_end` is the leader's log end as this fetch is answered.
+    /// A follower's process registered as `broker_epoch` fetched from `fetch_offset`, so
+    /// everything before it is in its log; `log_end` is the leader's log end as this fetch is
+    /// answered.
     pub fn on_follower_fetch(
         &mut self,
         follower: BrokerId,
+        broker_epoch: u64,
         fetch_offset: u64,
         log_end: u64,
         now_ms: i64,
     ) -> Option<u64> {
         let f = self.followers.get_mut(&follower)?;
+        if broker_epoch < f.broker_epoch {
+            return None; // sent by a process that has since registered again
+        }
+        if broker_epoch > f.broker_epoch {
+            // a new process: nothing its predecessor fetched describes its log
+            f.broker_epoch = broker_epoch;
+            f.prev_fetch_leader_end = u64::MAX;
+        }
         f.leo = fetch_offset;
         f.fetched = true;
         f.last_fetch_ms = now_ms;
@@ -323,11 +342,8 @@ impl LeaderState {
             })
             .collect();
         let proposal = if !lagging.is_empty() {
-            self.isr
-                .iter()
-                .copied()
-                .filter(|r| !lagging.contains(r))
-                .collect::<Vec<_>>()
+            let isr = self.isr.iter().copied().filter(|r| !lagging.contains(r));
+            (isr.collect::<Vec<_>>(), Vec::new())
         } else {
             let joining: Vec<BrokerId> = self
                 .replicas
@@ -348,12 +364,18 @@ impl LeaderState {
                 return None;
             }
             let mut isr = self.isr.clone();
-            isr.extend(joining);
-            isr
+            isr.extend(&joining);
+            let epochs = joining
+                .iter()
+                .map(|r| (*r, self.followers.get(r).map_or(0, |f| f.broker_epoch)))
+                .collect();
+            (isr, epochs)
         };
+        let (isr, joining) = proposal;
         let p = IsrProposal {
-            isr: proposal,
+            isr,
             partition_epoch: self.partition_epoch,
+            joining,
         };
         self.pending = Some(Pending {
             proposal: p.clone(),
@@ -363,11 +385,20 @@ impl LeaderState {
     }
 
     /// The controller committed an ISR (ours or one it decided), at `partition_epoch`.
-    /// An ISR not newer than the one held (metadata arriving after the controller's answer) is
+    /// A follower it removes must fetch again before it can rejoin. An ISR not newer than the one held (metadata arriving after the controller's answer) is
     /// ignored.
     pub fn on_isr_committed(&mut self, isr: Vec<BrokerId>, partition_epoch: i32) -> Option<u64> {
         if partition_epoch <= self.partition_epoch {
             return None;
+        }
+        // A follower that leaves the ISR rejoins only on what it fetches from now on: the
+        // controllers may have removed it because its old incarnation was fenced (a restart,
+        // perhaps on an empty disk), and its last fetch speaks for a log that may be gone.
+        for (id, f) in &mut self.followers {
+            if self.isr.contains(id) && !isr.contains(id) {
+                f.fetched = false;
+                f.leo = 0;
+            }
         }
         self.isr = isr;
         self.partition_epoch = partition_epoch;
@@ -428,11 +459,11 @@ mod tests {
     fn hw_is_the_minimum_over_the_isr_and_never_moves_back() {
         let mut s = three();
         assert_eq!(s.on_leader_durable(10), None, "followers are still at 0");
-        assert_eq!(s.on_follower_fetch(2, 10, 10, 1), None);
-        assert_eq!(s.on_follower_fetch(3, 7, 10, 1), Some(7));
-        assert_eq!(s.on_follower_fetch(3, 10, 10, 2), Some(10));
+        assert_eq!(s.on_follower_fetch(2, 1, 10, 10, 1), None);
+        assert_eq!(s.on_follower_fetch(3, 1, 7, 10, 1), Some(7));
+        assert_eq!(s.on_follower_fetch(3, 1, 10, 10, 2), Some(10));
         // a follower reporting an older offset (a retried fetch) does not lower the HW
-        assert_eq!(s.on_follower_fetch(2, 5, 10, 3), None);
+        assert_eq!(s.on_follower_fetch(2, 1, 5, 10, 3), None);
         assert_eq!(s.high_watermark(), 10);
     }
 
@@ -440,8 +471,8 @@ mod tests {
     fn a_lagging_follower_is_proposed_for_removal_and_the_hw_moves_once_committed() {
         let mut s = three();
         s.on_leader_durable(100);
-        s.on_follower_fetch(2, 100, 100, 1_000);
-        s.on_follower_fetch(3, 40, 100, 1_000);
+        s.on_follower_fetch(2, 1, 100, 100, 1_000);
+        s.on_follower_fetch(3, 1, 40, 100, 1_000);
         assert_eq!(s.high_watermark(), 40);
         assert_eq!(s.tick(5_000), None, "not lagging long enough");
         let p = s.tick(10_001).expect("follower 3 lags");
@@ -449,11 +480,12 @@ mod tests {
             p,
             IsrProposal {
                 isr: vec![1, 2],
-                partition_epoch: 0
+                partition_epoch: 0,
+                joining: vec![],
             }
         );
         // pending shrink: the HW still waits for 3 (the committed ISR has it)
-        assert_eq!(s.on_follower_fetch(2, 100, 100, 10_002), None);
+        assert_eq!(s.on_follower_fetch(2, 1, 100, 100, 10_002), None);
         assert_eq!(s.tick(10_003), None, "one change at a time");
         assert_eq!(s.on_isr_committed(vec![1, 2], 1), Some(100));
         assert_eq!(s.check_acks_all(), Ok(()));
@@ -472,29 +504,74 @@ mod tests {
     #[test]
     fn a_caught_up_follower_is_re_added_and_the_hw_uses_the_larger_set_while_pending() {
         let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, 50, POLICY, 0);
-        s.on_follower_fetch(2, 50, 50, 1);
-        s.on_follower_fetch(3, 30, 50, 1);
+        s.on_follower_fetch(2, 1, 50, 50, 1);
+        s.on_follower_fetch(3, 1, 30, 50, 1);
         assert_eq!(s.tick(2), None, "3 has not reached the HW");
-        s.on_follower_fetch(3, 50, 50, 3);
+        s.on_follower_fetch(3, 1, 50, 50, 3);
         let p = s.tick(4).expect("3 caught up");
         assert_eq!(
             p,
             IsrProposal {
                 isr: vec![1, 2, 3],
-                partition_epoch: 4
+                partition_epoch: 4,
+                joining: vec![(3, 1)],
             }
         );
         // while the expansion is pending, new writes wait for 3 as well
         s.on_leader_durable(60);
-        s.on_follower_fetch(2, 60, 60, 5);
+        s.on_follower_fetch(2, 1, 60, 60, 5);
         assert_eq!(
             s.high_watermark(),
             50,
             "the pending member 3 is still at 50"
         );
-        assert_eq!(s.on_follower_fetch(3, 60, 60, 6), Some(60));
+        assert_eq!(s.on_follower_fetch(3, 1, 60, 60, 6), Some(60));
         s.on_isr_committed(vec![1, 2, 3], 5);
         assert_eq!(s.isr(), &[1, 2, 3]);
+    }
+
+    #[test]
+    fn a_follower_the_controllers_fenced_rejoins_only_on_a_fetch_made_after_it() {
+        // Follower 2 was caught up at 100, then killed and restarted on an empty disk: the
+        // controllers fenced its old incarnation and took it out of the ISR. The leader's
+        // last word from it (offset 100, a moment ago) is about a log that no longer exists.
+        let mut s = three();
+        s.on_leader_durable(100);
+        s.on_follower_fetch(2, 1, 100, 100, 1_000);
+        s.on_follower_fetch(3, 1, 100, 100, 1_000);
+        assert_eq!(s.on_isr_committed(vec![1, 3], 1), None);
+        assert_eq!(s.tick(1_100), None, "no fetch since it left the ISR");
+        // its new incarnation fetches from 0: still not caught up
+        s.on_follower_fetch(2, 2, 0, 100, 1_200);
+        assert_eq!(s.tick(1_300), None, "the new incarnation has nothing yet");
+        s.on_follower_fetch(2, 2, 100, 100, 1_400);
+        assert_eq!(
+            s.tick(1_500),
+            Some(IsrProposal {
+                isr: vec![1, 3, 2],
+                partition_epoch: 1,
+                joining: vec![(2, 2)],
+            }),
+            "caught up again, as its registration 2"
+        );
+    }
+
+    #[test]
+    fn a_late_fetch_of_an_old_incarnation_is_ignored() {
+        let mut s = three();
+        s.on_leader_durable(100);
+        s.on_follower_fetch(3, 1, 100, 100, 1_000);
+        s.on_follower_fetch(2, 2, 0, 100, 1_000);
+        // a fetch its previous process sent before it died arrives now
+        assert_eq!(s.on_follower_fetch(2, 1, 100, 100, 1_100), None);
+        assert_eq!(s.high_watermark(), 0, "2 is at 0");
+        s.on_isr_committed(vec![1, 3], 1);
+        assert_eq!(s.on_follower_fetch(2, 1, 100, 100, 1_200), None);
+        assert_eq!(
+            s.tick(1_300),
+            None,
+            "only registration 2 speaks for broker 2"
+        );
     }
 
     #[test]
@@ -505,8 +582,8 @@ mod tests {
         for round in 0..100u64 {
             let now = round as i64 * 1_000;
             s.on_leader_durable(round * 10 + 10);
-            s.on_follower_fetch(2, round * 10, round * 10 + 10, now);
-            s.on_follower_fetch(3, round * 10, round * 10 + 10, now);
+            s.on_follower_fetch(2, 1, round * 10, round * 10 + 10, now);
+            s.on_follower_fetch(3, 1, round * 10, round * 10 + 10, now);
             assert_eq!(s.tick(now), None, "round {round}: nobody lags");
         }
         // Follower 3 stops making progress: it is proposed for removal after the lag time.
@@ -514,8 +591,8 @@ mod tests {
         for round in 100..200u64 {
             let now = round as i64 * 1_000;
             s.on_leader_durable(round * 10 + 10);
-            s.on_follower_fetch(2, round * 10, round * 10 + 10, now);
-            s.on_follower_fetch(3, 990, round * 10 + 10, now);
+            s.on_follower_fetch(2, 1, round * 10, round * 10 + 10, now);
+            s.on_follower_fetch(3, 1, 990, round * 10 + 10, now);
             if let Some(p) = s.tick(now) {
                 removed = Some((round, p.isr));
                 break;
@@ -532,11 +609,11 @@ mod tests {
     #[test]
     fn a_follower_that_stopped_fetching_is_not_re_added() {
         let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, 50, POLICY, 0);
-        s.on_follower_fetch(2, 50, 50, 1);
-        s.on_follower_fetch(3, 50, 50, 1); // caught up, then it dies
-        s.on_follower_fetch(2, 50, 50, 20_000);
+        s.on_follower_fetch(2, 1, 50, 50, 1);
+        s.on_follower_fetch(3, 1, 50, 50, 1); // caught up, then it dies
+        s.on_follower_fetch(2, 1, 50, 50, 20_000);
         assert_eq!(s.tick(20_000), None);
-        s.on_follower_fetch(3, 50, 50, 20_001); // it is back
+        s.on_follower_fetch(3, 1, 50, 50, 20_001); // it is back
         assert_eq!(s.tick(20_002).map(|p| p.isr), Some(vec![1, 2, 3]));
     }
 
@@ -573,14 +650,14 @@ mod tests {
     #[test]
     fn an_expansion_whose_answer_was_lost_keeps_counting_the_new_member() {
         let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, 50, POLICY, 0);
-        s.on_follower_fetch(2, 50, 50, 1);
-        s.on_follower_fetch(3, 50, 50, 1);
+        s.on_follower_fetch(2, 1, 50, 50, 1);
+        s.on_follower_fetch(3, 1, 50, 50, 1);
         let p = s.tick(2).expect("3 caught up");
         assert_eq!(p.isr, vec![1, 2, 3]);
         // committed at partition epoch 5 by a controller that died; the retry is refused
         s.on_isr_refused(IsrRefusal::Unknown, 4, 3);
         s.on_leader_durable(60);
-        s.on_follower_fetch(2, 60, 60, 4);
+        s.on_follower_fetch(2, 1, 60, 60, 4);
         assert_eq!(
             s.high_watermark(),
             50,
@@ -598,7 +675,7 @@ mod tests {
         );
         // the metadata shows it committed
         assert_eq!(s.on_isr_committed(vec![1, 2, 3], 5), None);
-        assert_eq!(s.on_follower_fetch(3, 60, 60, 2_001), Some(60));
+        assert_eq!(s.on_follower_fetch(3, 1, 60, 60, 2_001), Some(60));
         assert_eq!(s.tick(2_002), None);
     }
 
@@ -606,8 +683,8 @@ mod tests {
     #[test]
     fn a_late_answer_to_an_older_proposal_leaves_the_pending_one_alone() {
         let mut s = LeaderState::new(assignment(vec![1, 2], 4), 50, 50, 50, POLICY, 0);
-        s.on_follower_fetch(2, 50, 50, 1);
-        s.on_follower_fetch(3, 50, 50, 1);
+        s.on_follower_fetch(2, 1, 50, 50, 1);
+        s.on_follower_fetch(3, 1, 50, 50, 1);
         s.tick(2).expect("3 caught up");
         // the metadata moved to partition epoch 5 (another change); 3 is proposed again there
         s.on_isr_committed(vec![1, 2], 5);
@@ -615,7 +692,7 @@ mod tests {
         // the first proposal's refusal arrives late
         s.on_isr_refused(IsrRefusal::Rejected, 4, 4);
         s.on_leader_durable(60);
-        s.on_follower_fetch(2, 60, 60, 5);
+        s.on_follower_fetch(2, 1, 60, 60, 5);
         assert_eq!(
             s.high_watermark(),
             50,
@@ -631,15 +708,15 @@ mod tests {
         // a new leader at log end 100 with a stale HW of 40; 2 (in the ISR) is still at 40,
         // 3 (out of it) at 70
         let mut s = LeaderState::new(assignment(vec![1, 2], 4), 100, 100, 40, POLICY, 0);
-        s.on_follower_fetch(2, 40, 100, 1);
-        s.on_follower_fetch(3, 70, 100, 1);
+        s.on_follower_fetch(2, 1, 40, 100, 1);
+        s.on_follower_fetch(3, 1, 70, 100, 1);
         assert_eq!(s.high_watermark(), 40);
         assert_eq!(
             s.tick(2),
             None,
             "3 reached the stale HW 40 but not the epoch start 100"
         );
-        s.on_follower_fetch(3, 100, 100, 3);
+        s.on_follower_fetch(3, 1, 100, 100, 3);
         assert_eq!(s.tick(4).map(|p| p.isr), Some(vec![1, 2, 3]));
     }
 }

@@ -180,6 +180,7 @@ impl Replica for ReplicaService {
             .replica_fetch(
                 FollowerFetch {
                     replica: r.replica_id,
+                    broker_epoch: r.broker_epoch,
                     epoch: r.leader_epoch,
                     offset: r.fetch_offset,
                     deleted_below: r.deleted_below,

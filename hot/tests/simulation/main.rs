@@ -1,6 +1,7 @@
 //! A deterministic simulation of replication: three brokers, the controllers' metadata state
 //! machine and an idempotent acks=all producer, over a network that delays, drops and
-//! reorders messages, with crashes (losing what was not fsynced), restarts, isolated brokers
+//! reorders messages, with crashes (losing what was not fsynced), restarts (a few on an
+//! empty disk), isolated brokers
 //! and controller failovers between committing an AlterIsr and answering it. A quarter of the
 //! runs have four brokers and play the laggard scenario (`laggard.rs`).
 //!
@@ -68,6 +69,8 @@ enum Msg {
     },
     Fetch {
         req: u64,
+        /// The sender's registration.
+        broker_epoch: u64,
         epoch: i32,
         offset: u64,
     },
@@ -101,6 +104,8 @@ enum Msg {
         leader_epoch: i32,
         partition_epoch: i32,
         isr: Vec<i32>,
+        /// The members it adds, with the registrations that caught up.
+        joining: Vec<(i32, u64)>,
         /// Set on the broker's retry after the controller it called failed over.
         retry: bool,
     },
@@ -143,6 +148,15 @@ struct Consumer {
     acked: u64,
 }
 
+/// An AlterIsr request as the controller receives it.
+struct AlterIsrCall {
+    req: u64,
+    leader_epoch: i32,
+    partition_epoch: i32,
+    isr: Vec<i32>,
+    joining: Vec<(i32, u64)>,
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Event {
     Deliver,
@@ -174,6 +188,8 @@ struct Stats {
     isr_changes: u64,
     lost_isr_answers: u64,
     crashes: u64,
+    /// Restarts on an empty disk.
+    disk_losses: u64,
     /// Laggards that rejoined the ISR, after which the rest of it failed (`laggard.rs`).
     laggard_rejoins: u64,
     /// Answers that reached a fetcher of an earlier role.
@@ -287,6 +303,8 @@ impl World {
                 rack: None,
             })
             .expect("registration applies");
+            let epoch = w.meta.brokers[&b].epoch;
+            w.replicas.get_mut(&b).expect("broker").broker_epoch = epoch;
         }
         // Placement rotates the preferred leader: vary it by seed.
         for i in 0..rng.below(3) {
@@ -478,10 +496,20 @@ impl World {
                 let odds = if self.unclean { 600 } else { 200 };
                 if self.replicas[&b].alive && self.rng.chance(odds) && !self.laggard_playing() {
                     self.crash(b);
+                    // Now and then its disk is lost too, and it is started again at once on
+                    // a new one, while the leader still remembers its last fetches.
+                    if self.disk_loss_survivable(b) && self.rng.chance(150) {
+                        self.lose_disk(b);
+                        self.restart(b);
+                    }
                 }
             }
             Event::Restart => {
                 if !self.replicas[&b].alive && !self.laggard_held_down(b) {
+                    // or its disk was replaced while it was down
+                    if self.disk_loss_survivable(b) && self.rng.chance(100) {
+                        self.lose_disk(b);
+                    }
                     self.restart(b);
                 }
             }
@@ -543,6 +571,21 @@ impl World {
         self.check_invariants()
     }
 
+    /// Whether `b` losing its disk now can lose nothing acknowledged: another ISR member has
+    /// it. Not in a run with unclean elections, nor when `b` is the ISR's last member (the
+    /// controllers keep that one, so it could come back and lead with nothing, as in Kafka).
+    /// The check is made as the broker starts on the new disk: its registration then takes it
+    /// out of the ISR before anything else happens.
+    fn disk_loss_survivable(&self, b: i32) -> bool {
+        !self.unclean && !self.laggard_playing() && self.partition().isr != [b]
+    }
+
+    fn lose_disk(&mut self, b: i32) {
+        self.replicas.get_mut(&b).expect("broker").lose_disk();
+        self.stats.disk_losses += 1;
+        trace!(self, "b{b} LOSES ITS DISK");
+    }
+
     /// The process starts again and registers with a new incarnation.
     fn restart(&mut self, b: i32) {
         self.replicas.get_mut(&b).expect("broker").restart();
@@ -553,6 +596,8 @@ impl World {
             endpoints: vec![],
             rack: None,
         });
+        let epoch = self.meta.brokers[&b].epoch;
+        self.replicas.get_mut(&b).expect("broker").broker_epoch = epoch;
         self.silent_since.remove(&b);
         let r = &self.replicas[&b];
         trace!(
@@ -645,14 +690,24 @@ impl World {
             (Node::Producer, Msg::ProduceReply { req, seq, result }) => {
                 self.on_produce_reply(req, seq, result)
             }
-            (Node::Broker(b), Msg::Fetch { req, epoch, offset }) => {
+            (
+                Node::Broker(b),
+                Msg::Fetch {
+                    req,
+                    broker_epoch,
+                    epoch,
+                    offset,
+                },
+            ) => {
                 let Node::Broker(from) = e.from else { return };
                 let now = self.now;
-                let result = self
-                    .replicas
-                    .get_mut(&b)
-                    .expect("broker")
-                    .serve_fetch(from, epoch, offset, now);
+                let result = self.replicas.get_mut(&b).expect("broker").serve_fetch(
+                    from,
+                    broker_epoch,
+                    epoch,
+                    offset,
+                    now,
+                );
                 self.send(
                     Node::Broker(b),
                     e.from,
@@ -689,11 +744,19 @@ impl World {
                     leader_epoch,
                     partition_epoch,
                     isr,
+                    joining,
                     retry,
                 },
             ) => {
                 let Node::Broker(b) = e.from else { return };
-                self.controller_alter_isr(b, req, leader_epoch, partition_epoch, isr, retry)
+                let call = AlterIsrCall {
+                    req,
+                    leader_epoch,
+                    partition_epoch,
+                    isr,
+                    joining,
+                };
+                self.controller_alter_isr(b, call, retry)
             }
             (
                 Node::Broker(b),
@@ -724,15 +787,14 @@ impl World {
     /// The active controller handles AlterIsr: the command is committed to the metadata log
     /// and answered, unless this controller dies between the two (then the broker's client
     /// retries on another controller, which finds the change already applied).
-    fn controller_alter_isr(
-        &mut self,
-        b: i32,
-        req: u64,
-        leader_epoch: i32,
-        partition_epoch: i32,
-        isr: Vec<i32>,
-        retry: bool,
-    ) {
+    fn controller_alter_isr(&mut self, b: i32, call: AlterIsrCall, retry: bool) {
+        let AlterIsrCall {
+            req,
+            leader_epoch,
+            partition_epoch,
+            isr,
+            joining,
+        } = call;
         let before = self.partition().isr.clone();
         let result = if self.meta.brokers[&b].fenced {
             Err(Refusal::Unknown)
@@ -744,6 +806,7 @@ impl World {
                 leader_epoch,
                 partition_epoch,
                 isr: isr.clone(),
+                joining: joining.clone(),
             }) {
                 Ok(()) => {
                     self.stats.isr_changes += 1;
@@ -754,7 +817,7 @@ impl World {
                 Err(_) => Err(Refusal::Unknown),
             }
         };
-        trace!(self, "controller AlterIsr from b{b} {isr:?} at partition epoch {partition_epoch}: {result:?}");
+        trace!(self, "controller AlterIsr from b{b} {isr:?} (joining {joining:?}) at partition epoch {partition_epoch}: {result:?}");
         if result.is_ok() {
             self.laggard_on_isr_change(&before);
         }
@@ -769,6 +832,7 @@ impl World {
                     leader_epoch,
                     partition_epoch,
                     isr,
+                    joining,
                     retry: true,
                 },
             );
@@ -979,6 +1043,7 @@ impl World {
         }
         let end = r.end();
         let durable = r.published;
+        let broker_epoch = r.broker_epoch;
         let latest = r.epochs.latest().map(|e| e.epoch);
         let Role::Follower {
             leader,
@@ -1019,6 +1084,7 @@ impl World {
                 }
                 Msg::Fetch {
                     req,
+                    broker_epoch,
                     epoch,
                     offset: end,
                 }
@@ -1198,7 +1264,7 @@ impl World {
             }
             return;
         }
-        let Some((epoch, partition_epoch, isr)) = r.isr_tick(now) else {
+        let Some((epoch, partition_epoch, isr, joining)) = r.isr_tick(now) else {
             return;
         };
         let req = self.req();
@@ -1221,6 +1287,7 @@ impl World {
                 leader_epoch: epoch,
                 partition_epoch,
                 isr,
+                joining,
                 retry: false,
             },
         );
@@ -1516,6 +1583,7 @@ fn replication_survives_seeded_faults() {
         total.isr_changes += s.isr_changes;
         total.lost_isr_answers += s.lost_isr_answers;
         total.crashes += s.crashes;
+        total.disk_losses += s.disk_losses;
         total.laggard_rejoins += s.laggard_rejoins;
         total.stale_fetcher_answers += s.stale_fetcher_answers;
         total.commits += s.commits;
@@ -1534,6 +1602,7 @@ fn replication_survives_seeded_faults() {
         total.truncations > 0
             && total.lost_isr_answers > 0
             && total.crashes > 0
+            && total.disk_losses > 0
             && total.laggard_rejoins > 0
             && total.stale_fetcher_answers > 0
             && total.commits > seeds / 8,

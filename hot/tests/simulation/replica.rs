@@ -149,6 +149,8 @@ pub struct Replica {
     pub alive: bool,
     /// Bumped at every restart: replies to an older incarnation's requests are lost.
     pub incarnation: u32,
+    /// The controllers' epoch for its current registration (what its fetches carry).
+    pub broker_epoch: u64,
     pub log: Vec<Rec>,
     /// The fsynced prefix: what a crash keeps.
     pub durable: usize,
@@ -212,6 +214,7 @@ impl Replica {
             id,
             alive: true,
             incarnation: 0,
+            broker_epoch: 0,
             log: Vec::new(),
             durable: 0,
             published: 0,
@@ -489,6 +492,7 @@ impl Replica {
     pub fn serve_fetch(
         &mut self,
         from: i32,
+        broker_epoch: u64,
         epoch: i32,
         offset: u64,
         now: i64,
@@ -512,7 +516,7 @@ impl Replica {
         if offset > end {
             return Err(FetchError::OutOfRange { leader_end: end });
         }
-        let hw = state.on_follower_fetch(from, offset, end, now);
+        let hw = state.on_follower_fetch(from, broker_epoch, offset, end, now);
         self.publish_hw(hw);
         let upto = (offset + 4).min(end) as usize;
         Ok((self.log[offset as usize..upto].to_vec(), self.hw))
@@ -634,7 +638,8 @@ impl Replica {
     }
 
     /// The ISR change to propose now (`broker/isr.rs` tick), when no call is in flight.
-    pub fn isr_tick(&mut self, now: i64) -> Option<(i32, i32, Vec<i32>)> {
+    #[allow(clippy::type_complexity)]
+    pub fn isr_tick(&mut self, now: i64) -> Option<(i32, i32, Vec<i32>, Vec<(i32, u64)>)> {
         let Role::Leader {
             epoch, state, call, ..
         } = &mut self.role
@@ -645,7 +650,7 @@ impl Replica {
             return None;
         }
         let p = state.tick(now)?;
-        Some((*epoch, p.partition_epoch, p.isr))
+        Some((*epoch, p.partition_epoch, p.isr, p.joining))
     }
 
     /// The controllers answered (or the call failed): `Partition::isr_answer`.
@@ -702,6 +707,20 @@ impl Replica {
         self.sync = None;
         self.stale_fetchers.clear();
         self.coordinators.clear();
+    }
+
+    /// The disk is replaced while the process is down: it starts again with an empty log, no
+    /// epochs and no producer state, as a broker whose data directory was lost.
+    pub fn lose_disk(&mut self) {
+        self.log.clear();
+        self.durable = 0;
+        self.segments = BTreeSet::from([0]);
+        self.recovery_point = 0;
+        self.pending_recovery_point = None;
+        self.torn = None;
+        self.epochs = LeaderEpochCache::default();
+        self.snapshots.clear();
+        self.producers = ProducerStateTable::default();
     }
 
     /// The process starts again: `PartitionLog::open` and a fresh `Partition`.
