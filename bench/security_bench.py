@@ -8,6 +8,7 @@ machine's cores, so it also prints CPU seconds per GB acknowledged, for the brok
 
     cargo build --release --bin strata
     STRATA_BIN=target/release/strata python3 bench/security_bench.py [--seconds 10] [--rounds 2]
+        [--cipher-suites TLS_AES_128_GCM_SHA256]
 
 With `--client rust` the load comes from `target/release/examples/produce_load` instead (build
 it with `cargo build --release -p strata-hot --example produce_load`): one connection sending
@@ -75,8 +76,9 @@ def start_broker(args, cpus=None):
         f'[[kafka.listeners]]\nname = "PLAIN"\nlisten = "127.0.0.1:{plain}"\nprotocol = "PLAINTEXT"\n'
         f'[[kafka.listeners]]\nname = "SECURE"\nlisten = "127.0.0.1:{secure}"\nprotocol = "SASL_SSL"\n'
         f'[kafka.tls]\ncert = "{certs}/node-bench.pem"\nkey = "{certs}/node-bench.key"\n'
+        + (f'cipher_suites = {json.dumps(args.cipher_suites.split(","))}\n' if args.cipher_suites else '')
         # the cost of authentication and encryption, not of ACL look-ups on an open cluster
-        '[auth]\nallow_everyone_if_no_acl_found = true\n')
+        + '[auth]\nallow_everyone_if_no_acl_found = true\n')
     log = open(work / "strata.log", "wb")
     env = dict(os.environ, STRATA__TOPICS__RETENTION_CHECK_INTERVAL="1s")
     proc = subprocess.Popen([args.binary, "dev", "--config", str(config), "--data-dir", str(work / "data"),
@@ -179,6 +181,9 @@ def main():
     ap.add_argument("--fixed-rate", type=int, default=50_000,
                     help="a rate both listeners sustain, with the same linger: the broker's CPU "
                          "per GB there compares equal batches")
+    ap.add_argument("--cipher-suites", default="",
+                    help="the SASL_SSL listener's kafka.tls.cipher_suites, comma-separated "
+                         "(e.g. TLS_AES_128_GCM_SHA256); default: rustls's, the client's order")
     ap.add_argument("--client", choices=("librdkafka", "rust"), default="librdkafka")
     args = ap.parse_args()
     if args.client == "rust":

@@ -221,6 +221,50 @@ def test_wrong_credentials_and_wrong_protocols_fail_and_the_broker_keeps_serving
     rdkafka_roundtrip(sasl_conf(node, "SCRAM-SHA-512"), ["after-the-attacks"])
 
 
+def tls_handshake(node, listener, **limits):
+    """A Python (OpenSSL) TLS handshake with a listener: the negotiated (suite, version)."""
+    ctx = ssl.create_default_context(cafile=str(node.certs / "ca.pem"))
+    for name, value in limits.items():
+        setattr(ctx, name, value)
+    with socket.create_connection(("127.0.0.1", node.ports[listener]), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+            suite, version, _ = tls.cipher()
+            return suite, version
+
+
+def test_cipher_suites_and_protocols_are_the_operators_choice(tmp_path):
+    """Kafka's ssl.cipher.suites and ssl.enabled.protocols: the broker's order wins over the
+    client's, a client that cannot meet them is refused, and names that are off are refused
+    when the config is read."""
+    tls_choice = 'cipher_suites = ["TLS_AES_128_GCM_SHA256", "TLS_CHACHA20_POLY1305_SHA256"]\n' \
+                 'protocols = ["TLSv1.3"]\n'
+    n = SecureNode(tmp_path, tls_choice + "[auth]\nallow_everyone_if_no_acl_found = true\n")
+    try:
+        # OpenSSL's own order puts AES-256-GCM first; the broker's list decides
+        assert tls_handshake(n, "SECURE") == ("TLS_AES_128_GCM_SHA256", "TLSv1.3")
+        # a client that speaks TLS 1.2 at most is refused
+        with pytest.raises(ssl.SSLError):
+            tls_handshake(n, "SECURE", maximum_version=ssl.TLSVersion.TLSv1_2)
+        assert n.alive()
+        pw = tmp_path / "alice.pw"
+        pw.write_text(PASSWORD + "\n")
+        pw.chmod(0o600)
+        n.user("create", "alice", "--password-file", str(pw))
+        n.cli("topic", "create", "ledger", "--bootstrap", n.bootstrap("PLAIN"))
+        rdkafka_roundtrip(sasl_conf(n, "SCRAM-SHA-512"), ["aes-128"])
+    finally:
+        n.stop()
+    base = n.config.read_text().replace(tls_choice, "")
+    for bad, says in (('cipher_suites = ["TLS_RSA_WITH_RC4_128_MD5"]\n', "unknown cipher suite"),
+                      ('protocols = ["TLSv1.1"]\n', 'unknown protocol "TLSv1.1"'),
+                      ('cipher_suites = ["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"]\nprotocols = ["TLSv1.3"]\n',
+                       "no suite in cipher_suites works")):
+        cfg = tmp_path / "bad.toml"
+        cfg.write_text(base.replace("[auth]", bad + "[auth]"))
+        r = subprocess.run([n.bin, "config", "check", str(cfg)], capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0 and says in r.stderr, r.stderr
+
+
 def raw_request(sock, api_key, version, body=b""):
     header = struct.pack(">hhih", api_key, version, 7, 4) + b"test"
     sock.sendall(struct.pack(">i", len(header) + len(body)) + header + body)

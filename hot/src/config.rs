@@ -808,6 +808,9 @@ impl ServerConfig {
     }
 
     pub(crate) fn validate(&self) -> anyhow::Result<()> {
+        if let Some(t) = &self.kafka.tls {
+            crate::kafka::tls::choices(t)?;
+        }
         if self.node_id < 0 {
             bail!("node_id must be 0 or more, not {}", self.node_id);
         }

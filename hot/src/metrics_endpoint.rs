@@ -69,6 +69,8 @@ pub async fn serve(
                 key: t.key.clone(),
                 client_ca: None,
                 client_auth: ClientAuth::None,
+                cipher_suites: Vec::new(),
+                protocols: Vec::new(),
             };
             crate::kafka::tls::acceptor(&section, ClientAuth::None)
         })

@@ -72,6 +72,8 @@ pub fn secure(config: &mut ServerConfig) -> anyhow::Result<SecureDev> {
         key: key.clone(),
         client_ca: Some(certs.join("ca.pem")),
         client_auth: ClientAuth::None,
+        cipher_suites: Vec::new(),
+        protocols: Vec::new(),
     });
     config.kafka.sasl.mechanisms = vec!["SCRAM-SHA-512".into(), "SCRAM-SHA-256".into()];
     config.tls = Some(GrpcTlsSection {

@@ -40,6 +40,79 @@ pub struct TlsSection {
     pub client_ca: Option<PathBuf>,
     #[serde(default)]
     pub client_auth: ClientAuth,
+    /// Kafka's `ssl.cipher.suites`: the suites offered, by their IANA names, in the
+    /// broker's order of preference (which then wins over the client's). Empty: every
+    /// suite rustls offers (AES-256-GCM, AES-128-GCM and ChaCha20-Poly1305), in the
+    /// client's order.
+    #[serde(default)]
+    pub cipher_suites: Vec<String>,
+    /// Kafka's `ssl.enabled.protocols`: "TLSv1.3", "TLSv1.2". Empty: both.
+    #[serde(default)]
+    pub protocols: Vec<String>,
+}
+
+/// A suite's IANA name (rustls spells the TLS 1.3 ones `TLS13_…`; IANA and Kafka's JVM
+/// spell them `TLS_AES_128_GCM_SHA256`).
+fn iana_name(suite: &rustls::SupportedCipherSuite) -> Option<String> {
+    let name = suite.suite().as_str()?;
+    Some(match name.strip_prefix("TLS13_") {
+        Some(rest) => format!("TLS_{rest}"),
+        None => name.to_string(),
+    })
+}
+
+/// The suites `cipher_suites` names, in its order: the provider's, by their IANA names
+/// (rustls's `TLS13_` spelling is taken too).
+fn suites(
+    names: &[String],
+    provider: &rustls::crypto::CryptoProvider,
+) -> anyhow::Result<Vec<rustls::SupportedCipherSuite>> {
+    let mut out = Vec::new();
+    for name in names {
+        let wanted = name.trim();
+        let Some(suite) = provider.cipher_suites.iter().find(|s| {
+            iana_name(s).as_deref() == Some(wanted) || s.suite().as_str() == Some(wanted)
+        }) else {
+            let known: Vec<String> = provider
+                .cipher_suites
+                .iter()
+                .filter_map(iana_name)
+                .collect();
+            bail!(
+                "kafka.tls.cipher_suites: unknown cipher suite {name:?}; known: {}",
+                known.join(", ")
+            );
+        };
+        if !out.contains(suite) {
+            out.push(*suite);
+        }
+    }
+    Ok(out)
+}
+
+/// The versions `protocols` may name.
+fn versions(names: &[String]) -> anyhow::Result<Vec<&'static rustls::SupportedProtocolVersion>> {
+    if names.is_empty() {
+        return Ok(rustls::DEFAULT_VERSIONS.to_vec());
+    }
+    let mut out = Vec::new();
+    for name in names {
+        let v = match name.as_str() {
+            "TLSv1.3" => &rustls::version::TLS13,
+            "TLSv1.2" => &rustls::version::TLS12,
+            other => bail!(
+                "kafka.tls.protocols: unknown protocol {other:?}; use \"TLSv1.3\" and/or \"TLSv1.2\" \
+                 (older versions are not offered)"
+            ),
+        };
+        if !out
+            .iter()
+            .any(|o: &&rustls::SupportedProtocolVersion| o.version == v.version)
+        {
+            out.push(v);
+        }
+    }
+    Ok(out)
 }
 
 /// Refuses a secret file (a TLS key, a password file) that users other than its owner may
@@ -72,15 +145,43 @@ fn certificates(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
     Ok(certs)
 }
 
+/// The crypto provider with `cipher_suites` applied, and the versions `protocols` enables:
+/// checked when the config is read, so a name that is off fails `strata config check`.
+pub fn choices(
+    t: &TlsSection,
+) -> anyhow::Result<(
+    rustls::crypto::CryptoProvider,
+    Vec<&'static rustls::SupportedProtocolVersion>,
+)> {
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    if !t.cipher_suites.is_empty() {
+        provider.cipher_suites = suites(&t.cipher_suites, &provider)?;
+    }
+    let versions = versions(&t.protocols)?;
+    if !provider
+        .cipher_suites
+        .iter()
+        .any(|s| versions.iter().any(|v| s.version().version == v.version))
+    {
+        bail!(
+            "kafka.tls: no suite in cipher_suites works with the protocols enabled ({}); \
+             add a TLSv1.3 suite such as TLS_AES_128_GCM_SHA256, or enable TLSv1.2",
+            t.protocols.join(", ")
+        );
+    }
+    Ok((provider, versions))
+}
+
 /// Builds the acceptor once at start, so a bad file fails the start with a clear error.
 pub fn acceptor(t: &TlsSection, client_auth: ClientAuth) -> anyhow::Result<TlsAcceptor> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let (provider, versions) = choices(t)?;
+    let provider = Arc::new(provider);
     let certs = certificates(&t.cert)?;
     check_private(&t.key)?;
     let key = PrivateKeyDer::from_pem_file(&t.key)
         .with_context(|| format!("reading the private key in {}", t.key.display()))?;
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(&versions)
         .context("choosing TLS versions")?;
     let builder = match (client_auth, &t.client_ca) {
         (ClientAuth::None, _) => builder.with_no_client_auth(),
@@ -101,12 +202,14 @@ pub fn acceptor(t: &TlsSection, client_auth: ClientAuth) -> anyhow::Result<TlsAc
             builder.with_client_cert_verifier(verifier.build().context("client CA")?)
         }
     };
-    let config = builder.with_single_cert(certs, key).with_context(|| {
+    let mut config = builder.with_single_cert(certs, key).with_context(|| {
         format!(
             "the key in {} does not fit the certificate",
             t.key.display()
         )
     })?;
+    // A configured list is the operator's order of preference.
+    config.ignore_client_order = !t.cipher_suites.is_empty();
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
@@ -335,7 +438,65 @@ mod tests {
 
     use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 
-    use super::{low_water, LowWater, ReadAhead, MARK_MAX, READ_AHEAD};
+    use super::{choices, low_water, ClientAuth, LowWater, ReadAhead, TlsSection};
+    use super::{MARK_MAX, READ_AHEAD};
+
+    fn section(suites: &[&str], protocols: &[&str]) -> TlsSection {
+        TlsSection {
+            cert: "node.pem".into(),
+            key: "node.key".into(),
+            client_ca: None,
+            client_auth: ClientAuth::None,
+            cipher_suites: suites.iter().map(|s| s.to_string()).collect(),
+            protocols: protocols.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn cipher_suites_and_protocols_are_checked_by_name() {
+        let (all, versions) = choices(&section(&[], &[])).unwrap();
+        assert!(all.cipher_suites.len() >= 3);
+        assert_eq!(versions.len(), 2);
+        // IANA's and rustls's spelling, in the operator's order, duplicates dropped
+        let (p, _) = choices(&section(
+            &[
+                "TLS_AES_128_GCM_SHA256",
+                "TLS13_CHACHA20_POLY1305_SHA256",
+                "TLS_AES_128_GCM_SHA256",
+            ],
+            &[],
+        ))
+        .unwrap();
+        let names: Vec<_> = p.cipher_suites.iter().map(|s| s.suite()).collect();
+        assert_eq!(
+            names,
+            [
+                rustls::CipherSuite::TLS13_AES_128_GCM_SHA256,
+                rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
+            ]
+        );
+        let e = choices(&section(&["TLS_RSA_WITH_RC4_128_MD5"], &[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown cipher suite") && e.contains("TLS_AES_256_GCM_SHA384"),
+            "{e}"
+        );
+        let e = choices(&section(&[], &["TLSv1.1"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown protocol \"TLSv1.1\""), "{e}");
+        let (_, v) = choices(&section(&[], &["TLSv1.3"])).unwrap();
+        assert_eq!(v.len(), 1);
+        // a TLS 1.2 suite only, TLS 1.3 only: nothing could be negotiated
+        let e = choices(&section(
+            &["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"],
+            &["TLSv1.3"],
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("no suite in cipher_suites works"), "{e}");
+    }
 
     impl LowWater for tokio::io::DuplexStream {
         fn set_low_water(&self, _bytes: usize) -> std::io::Result<()> {
