@@ -189,6 +189,8 @@ def test_config_check_prints_the_effective_config_with_env_overrides(tmp_path):
         ("", {"STRATA__ROLES": "broker,brokr"}, "unknown variant `brokr`"),
         ("[kafka\n", {}, "parsing config file"),
         ("", {"STRATA__KAFKA__MAX_REQUEST_BYTES": "10"}, "max_request_bytes must be between"),
+        ("", {"STRATA__TOPICS__COMPACTION_CHECK_INTERVAL": "0s"}, "compaction_check_interval must be more than 0s"),
+        ("", {"STRATA__TOPICS__COMPACTION_MAP_BYTES": "1000"}, "compaction_map_bytes must be at least"),
     ]:
         path.write_text(text)
         r = config_check(path, env)

@@ -34,7 +34,7 @@ use strata_cold::object_store::ObjectStore;
 use strata_cold::upload::{SegmentIndex, UploadConfig, UploadError, Uploader};
 use strata_core::batch::{verify, BatchHeader, HEADER_LEN};
 
-use crate::batches::{compact_batch, Decided, Index, Kept, Policy};
+use strata_core::compact::{compact_batch, Decided, Index, Kept, Policy};
 
 /// How the compactor works, whatever the topic.
 #[derive(Debug, Clone)]

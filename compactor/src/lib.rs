@@ -4,6 +4,5 @@
 //! names after a grace period. It reads and writes the object store only, and changes a
 //! partition's manifest with the same create-only writes the brokers use.
 
-pub mod batches;
 pub mod job;
 pub mod service;

@@ -221,6 +221,26 @@ pub fn validate_produced(buf: &[u8]) -> Result<BatchHeader, BatchError> {
     Ok(header)
 }
 
+/// Validates one batch a leader sent a follower: as [`validate_produced`], except that a
+/// compacted log's batch may hold fewer records than its offset range (some were cleaned
+/// away), down to none (an empty batch kept for its producer's sequence).
+pub fn validate_replicated(buf: &[u8]) -> Result<BatchHeader, BatchError> {
+    let header = verify(buf)?;
+    if header.total_len() != buf.len() {
+        return Err(BatchError::TrailingBytes(buf.len() - header.total_len()));
+    }
+    if header.record_count < 0
+        || header.last_offset_delta < 0
+        || header.record_count > header.last_offset_delta.saturating_add(1)
+    {
+        return Err(BatchError::BadRecordCount {
+            count: header.record_count,
+            last_offset_delta: header.last_offset_delta,
+        });
+    }
+    Ok(header)
+}
+
 /// The first [`STAMP_LEN`] bytes of `batch` with the base offset and leader epoch replaced.
 /// Write these followed by `batch[STAMP_LEN..]` to store the stamped batch without copying it.
 pub fn stamped_prefix(batch: &[u8], base_offset: i64, leader_epoch: i32) -> [u8; STAMP_LEN] {
@@ -704,6 +724,34 @@ mod tests {
             validate_produced(&two),
             Err(BatchError::TrailingBytes(_))
         ));
+    }
+
+    #[test]
+    fn a_replicated_batch_may_have_fewer_records_than_offsets() {
+        let with_count = |b: &[u8], count: i32| {
+            let mut b = b.to_vec();
+            b[57..61].copy_from_slice(&count.to_be_bytes());
+            let crc = compute_crc(&b);
+            b[17..21].copy_from_slice(&crc.to_be_bytes());
+            b
+        };
+        let b = sample(3); // last offset delta 2
+        assert!(validate_replicated(&b).is_ok());
+        // two records cleaned away, or all three: fine for a follower, not for a producer
+        for count in [1, 0] {
+            let fewer = with_count(&b, count);
+            assert!(validate_replicated(&fewer).is_ok(), "count {count}");
+            assert!(matches!(
+                validate_produced(&fewer),
+                Err(BatchError::BadRecordCount { .. })
+            ));
+        }
+        for count in [4, -1] {
+            assert!(matches!(
+                validate_replicated(&with_count(&b, count)),
+                Err(BatchError::BadRecordCount { .. })
+            ));
+        }
     }
 
     #[test]

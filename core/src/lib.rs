@@ -5,6 +5,8 @@
 pub mod batch;
 #[cfg(feature = "codecs")]
 pub mod codec;
+#[cfg(feature = "codecs")]
+pub mod compact;
 pub mod segment;
 pub mod topic;
 pub mod topic_config;

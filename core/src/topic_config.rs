@@ -75,9 +75,16 @@ pub struct LogConfig {
     pub timestamp_before_max_ms: i64,
     /// Likewise for timestamps ahead of the broker's clock (`message.timestamp.after.max.ms`).
     pub timestamp_after_max_ms: i64,
-    /// `max.compaction.lag.ms`: the longest a record may stay uncompacted (the compactor's
-    /// business; kept here because it is checked against `min.compaction.lag.ms`).
+    /// `max.compaction.lag.ms`: the longest a record may stay uncompacted; a log whose
+    /// oldest uncompacted record is older is compacted whatever its dirty ratio.
     pub max_compaction_lag_ms: i64,
+    /// `min.compaction.lag.ms`: records younger than this are not compacted yet.
+    pub min_compaction_lag_ms: i64,
+    /// `delete.retention.ms`: how long a tombstone stays after it is compacted over.
+    pub delete_retention_ms: i64,
+    /// `min.cleanable.dirty.ratio`, in parts per million: the share of a compacted log's
+    /// bytes not yet compacted that makes a compaction due.
+    pub min_cleanable_dirty_ratio_ppm: u32,
 }
 
 impl TimestampType {
@@ -246,8 +253,8 @@ fn format_version(value: &str) -> Result<(), ConfigError> {
 }
 
 /// `cleanup.policy`: `delete`, `compact` or both (comma-separated, any order), normalized.
-/// Compaction runs in the cold tier (strata-compactor), so a compacted topic wants
-/// `remote.storage.enable=true`.
+/// A tiered topic is compacted in the cold tier (strata-compactor), one that is not by its
+/// brokers, each replica its own local log.
 fn cleanup_policy(value: &str) -> Result<String, ConfigError> {
     let (mut compact, mut delete) = (false, false);
     for p in value.split(',').map(str::trim) {
@@ -290,26 +297,27 @@ impl LogConfig {
             })
         };
         let cleanup_policy = cleanup_policy(get("cleanup.policy"))?;
-        // Compaction settings: the compactor (strata-compactor) reads them; checked here so
-        // a bad value is refused when the topic is created, not found later.
-        int(
+        // Compaction settings (the brokers' and strata-compactor's): checked here so a bad
+        // value is refused when the topic is created, not found later.
+        let delete_retention_ms = int(
             "delete.retention.ms",
             get("delete.retention.ms"),
             0,
             i64::MAX,
         )?;
         let ratio = get("min.cleanable.dirty.ratio");
-        if !ratio
+        let Some(ratio_value) = ratio
             .trim()
             .parse::<f64>()
-            .is_ok_and(|r| (0.0..=1.0).contains(&r))
-        {
+            .ok()
+            .filter(|r| (0.0..=1.0).contains(r))
+        else {
             return Err(ConfigError::InvalidValue {
                 key: "min.cleanable.dirty.ratio".into(),
                 value: ratio.to_string(),
                 reason: "must be a number between 0 and 1".into(),
             });
-        }
+        };
         // A topic that is only compacted keeps records whatever their age or size (Kafka's
         // rule): retention.ms and retention.bytes apply with `delete` only.
         let deletes = cleanup_policy.split(',').any(|p| p == "delete");
@@ -502,7 +510,15 @@ impl LogConfig {
             timestamp_before_max_ms: before,
             timestamp_after_max_ms: after,
             max_compaction_lag_ms: max_lag,
+            min_compaction_lag_ms: min_lag,
+            delete_retention_ms,
+            min_cleanable_dirty_ratio_ppm: (ratio_value * 1e6).round() as u32,
         })
+    }
+
+    /// `cleanup.policy` holds `compact`: the log keeps the latest record of each key.
+    pub fn compacted(&self) -> bool {
+        self.cleanup_policy.split(',').any(|p| p == "compact")
     }
 
     /// Whether a producer asking for `acks` meets `min.acks` (-1, all, is the strongest).

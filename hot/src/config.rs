@@ -592,6 +592,14 @@ pub struct TopicsSection {
     /// A producer id with no batch for this long is forgotten (`producer.id.expiration.ms`).
     #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub producer_id_expiration: Duration,
+    /// How often compacted topics' local logs are checked for a compaction that is due
+    /// (Kafka's `log.cleaner.backoff.ms`).
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
+    pub compaction_check_interval: Duration,
+    /// Memory for one compaction round's key table (Kafka's
+    /// `log.cleaner.dedupe.buffer.size`): past it a round stops at a segment boundary and
+    /// the next one goes on.
+    pub compaction_map_bytes: usize,
     /// Broker-wide defaults for topic configs, under Kafka's names.
     #[serde(deserialize_with = "config_strings")]
     pub defaults: BTreeMap<String, String>,
@@ -649,6 +657,8 @@ impl Default for TopicsSection {
             auto_create: false,
             retention_check_interval: Duration::from_secs(30),
             producer_id_expiration: Duration::from_secs(86_400),
+            compaction_check_interval: Duration::from_secs(15),
+            compaction_map_bytes: 128 << 20,
             defaults: BTreeMap::new(),
         }
     }
@@ -810,6 +820,26 @@ impl ServerConfig {
     pub(crate) fn validate(&self) -> anyhow::Result<()> {
         if let Some(t) = &self.kafka.tls {
             crate::kafka::tls::choices(t)?;
+        }
+        for (name, d) in [
+            (
+                "retention_check_interval",
+                self.topics.retention_check_interval,
+            ),
+            (
+                "compaction_check_interval",
+                self.topics.compaction_check_interval,
+            ),
+        ] {
+            if d.is_zero() {
+                bail!("topics.{name} must be more than 0s");
+            }
+        }
+        if self.topics.compaction_map_bytes < 1 << 20 {
+            bail!(
+                "topics.compaction_map_bytes must be at least 1048576 (1 MiB), not {}",
+                self.topics.compaction_map_bytes
+            );
         }
         if self.node_id < 0 {
             bail!("node_id must be 0 or more, not {}", self.node_id);
@@ -1034,6 +1064,8 @@ impl ServerConfig {
             default_partitions: self.topics.default_partitions,
             retention_check_interval: self.topics.retention_check_interval,
             producer_id_expiration: self.topics.producer_id_expiration,
+            compaction_check_interval: self.topics.compaction_check_interval,
+            compaction_map_bytes: self.topics.compaction_map_bytes,
             auto_create_topics: self.topics.auto_create,
             replica_lag_time_max: self
                 .cluster

@@ -151,6 +151,12 @@ pub struct Metrics {
     /// retention check), and those forgotten for silence (KIP-854).
     pub producer_ids: AtomicU64,
     pub producer_ids_expired: AtomicU64,
+    /// Compaction of compacted topics' local logs: rounds swapped in, records and bytes
+    /// they removed, rounds that failed.
+    pub compactions: AtomicU64,
+    pub compaction_records_removed: AtomicU64,
+    pub compaction_bytes_removed: AtomicU64,
+    pub compaction_errors: AtomicU64,
     /// Requests of each Kafka API, all listeners.
     pub kafka_apis: Arc<KafkaApiStats>,
     /// Connections and request memory of the Kafka listeners.
@@ -532,6 +538,26 @@ fn broker(out: &mut Out<'_>, broker: &Broker) -> fmt::Result {
         "strata_producer_ids_expired_total",
         "Producer ids forgotten after producer_id_expiration without a batch (KIP-854).",
         load(&m.producer_ids_expired),
+    )?;
+    out.counter(
+        "strata_log_compactions_total",
+        "Compaction rounds of compacted topics' local logs that were swapped in.",
+        load(&m.compactions),
+    )?;
+    out.counter(
+        "strata_log_compaction_records_removed_total",
+        "Records compaction removed from local logs (superseded, expired tombstones).",
+        load(&m.compaction_records_removed),
+    )?;
+    out.counter(
+        "strata_log_compaction_bytes_removed_total",
+        "Bytes compaction removed from local logs.",
+        load(&m.compaction_bytes_removed),
+    )?;
+    out.counter(
+        "strata_log_compaction_errors_total",
+        "Compaction rounds that failed (a damaged segment, an I/O error); retried next check.",
+        load(&m.compaction_errors),
     )?;
     let quotas = [
         "producer_byte_rate",

@@ -153,6 +153,7 @@ async fn run_broker(
         "strata is ready"
     );
     broker.spawn_retention();
+    broker.spawn_compaction();
     let (listener_stop_tx, listener_stop_rx) = watch::channel(false);
     if let Some(grpc) = grpc_listener {
         let me = strata_proto::v1::BrokerEndpoint {

@@ -8,7 +8,7 @@ use strata_core::batch::build::{batch, ProducerIds, Rec};
 use strata_core::batch::raw_records;
 
 use super::*;
-use crate::batches::records_section;
+use strata_core::compact::records_section;
 
 type Write = (String, Option<String>);
 /// A batch to write: attributes, producer, writes.

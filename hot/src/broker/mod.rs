@@ -54,6 +54,10 @@ pub struct BrokerConfig {
     /// A producer id with no batch for this long is forgotten (`producer.id.expiration.ms`,
     /// KIP-854); checked with retention.
     pub producer_id_expiration: Duration,
+    /// How often compacted topics' local logs are checked (`log.cleaner.backoff.ms`), and
+    /// the memory of a round's key table (`log.cleaner.dedupe.buffer.size`).
+    pub compaction_check_interval: Duration,
+    pub compaction_map_bytes: usize,
     pub auto_create_topics: bool,
     /// `replica.lag.time.max.ms`: how long a follower may lag before it leaves the ISR.
     pub replica_lag_time_max: Duration,
@@ -1285,6 +1289,62 @@ impl Broker {
                 .await;
                 if let Err(e) = result {
                     tracing::error!(error = %e, "retention task panicked");
+                }
+            }
+        });
+    }
+
+    /// Compacts the local logs of compacted topics that are not tiered, one partition at a
+    /// time (Kafka's single log-cleaner thread), every `compaction_check_interval`.
+    pub fn spawn_compaction(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let every = self.config.compaction_check_interval;
+        let map_bytes = self.config.compaction_map_bytes;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(broker) = weak.upgrade() else { return };
+                let partitions: Vec<_> = broker
+                    .topics()
+                    .iter()
+                    .flat_map(|t| t.local().cloned().collect::<Vec<_>>())
+                    .filter(|p| {
+                        let c = p.log_config();
+                        c.compacted() && !c.remote_storage
+                    })
+                    .collect();
+                if partitions.is_empty() {
+                    continue;
+                }
+                let clock = broker.clock.clone();
+                let metrics = broker.clone();
+                drop(broker);
+                let result = tokio::task::spawn_blocking(move || {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    let m = metrics.metrics();
+                    for p in partitions {
+                        match p.compact(clock.now_ms(), map_bytes) {
+                            Ok(None) => {}
+                            Ok(Some(r)) => {
+                                m.compactions.fetch_add(1, Relaxed);
+                                m.compaction_records_removed
+                                    .fetch_add(r.records_removed, Relaxed);
+                                m.compaction_bytes_removed
+                                    .fetch_add(r.bytes_before.saturating_sub(r.bytes_after), Relaxed);
+                                tracing::info!(topic = %p.topic, partition = p.index, segments = r.segments_rewritten, records_removed = r.records_removed, bytes_before = r.bytes_before, bytes_after = r.bytes_after, keys = r.keys, compacted_to = r.dirty_end, given_up = r.given_up, "compacted the local log");
+                            }
+                            Err(e) => {
+                                m.compaction_errors.fetch_add(1, Relaxed);
+                                tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "compaction failed; will retry");
+                            }
+                        }
+                    }
+                })
+                .await;
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "compaction task panicked");
                 }
             }
         });

@@ -194,7 +194,7 @@ impl ProduceRules {
     fn of(config: &crate::log::LogConfig) -> Self {
         ProduceRules {
             max_message_bytes: config.max_message_bytes,
-            keys_required: config.cleanup_policy.split(',').any(|p| p == "compact"),
+            keys_required: config.compacted(),
             log_append_time: config.timestamp_type
                 == crate::log::config::TimestampType::LogAppendTime,
             timestamp_before_max_ms: config.timestamp_before_max_ms,
@@ -939,6 +939,26 @@ impl Partition {
     pub fn apply_retention(&self, now_ms: i64) -> std::io::Result<usize> {
         let tiered_end = self.progress().tiered_end;
         self.delete_segments(|log| log.apply_retention(now_ms, tiered_end))
+    }
+
+    /// One compaction round of this replica's log if one is due (a compacted topic that
+    /// is not tiered), below its high watermark. Blocking: reads and writes segment files,
+    /// holding the log's lock only to plan and to swap.
+    pub fn compact(
+        &self,
+        now_ms: i64,
+        max_map_bytes: usize,
+    ) -> std::io::Result<Option<crate::log::compaction::CompactionReport>> {
+        if self.failed() {
+            return Ok(None);
+        }
+        let upper = self.progress().high_watermark;
+        let Some(plan) = self.lock().plan_compaction(upper, now_ms, max_map_bytes) else {
+            return Ok(None);
+        };
+        let done = plan.run()?;
+        let report = self.lock().install_compaction(done)?;
+        Ok(Some(report))
     }
 
     /// Records where the cold tier's manifest ends.

@@ -54,7 +54,7 @@ pub(super) struct TopicConfigInfo {
 /// Every key of [`TOPIC_CONFIG_KEYS`] (a unit test holds the two lists together).
 pub(super) fn topic_config_info(key: &str) -> Option<TopicConfigInfo> {
     let (config_type, broker_synonym, doc) = match key {
-        "cleanup.policy" => (TYPE_LIST, Some("log.cleanup.policy"), "delete, compact or both. Compaction runs in the cold tier (strata-compactor)"),
+        "cleanup.policy" => (TYPE_LIST, Some("log.cleanup.policy"), "delete, compact or both. Compacted by the brokers, or in the cold tier (strata-compactor) when tiered"),
         "compression.gzip.level" => (TYPE_INT, Some("compression.gzip.level"), "Accepted and stored; Strata stores batches compressed as the producer sent them, so no effect"),
         "compression.lz4.level" => (TYPE_INT, Some("compression.lz4.level"), "Accepted and stored; Strata stores batches compressed as the producer sent them, so no effect"),
         "compression.type" => (TYPE_STRING, Some("compression.type"), "Accepted and stored; Strata never recompresses: every value behaves as 'producer' (batches are stored as the producer compressed them)"),

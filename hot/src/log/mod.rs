@@ -11,8 +11,11 @@
 //! - `recovery-point`: every segment wholly below this offset is synced and trusted;
 //! - `leader-epoch-checkpoint`: the first offset of every leader epoch in the log;
 //! - `clean-shutdown`: present only while the log is closed cleanly; its log end offset lets
-//!   the next open skip the CRC scan.
+//!   the next open skip the CRC scan;
+//! - `cleaner-offset-checkpoint`: a compacted topic's log is compacted below this offset
+//!   (see [`compaction`]).
 
+pub mod compaction;
 pub mod config;
 pub mod fuzzing;
 pub mod producer_state;
@@ -55,6 +58,13 @@ impl ValidBatch {
     /// Checks one produced batch: exactly one v2 batch with a good CRC and record count.
     pub fn new(bytes: Bytes) -> Result<Self, BatchError> {
         let header = batch::validate_produced(&bytes)?;
+        Ok(ValidBatch { bytes, header })
+    }
+
+    /// Checks one batch fetched from the leader: as [`ValidBatch::new`], but a compacted
+    /// log's batch may hold fewer records than offsets, or none.
+    pub fn replicated(bytes: Bytes) -> Result<Self, BatchError> {
+        let header = batch::validate_replicated(&bytes)?;
         Ok(ValidBatch { bytes, header })
     }
 
@@ -545,8 +555,10 @@ impl PartitionLog {
         })
     }
 
-    /// Appends a batch copied from the leader as it is: its base offset must be this log's
-    /// end, and its offsets and leader epoch are kept (a follower never stamps).
+    /// Appends a batch copied from the leader as it is: its base offset must be at or past
+    /// this log's end (past it where the leader's compaction removed the records between,
+    /// as Kafka's followers allow), and its offsets and leader epoch are kept (a follower
+    /// never stamps).
     pub fn append_replicated(
         &mut self,
         batch: &ValidBatch,
@@ -557,7 +569,7 @@ impl PartitionLog {
             return Err(AppendError::Io(io::Error::other("the log is closed")));
         }
         let end = self.end_offset();
-        if h.base_offset < 0 || h.base_offset as u64 != end {
+        if h.base_offset < 0 || (h.base_offset as u64) < end {
             return Err(AppendError::NotContiguous {
                 expected: end,
                 got: h.base_offset.max(0) as u64,
@@ -569,7 +581,7 @@ impl PartitionLog {
             .latest()
             .is_none_or(|l| l.epoch < h.leader_epoch)
         {
-            self.epochs.assign(h.leader_epoch, end);
+            self.epochs.assign(h.leader_epoch, h.base_offset as u64);
             self.persist_epochs()?;
         }
         let mut prefix = [0u8; batch::STAMP_LEN];
@@ -578,7 +590,7 @@ impl PartitionLog {
         self.producers.record(&h, now_ms);
         self.messages_since_flush += h.record_count as u64;
         Ok(Appended {
-            base_offset: end,
+            base_offset: h.base_offset as u64,
             last_offset: h.last_offset() as u64,
             duplicate: false,
             flush_now: self.config.flush != FlushPolicy::Os,
@@ -621,6 +633,7 @@ impl PartitionLog {
             self.segments.insert(offset, seg);
         }
         self.clamp_deleted_below(offset)?;
+        self.clamp_cleaned_to(offset)?;
         // The next sync covers the cut files and the directory, whatever sync was in flight
         // across the cut (the flusher discards that one).
         self.dir_dirty = true;
@@ -651,6 +664,7 @@ impl PartitionLog {
         // (the leader's local retention removed it after tiering). The leader's own point
         // arrives with its fetch responses.
         self.clamp_deleted_below(offset)?;
+        self.clamp_cleaned_to(offset)?;
         self.producers = ProducerStateTable::default();
         self.epochs.truncate_from_end(0);
         self.persist_epochs()?;

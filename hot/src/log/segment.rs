@@ -68,6 +68,18 @@ impl Segment {
         }
     }
 
+    /// A segment of `base` being written again over `file` (compaction): the caller appends
+    /// the batches that stay, then renames the file over the segment's.
+    pub fn rewritten(
+        dir: &Path,
+        base: u64,
+        file: File,
+        now_ms: i64,
+        index_interval: u32,
+    ) -> Segment {
+        Segment::empty(dir, base, file, now_ms, index_interval)
+    }
+
     /// Creates a new, empty segment starting at `base`.
     pub fn create(dir: &Path, base: u64, now_ms: i64, index_interval: u32) -> io::Result<Segment> {
         let path = dir.join(fmt::file_name(base, LOG_SUFFIX));

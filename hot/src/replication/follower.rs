@@ -348,7 +348,7 @@ fn append(
     let mut batches = Vec::new();
     for item in BatchIter::new(&records) {
         let (_, range) = item.map_err(|e| format!("leader sent a bad batch: {e}"))?;
-        let batch = ValidBatch::new(records.slice(range))
+        let batch = ValidBatch::replicated(records.slice(range))
             .map_err(|e| format!("leader sent a bad batch: {e}"))?;
         batches.push(batch);
     }

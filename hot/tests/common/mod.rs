@@ -19,6 +19,8 @@ pub fn broker_config(dir: &Path) -> BrokerConfig {
         default_partitions: 1,
         retention_check_interval: Duration::from_secs(3600),
         producer_id_expiration: Duration::from_secs(86_400),
+        compaction_check_interval: Duration::from_secs(15),
+        compaction_map_bytes: 128 << 20,
         replica_lag_time_max: Duration::from_secs(30),
         replica_open_timeout: Duration::from_secs(30),
         // Groups form at once (the initial rebalance delay has its own tests), so the

@@ -1,8 +1,8 @@
 use std::collections::BTreeMap;
 
+use crate::batch::build::{batch, ProducerIds, Rec};
+use crate::batch::{verify, Compression};
 use proptest::prelude::*;
-use strata_core::batch::build::{batch, ProducerIds, Rec};
-use strata_core::batch::{verify, Compression};
 
 use super::*;
 

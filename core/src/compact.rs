@@ -1,4 +1,5 @@
-//! Compaction at the level of one record batch.
+//! Compaction at the level of one record batch, shared by the broker's compaction of its
+//! local log and by strata-compactor's of the cold tier.
 //!
 //! Pass 1 ([`Index::observe`]) learns, over the range being compacted, the latest offset of
 //! every key in its dirty part, the outcome of every transaction (its commit or abort
@@ -19,10 +20,8 @@
 
 use std::collections::HashMap;
 
-use strata_core::batch::{
-    compute_crc, raw_records, BatchHeader, RawRecord, HEADER_LEN, LOG_OVERHEAD,
-};
-pub use strata_core::codec::{compress, records_section};
+use crate::batch::{compute_crc, raw_records, BatchHeader, RawRecord, HEADER_LEN, LOG_OVERHEAD};
+pub use crate::codec::{compress, records_section};
 
 fn split<'a>(section: &'a [u8], h: &BatchHeader) -> Result<Vec<RawRecord<'a>>, String> {
     raw_records(section, h.record_count)
