@@ -2,8 +2,10 @@
 (librdkafka 2.x) against a real strata process: CreateTopics with every standard config,
 DescribeConfigs of topics (sources, synonyms) and of the broker, the legacy AlterConfigs
 (API 33, `AdminClient.alter_configs`), IncrementalAlterConfigs APPEND / SUBTRACT, and the
-behaviour behind `message.timestamp.type=LogAppendTime` and the timestamp window."""
+behaviour behind `message.timestamp.type=LogAppendTime`, the timestamp window and
+`compression.type` (the leader re-encodes batches, checked in the segment files)."""
 
+import struct
 import time
 
 import pytest
@@ -285,6 +287,50 @@ def test_log_append_time_topic_stamps_the_brokers_time(broker):
         c.close()
 
 
+CODEC_IDS = {"uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def stored_codecs(broker, topic: str) -> list:
+    """The codec id of every batch in the partition's segment files, read from disk."""
+    (directory,) = [d for d in broker.data_dir.rglob(f"{topic}-0") if d.is_dir()]
+    codecs = []
+    for segment in sorted(directory.glob("*.log")):
+        data, at = segment.read_bytes(), 0
+        while at + 61 <= len(data):
+            (length,) = struct.unpack_from(">i", data, at + 8)
+            (attributes,) = struct.unpack_from(">h", data, at + 21)
+            codecs.append(attributes & 0x07)
+            at += 12 + length
+    return codecs
+
+
+def test_compression_type_re_encodes_batches_in_the_topics_codec(broker):
+    """Kafka's topic `compression.type`: the leader stores (and serves) every batch in the
+    topic's codec whatever the producer used; `producer` keeps the producer's. The records
+    read back are the ones produced."""
+    a = admin(broker)
+    topics = {"as-produced": "producer", "to-zstd": "zstd", "to-gzip": "gzip",
+              "to-none": "uncompressed", "to-snappy": "snappy"}
+    for topic, codec in topics.items():
+        create(a, topic, {"compression.type": codec, "compression.gzip.level": "1"})
+    p = Producer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "compression.type": "lz4",
+                               "linger.ms": 20, "enable.idempotence": True, "acks": "all"}))
+    values = [f"settlement {i} " * 20 for i in range(300)]
+    errors = []
+    for topic in topics:
+        for v in values:
+            p.produce(topic, key=v[:14], value=v, on_delivery=lambda err, m: err and errors.append(err))
+        p.poll(0)
+    assert p.flush(TIMEOUT) == 0 and not errors, errors
+    for topic, codec in topics.items():
+        want = CODEC_IDS["lz4" if codec == "producer" else codec]
+        codecs = stored_codecs(broker, topic)
+        assert codecs and set(codecs) == {want}, (topic, codecs)
+        got = [m.value().decode() for m in _consume(broker.bootstrap, topic, len(values))]
+        assert got == values, topic
+    assert describe(a, ResourceType.TOPIC, "to-gzip")["compression.type"].value == "gzip"
+
+
 def test_records_outside_the_timestamp_window_are_refused(broker):
     a = admin(broker)
     create(a, "window", {"message.timestamp.before.max.ms": "3600000",
@@ -306,17 +352,6 @@ def test_records_outside_the_timestamp_window_are_refused(broker):
         assert p.flush(TIMEOUT) == 0
         code = got[0].code() if got[0] is not None else None
         assert code == want, (topic, ts - now, got[0])
-
-
-def test_compression_type_is_accepted_and_the_batches_read_back(broker):
-    a = admin(broker)
-    create(a, "gz", {"compression.type": "gzip"})
-    p = Producer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "compression.type": "lz4"}))
-    for i in range(20):
-        p.produce("gz", value=f"v{i}")
-    assert p.flush(TIMEOUT) == 0
-    assert [m.value().decode() for m in _consume(broker.bootstrap, "gz", 20)] == [f"v{i}" for i in range(20)]
-    assert describe(a, ResourceType.TOPIC, "gz")["compression.type"].value == "gzip"
 
 
 def test_broker_describe_configs(broker):

@@ -61,6 +61,64 @@ pub enum Compression {
     Unknown(u8),
 }
 
+impl Compression {
+    /// The codec's id in a batch's attributes (bits 0-2).
+    pub fn id(self) -> u8 {
+        match self {
+            Compression::None => 0,
+            Compression::Gzip => 1,
+            Compression::Snappy => 2,
+            Compression::Lz4 => 3,
+            Compression::Zstd => 4,
+            Compression::Unknown(c) => c & 0x07,
+        }
+    }
+}
+
+/// Compression levels, as a topic's `compression.gzip.level` (-1 for the codec's default,
+/// 6), `compression.lz4.level` (1-17) and `compression.zstd.level` (KIP-390).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Levels {
+    pub gzip: i32,
+    pub lz4: u32,
+    pub zstd: i32,
+}
+
+impl Default for Levels {
+    /// Kafka's defaults.
+    fn default() -> Self {
+        Levels {
+            gzip: -1,
+            lz4: 9,
+            zstd: 3,
+        }
+    }
+}
+
+/// A complete batch with `header` (the first [`HEADER_LEN`] bytes of a batch, as written),
+/// `count` records in `body` encoded with `codec`: length, attributes, record count and CRC
+/// set to match; offsets, producer id, epoch, sequence and timestamps kept.
+pub fn rebuilt(
+    header: &[u8],
+    codec: Compression,
+    count: i32,
+    body: &[u8],
+) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    out.extend_from_slice(&header[..HEADER_LEN]);
+    let length = i32::try_from(HEADER_LEN + body.len() - LOG_OVERHEAD)
+        .map_err(|_| "rewritten batch larger than 2 GiB".to_string())?;
+    out[8..12].copy_from_slice(&length.to_be_bytes());
+    let attributes = i16::from_be_bytes([out[21], out[22]]);
+    let attributes = (attributes & !ATTR_COMPRESSION_MASK) | i16::from(codec.id());
+    out[21..23].copy_from_slice(&attributes.to_be_bytes());
+    out[57..61].copy_from_slice(&count.to_be_bytes());
+    out.extend_from_slice(body);
+    let crc = compute_crc(&out);
+    out[17..21].copy_from_slice(&crc.to_be_bytes());
+    Ok(out)
+}
+
 /// The fixed header of one RecordBatch v2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchHeader {

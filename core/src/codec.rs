@@ -1,7 +1,7 @@
 //! Record-batch compression (feature `codecs`): the records section of a batch
 //! decompressed, and compressed again, with every codec a Kafka client uses (gzip, snappy,
-//! lz4, zstd). Only the edges that decode batches need it (compaction, export, replay); the
-//! broker never re-encodes.
+//! lz4, zstd). Compaction, export and replay decode batches; the broker re-encodes one only
+//! for a topic whose `compression.type` names a codec other than the producer's.
 //!
 //! Decompression is bounded: a batch is untrusted input (any producer can write one), and a
 //! 33-byte snappy batch can claim 4 GiB, a 1 MB gzip batch inflate to a gigabyte. Output
@@ -12,6 +12,7 @@ use std::io::Read;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::compression::{Compressor, Gzip, Lz4, Snappy, Zstd};
 
+pub use crate::batch::Levels;
 use crate::batch::{BatchHeader, Compression, HEADER_LEN};
 use crate::validate::{check_records, OverLimit, RecordRules, RecordsError};
 
@@ -263,6 +264,55 @@ impl Read for SnappyBlocks<'_> {
     }
 }
 
+/// `raw` compressed with `codec` at `levels` (snappy has none).
+pub fn compress_at(codec: Compression, raw: &[u8], levels: Levels) -> Result<Vec<u8>, String> {
+    use std::io::Write;
+    let err = |e: std::io::Error| format!("cannot compress: {e}");
+    match codec {
+        Compression::Gzip => {
+            let level = match levels.gzip {
+                -1 => flate2::Compression::default(),
+                l => flate2::Compression::new(l.clamp(1, 9) as u32),
+            };
+            let mut e = flate2::write::GzEncoder::new(Vec::with_capacity(raw.len() / 2), level);
+            e.write_all(raw).map_err(err)?;
+            e.finish().map_err(err)
+        }
+        Compression::Lz4 => {
+            // independent blocks, as Kafka's and librdkafka's lz4 frames
+            let mut e = lz4::EncoderBuilder::new()
+                .level(levels.lz4)
+                .block_mode(lz4::BlockMode::Independent)
+                .build(Vec::with_capacity(raw.len() / 2))
+                .map_err(err)?;
+            e.write_all(raw).map_err(err)?;
+            let (out, done) = e.finish();
+            done.map_err(err)?;
+            Ok(out)
+        }
+        Compression::Zstd => zstd::bulk::compress(raw, levels.zstd).map_err(err),
+        other => compress(other, raw),
+    }
+}
+
+/// The batch with its records encoded with `to` instead of their codec (a topic's
+/// `compression.type`, applied by the leader as Kafka's broker does): the same offsets,
+/// producer id, epoch, sequence and timestamps; new attributes, length and CRC. The records
+/// may decompress to at most [`MAX_DECOMPRESSED_BATCH`].
+pub fn recompress(
+    batch: &[u8],
+    h: &BatchHeader,
+    to: Compression,
+    levels: Levels,
+) -> Result<Vec<u8>, String> {
+    let raw = records_section(batch, h)?;
+    let body = match to {
+        Compression::None => raw.to_vec(),
+        codec => compress_at(codec, &raw, levels)?,
+    };
+    crate::batch::rebuilt(batch, to, h.record_count, &body)
+}
+
 pub fn compress(codec: Compression, raw: &[u8]) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(raw.len() / 2 + 64);
     let fill = |tmp: &mut BytesMut| {
@@ -294,6 +344,55 @@ mod tests {
         Compression::Lz4,
         Compression::Zstd,
     ];
+
+    #[test]
+    fn a_recompressed_batch_holds_the_same_records_under_the_new_codec() {
+        use crate::batch::verify;
+        let plain = sample_batch();
+        let all = [
+            Compression::None,
+            CODECS[0],
+            CODECS[1],
+            CODECS[2],
+            CODECS[3],
+        ];
+        for from in all {
+            let batch = match from {
+                Compression::None => plain.clone(),
+                codec => compressed_batch(codec, &plain),
+            };
+            let h = verify(&batch).unwrap();
+            for to in all {
+                let levels = Levels {
+                    gzip: 1,
+                    lz4: 1,
+                    zstd: 19,
+                };
+                let out = recompress(&batch, &h, to, levels).unwrap();
+                let h2 = verify(&out).expect("length and CRC match");
+                assert_eq!(h2.compression(), to, "{from:?} -> {to:?}");
+                let same = |h: &BatchHeader| {
+                    let ids = (
+                        h.base_offset,
+                        h.producer_id,
+                        h.producer_epoch,
+                        h.base_sequence,
+                    );
+                    let counts = (h.record_count, h.last_offset_delta);
+                    (
+                        ids,
+                        counts,
+                        h.base_timestamp,
+                        h.max_timestamp,
+                        h.attributes & !0x07,
+                    )
+                };
+                assert_eq!(same(&h2), same(&h), "{from:?} -> {to:?}");
+                let records = records_section(&out, &h2).unwrap();
+                assert_eq!(&records[..], &plain[HEADER_LEN..], "{from:?} -> {to:?}");
+            }
+        }
+    }
 
     #[test]
     fn every_codec_round_trips_within_the_limit() {
@@ -347,21 +446,8 @@ mod tests {
 
     /// `plain`'s header over `records`, with `codec` in the attributes and a fresh CRC.
     fn with_records(plain: &[u8], codec: Compression, records: &[u8]) -> Vec<u8> {
-        let id = match codec {
-            Compression::Gzip => 1,
-            Compression::Snappy => 2,
-            Compression::Lz4 => 3,
-            Compression::Zstd => 4,
-            _ => 0,
-        };
-        let mut out = plain[..HEADER_LEN].to_vec();
-        out.extend_from_slice(records);
-        let len = (out.len() - crate::batch::LOG_OVERHEAD) as i32;
-        out[8..12].copy_from_slice(&len.to_be_bytes());
-        out[21..23].copy_from_slice(&(id as i16).to_be_bytes());
-        let crc = crate::batch::compute_crc(&out);
-        out[17..21].copy_from_slice(&crc.to_be_bytes());
-        out
+        let count = i32::from_be_bytes(plain[57..61].try_into().unwrap());
+        crate::batch::rebuilt(plain, codec, count, records).unwrap()
     }
 
     fn sample_batch() -> Vec<u8> {

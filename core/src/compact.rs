@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 
-use crate::batch::{compute_crc, raw_records, BatchHeader, RawRecord, HEADER_LEN, LOG_OVERHEAD};
+use crate::batch::{raw_records, rebuilt, BatchHeader, Compression, RawRecord};
 pub use crate::codec::{compress, records_section};
 
 fn split<'a>(section: &'a [u8], h: &BatchHeader) -> Result<Vec<RawRecord<'a>>, String> {
@@ -262,22 +262,11 @@ pub fn compact_batch(
 /// length and CRC; an empty batch is written uncompressed.
 fn rebuild(batch: &[u8], h: &BatchHeader, kept: &[&RawRecord]) -> Result<Vec<u8>, String> {
     let raw: Vec<u8> = kept.iter().flat_map(|r| r.bytes.iter().copied()).collect();
-    let (attributes, body) = if kept.is_empty() {
-        (h.attributes & !0x07, Vec::new())
-    } else {
-        (h.attributes, compress(h.compression(), &raw)?)
-    };
-    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-    out.extend_from_slice(&batch[..HEADER_LEN]);
-    let length = i32::try_from(HEADER_LEN + body.len() - LOG_OVERHEAD)
-        .map_err(|_| "rewritten batch larger than 2 GiB".to_string())?;
-    out[8..12].copy_from_slice(&length.to_be_bytes());
-    out[21..23].copy_from_slice(&attributes.to_be_bytes());
-    out[57..61].copy_from_slice(&(kept.len() as i32).to_be_bytes());
-    out.extend_from_slice(&body);
-    let crc = compute_crc(&out);
-    out[17..21].copy_from_slice(&crc.to_be_bytes());
-    Ok(out)
+    if kept.is_empty() {
+        return rebuilt(batch, Compression::None, 0, &[]);
+    }
+    let body = compress(h.compression(), &raw)?;
+    rebuilt(batch, h.compression(), kept.len() as i32, &body)
 }
 
 #[cfg(test)]

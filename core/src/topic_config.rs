@@ -2,6 +2,8 @@
 //! controllers before they accept a topic's configs, and by each broker that opens it.
 
 use std::collections::BTreeMap;
+
+use crate::batch::{Compression, Levels};
 use std::time::Duration;
 
 /// A topic config key or value that cannot be used.
@@ -85,6 +87,11 @@ pub struct LogConfig {
     /// `min.cleanable.dirty.ratio`, in parts per million: the share of a compacted log's
     /// bytes not yet compacted that makes a compaction due.
     pub min_cleanable_dirty_ratio_ppm: u32,
+    /// `compression.type`: the codec the leader stores batches in, re-encoding any other;
+    /// `None` for `producer` (as the producer compressed them).
+    pub compression: Option<Compression>,
+    /// `compression.gzip.level`, `compression.lz4.level`, `compression.zstd.level`.
+    pub compression_levels: Levels,
 }
 
 impl TimestampType {
@@ -349,21 +356,33 @@ impl LogConfig {
             get("compression.type"),
             &["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"],
         )?;
+        let compression = match get("compression.type").trim() {
+            "uncompressed" => Some(Compression::None),
+            "gzip" => Some(Compression::Gzip),
+            "snappy" => Some(Compression::Snappy),
+            "lz4" => Some(Compression::Lz4),
+            "zstd" => Some(Compression::Zstd),
+            _ => None,
+        };
         let gzip_level = get("compression.gzip.level");
-        if int("compression.gzip.level", gzip_level, -1, 9)? == 0 {
+        let gzip = int("compression.gzip.level", gzip_level, -1, 9)?;
+        if gzip == 0 {
             return Err(invalid(
                 "compression.gzip.level",
                 gzip_level,
                 "must be -1 (the codec's default) or between 1 and 9",
             ));
         }
-        int("compression.lz4.level", get("compression.lz4.level"), 1, 17)?;
-        int(
-            "compression.zstd.level",
-            get("compression.zstd.level"),
-            -131072,
-            22,
-        )?;
+        let compression_levels = Levels {
+            gzip: gzip as i32,
+            lz4: int("compression.lz4.level", get("compression.lz4.level"), 1, 17)? as u32,
+            zstd: int(
+                "compression.zstd.level",
+                get("compression.zstd.level"),
+                -131072,
+                22,
+            )? as i32,
+        };
         int(
             "file.delete.delay.ms",
             get("file.delete.delay.ms"),
@@ -513,6 +532,8 @@ impl LogConfig {
             min_compaction_lag_ms: min_lag,
             delete_retention_ms,
             min_cleanable_dirty_ratio_ppm: (ratio_value * 1e6).round() as u32,
+            compression,
+            compression_levels,
         })
     }
 

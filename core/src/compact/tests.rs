@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use crate::batch::build::{batch, ProducerIds, Rec};
-use crate::batch::{verify, Compression};
+use crate::batch::{compute_crc, verify, Compression, HEADER_LEN};
 use proptest::prelude::*;
 
 use super::*;
@@ -29,25 +29,12 @@ fn make(
             timestamp_delta: 0,
         })
         .collect();
-    let plain = batch(ts, ids, &recs);
+    let mut plain = batch(ts, ids, &recs);
     let h = BatchHeader::parse(&plain).unwrap();
+    plain[0..8].copy_from_slice(&base.to_be_bytes());
+    plain[21..23].copy_from_slice(&(h.attributes | attrs).to_be_bytes());
     let body = compress(codec, &plain[HEADER_LEN..]).unwrap();
-    let mut out = plain[..HEADER_LEN].to_vec();
-    out[0..8].copy_from_slice(&base.to_be_bytes());
-    out[8..12].copy_from_slice(&((HEADER_LEN + body.len() - LOG_OVERHEAD) as i32).to_be_bytes());
-    let code = match codec {
-        Compression::None => 0,
-        Compression::Gzip => 1,
-        Compression::Snappy => 2,
-        Compression::Lz4 => 3,
-        Compression::Zstd => 4,
-        Compression::Unknown(c) => c as i16,
-    };
-    out[21..23].copy_from_slice(&(h.attributes | code | attrs).to_be_bytes());
-    out.extend_from_slice(&body);
-    let crc = compute_crc(&out);
-    out[17..21].copy_from_slice(&crc.to_be_bytes());
-    out
+    rebuilt(&plain, codec, h.record_count, &body).unwrap()
 }
 
 fn data(base: i64, recs: &[(Option<&str>, Option<&str>)]) -> Vec<u8> {

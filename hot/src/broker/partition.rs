@@ -188,6 +188,9 @@ struct ProduceRules {
     /// CreateTime: how far behind / ahead of the broker's clock record timestamps may be.
     timestamp_before_max_ms: i64,
     timestamp_after_max_ms: i64,
+    /// `compression.type` other than `producer`: batches in another codec are re-encoded.
+    compression: Option<strata_core::batch::Compression>,
+    levels: strata_core::batch::Levels,
 }
 
 impl ProduceRules {
@@ -199,6 +202,8 @@ impl ProduceRules {
                 == crate::log::config::TimestampType::LogAppendTime,
             timestamp_before_max_ms: config.timestamp_before_max_ms,
             timestamp_after_max_ms: config.timestamp_after_max_ms,
+            compression: config.compression,
+            levels: config.compression_levels,
         }
     }
 
@@ -448,6 +453,10 @@ impl Partition {
     /// accept), so a decompression bomb is refused before it is stored. A batch over
     /// `max.message.bytes` is left for the append to refuse, undecompressed.
     ///
+    /// On a topic whose `compression.type` names a codec, a batch in another one comes back
+    /// re-encoded in it, as Kafka's leader does (the append then checks the new size against
+    /// `max.message.bytes`).
+    ///
     /// On a `message.timestamp.type=LogAppendTime` topic the batch comes back stamped with
     /// `now_ms` as its append time (CRC recomputed), as Kafka's leader stamps it; otherwise
     /// as it was. Returns the append time it was stamped with, if any.
@@ -471,6 +480,12 @@ impl Partition {
                 }
             }),
         })?;
+        let batch = match rules.compression {
+            Some(to) if to != batch.header().compression() => batch
+                .recompressed(to, rules.levels)
+                .map_err(RecordsError::Decompress)?,
+            _ => batch,
+        };
         if rules.log_append_time {
             return Ok((batch.with_log_append_time(now_ms), Some(now_ms)));
         }

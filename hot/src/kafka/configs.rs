@@ -55,10 +55,10 @@ pub(super) struct TopicConfigInfo {
 pub(super) fn topic_config_info(key: &str) -> Option<TopicConfigInfo> {
     let (config_type, broker_synonym, doc) = match key {
         "cleanup.policy" => (TYPE_LIST, Some("log.cleanup.policy"), "delete, compact or both. Compacted by the brokers, or in the cold tier (strata-compactor) when tiered"),
-        "compression.gzip.level" => (TYPE_INT, Some("compression.gzip.level"), "Accepted and stored; Strata stores batches compressed as the producer sent them, so no effect"),
-        "compression.lz4.level" => (TYPE_INT, Some("compression.lz4.level"), "Accepted and stored; Strata stores batches compressed as the producer sent them, so no effect"),
-        "compression.type" => (TYPE_STRING, Some("compression.type"), "Accepted and stored; Strata never recompresses: every value behaves as 'producer' (batches are stored as the producer compressed them)"),
-        "compression.zstd.level" => (TYPE_INT, Some("compression.zstd.level"), "Accepted and stored; Strata stores batches compressed as the producer sent them, so no effect"),
+        "compression.gzip.level" => (TYPE_INT, Some("compression.gzip.level"), "The level the leader re-encodes batches at when compression.type names this codec (KIP-390)"),
+        "compression.lz4.level" => (TYPE_INT, Some("compression.lz4.level"), "The level the leader re-encodes batches at when compression.type names this codec (KIP-390)"),
+        "compression.type" => (TYPE_STRING, Some("compression.type"), "The codec batches are stored in: 'producer' keeps the producer's, a codec name makes the leader re-encode batches in any other"),
+        "compression.zstd.level" => (TYPE_INT, Some("compression.zstd.level"), "The level the leader re-encodes batches at when compression.type names this codec (KIP-390)"),
         "delete.retention.ms" => (TYPE_LONG, Some("log.cleaner.delete.retention.ms"), "Compacted topics: how long a tombstone stays after its batch's timestamp"),
         "file.delete.delay.ms" => (TYPE_LONG, Some("log.segment.delete.delay.ms"), "Accepted and stored; Strata deletes a segment's files when retention removes it (readers keep open files readable), so no effect"),
         "flush.messages" => (TYPE_LONG, Some("log.flush.interval.messages"), "1: fsync every append before acks=all and before consumers see it; N: every N messages; 9223372036854775807: the OS"),

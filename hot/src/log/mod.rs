@@ -94,6 +94,18 @@ impl ValidBatch {
         ValidBatch { bytes, header }
     }
 
+    /// This batch with its records re-encoded with `to` (a topic's `compression.type`):
+    /// same offsets, producer and sequence, new codec, length and CRC. Decompresses and
+    /// compresses the records once each.
+    pub fn recompressed(
+        &self,
+        to: strata_core::batch::Compression,
+        levels: strata_core::batch::Levels,
+    ) -> Result<ValidBatch, String> {
+        let bytes = strata_core::codec::recompress(&self.bytes, &self.header, to, levels)?;
+        ValidBatch::new(Bytes::from(bytes)).map_err(|e| e.to_string())
+    }
+
     pub fn len(&self) -> usize {
         self.bytes.len()
     }
