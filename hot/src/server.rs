@@ -73,7 +73,7 @@ async fn run_broker(
     let oauth = config.oauth_validator()?;
     let mut listeners = Vec::new();
     for l in config.kafka_listeners() {
-        let bound_listener = TcpListener::bind(l.listen).await.with_context(|| {
+        let bound_listener = bind_client_listener(l.listen).with_context(|| {
             format!(
                 "binding Kafka listener '{}' on {} (is another broker running?)",
                 l.name, l.listen
@@ -237,4 +237,22 @@ async fn run_broker(
     tokio::task::spawn_blocking(move || broker.shutdown()).await?;
     tracing::info!("closed cleanly");
     Ok(())
+}
+
+/// The listen backlog of the Kafka listeners. std's (and so tokio's `bind`) is 128: when more
+/// clients connect at once (every client of a failed broker reconnecting) the kernel drops
+/// the rest of their SYNs, and they come back after 1, 3, 7, 15... seconds. The kernel caps
+/// it at `net.core.somaxconn` (4096 on current Linux).
+const LISTEN_BACKLOG: u32 = 1024;
+
+fn bind_client_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // as std's bind does on Unix: a restarted broker binds while old connections linger
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
