@@ -501,7 +501,22 @@ impl Partition {
         acks: i16,
         now_ms: i64,
     ) -> Result<(Appended, i32), LeaderAppendError> {
-        self.append_checked(batch, acks, now_ms, None)
+        self.append_checked(acks, None, |log| log.append(batch, now_ms))
+    }
+
+    /// Appends a transaction marker for `producer_id` as leader (acks=all: refused before
+    /// append when the ISR is below `min.insync.replicas`). Returns where it landed and the
+    /// leader epoch, as [`Partition::append`].
+    pub fn append_marker(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: strata_core::batch::marker::Marker,
+        now_ms: i64,
+    ) -> Result<(Appended, i32), LeaderAppendError> {
+        self.append_checked(-1, None, |log| {
+            log.append_marker(producer_id, producer_epoch, marker, now_ms)
+        })
     }
 
     /// [`Partition::append`] only while this replica leads at `epoch` (checked under the
@@ -514,16 +529,15 @@ impl Partition {
         acks: i16,
         now_ms: i64,
     ) -> Result<Appended, LeaderAppendError> {
-        self.append_checked(batch, acks, now_ms, Some(epoch))
+        self.append_checked(acks, Some(epoch), |log| log.append(batch, now_ms))
             .map(|(a, _)| a)
     }
 
     fn append_checked(
         &self,
-        batch: &ValidBatch,
         acks: i16,
-        now_ms: i64,
         expected_epoch: Option<i32>,
+        write: impl FnOnce(&mut PartitionLog) -> Result<Appended, AppendError>,
     ) -> Result<(Appended, i32), LeaderAppendError> {
         if self.failed() {
             return Err(AppendError::Io(std::io::Error::other(
@@ -547,7 +561,7 @@ impl Partition {
             state.check_acks_all()?;
         }
         let epoch = *epoch;
-        let appended = log.append(batch, now_ms)?;
+        let appended = write(&mut log)?;
         let wait_for_fsync = log.config().acks_wait_for_fsync();
         let (start, end) = (log.start_offset(), log.end_offset());
         drop(log);
@@ -680,12 +694,36 @@ impl Partition {
         waited.unwrap_or(Err(WaitError::Timeout))
     }
 
-    /// Plans a consumer read at `offset`, bounded by the high watermark.
-    pub fn plan_read(&self, offset: u64) -> Result<(Option<ReadPlan>, Progress), ReadError> {
-        let log = self.lock();
+    /// Plans a consumer read at `offset`, bounded by the high watermark, or with
+    /// `committed` (read_committed) by the last stable offset. Returns the plan, the
+    /// progress it was made at and the last stable offset then.
+    pub fn plan_read(
+        &self,
+        offset: u64,
+        committed: bool,
+    ) -> Result<(Option<ReadPlan>, Progress, u64), ReadError> {
+        let mut log = self.lock();
         let progress = self.progress();
-        let plan = log.plan_read(offset, progress.high_watermark)?;
-        Ok((plan, progress))
+        let lso = log.last_stable_offset(progress.high_watermark);
+        let bound = if committed {
+            lso
+        } else {
+            progress.high_watermark
+        };
+        let plan = log.plan_read(offset, bound)?;
+        Ok((plan, progress, lso))
+    }
+
+    /// The last stable offset now (see [`crate::log::txn`]).
+    pub fn last_stable_offset(&self) -> u64 {
+        let mut log = self.lock();
+        let hw = self.progress().high_watermark;
+        log.last_stable_offset(hw)
+    }
+
+    /// The aborted transactions a read_committed fetch of `[from, to)` must report.
+    pub fn aborted_between(&self, from: u64, to: u64) -> Vec<crate::log::txn::AbortedTxn> {
+        self.lock().aborted_between(from, to)
     }
 
     /// Reads whole batches at `offset` below the high watermark, waiting up to `max_wait`
@@ -1449,7 +1487,7 @@ mod tests {
         assert_eq!((progress.log_start, progress.deleted_below), (4, 4));
         assert_eq!(p.offset_for(EARLIEST).unwrap(), (-1, 4));
         assert!(matches!(
-            p.plan_read(3),
+            p.plan_read(3, false),
             Err(crate::log::ReadError::OffsetOutOfRange { .. })
         ));
         // Not answered until both followers say they have deleted them too.

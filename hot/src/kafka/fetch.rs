@@ -11,7 +11,9 @@ use std::time::Duration;
 use strata_controller::metadata::acl::Operation;
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::fetch_response::{
+    AbortedTransaction, FetchableTopicResponse, PartitionData,
+};
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
 };
@@ -146,7 +148,9 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
     let max_bytes = (req.max_bytes.max(0) as usize).min(limits.fetch_max_bytes);
     let min_bytes = req.min_bytes.max(0) as usize;
     let topics = targets(&ctx, plan.partitions());
-    let Some(responses) = long_poll(topics, wait, max_bytes, min_bytes).await else {
+    // (isolation_level exists from v4; 1 = read_committed)
+    let committed = ctx.version >= 4 && req.isolation_level == 1;
+    let Some(responses) = long_poll(topics, wait, max_bytes, min_bytes, committed).await else {
         return FetchResponse::default().with_error_code(-1);
     };
     let sessions = ctx.fetch_sessions();
@@ -206,6 +210,7 @@ async fn long_poll(
     wait: Duration,
     max_bytes: usize,
     min_bytes: usize,
+    committed: bool,
 ) -> Option<Vec<FetchableTopicResponse>> {
     let mut watchers: Vec<watch::Receiver<Progress>> = topics
         .iter()
@@ -220,7 +225,8 @@ async fn long_poll(
             w.borrow_and_update();
         }
         let snapshot = topics.clone();
-        let read = tokio::task::spawn_blocking(move || read_all(&snapshot, max_bytes)).await;
+        let read =
+            tokio::task::spawn_blocking(move || read_all(&snapshot, max_bytes, committed)).await;
         let (responses, total, any_error) = match read {
             Ok(r) => r,
             Err(e) => {
@@ -239,7 +245,9 @@ async fn long_poll(
         if tokio::time::timeout_at(deadline, changed).await.is_err() {
             // Deadline: answer with what there is (usually nothing) without another wait.
             let snapshot = topics.clone();
-            return match tokio::task::spawn_blocking(move || read_all(&snapshot, max_bytes)).await {
+            let last =
+                tokio::task::spawn_blocking(move || read_all(&snapshot, max_bytes, committed));
+            return match last.await {
                 Ok((responses, _, _)) => Some(responses),
                 Err(_) => None,
             };
@@ -258,6 +266,7 @@ async fn any_changed(watchers: &mut [watch::Receiver<Progress>]) {
 fn read_all(
     topics: &[(TopicName, Vec<Target>)],
     max_bytes: usize,
+    committed: bool,
 ) -> (Vec<FetchableTopicResponse>, usize, bool) {
     let mut total = 0usize;
     let mut any_error = false;
@@ -277,8 +286,12 @@ fn read_all(
                     };
                     let budget = t.max_bytes.min(max_bytes.saturating_sub(total));
                     let first = total == 0;
-                    let (records, progress, error) =
-                        read_one(p, t.offset, budget, first, t.remote.as_ref());
+                    let Read {
+                        records,
+                        progress,
+                        error,
+                        last_stable,
+                    } = read_one(p, t.offset, budget, first, t.remote.as_ref(), committed);
                     // Only the first non-empty partition may exceed the budget, by its
                     // first batch (KIP-74); any other keeps to it, even if that leaves it
                     // empty this time.
@@ -289,9 +302,13 @@ fn read_all(
                     };
                     total += records.len();
                     any_error |= error != codes::NONE;
+                    // read_committed: the aborted transactions among the records answered,
+                    // which the consumer drops (Kafka answers null for read_uncommitted)
+                    let aborted = committed.then(|| aborted_among(p, t.offset, &records));
                     data.with_error_code(error)
                         .with_high_watermark(progress.high_watermark as i64)
-                        .with_last_stable_offset(progress.high_watermark as i64)
+                        .with_last_stable_offset(last_stable as i64)
+                        .with_aborted_transactions(aborted)
                         .with_log_start_offset(log_start(&progress, t.remote.as_ref(), t.index))
                         .with_records(Some(records))
                 })
@@ -302,6 +319,24 @@ fn read_all(
         })
         .collect();
     (responses, total, any_error)
+}
+
+/// The aborted transactions that meet `records`, read from `offset`.
+fn aborted_among(p: &Partition, offset: i64, records: &Bytes) -> Vec<AbortedTransaction> {
+    let Some(end) = strata_core::batch::BatchIter::new(records)
+        .map_while(|b| b.ok().map(|(h, _)| h.last_offset()))
+        .last()
+    else {
+        return Vec::new();
+    };
+    p.aborted_between(offset.max(0) as u64, end as u64 + 1)
+        .into_iter()
+        .map(|t| {
+            AbortedTransaction::default()
+                .with_producer_id(kafka_protocol::messages::ProducerId(t.producer_id))
+                .with_first_offset(t.first_offset as i64)
+        })
+        .collect()
 }
 
 /// The longest run of whole batches at the front of `records` that fits in `budget` bytes.
@@ -328,23 +363,40 @@ fn log_start(
     start.max(progress.deleted_below) as i64
 }
 
+/// What one partition's read found.
+struct Read {
+    records: Bytes,
+    progress: Progress,
+    error: i16,
+    last_stable: u64,
+}
+
 /// Reads one partition. `first` lets the first non-empty partition exceed the request's byte
 /// budget by one batch, so a large batch never blocks a consumer (KIP-74); the caller cuts
-/// any other partition's answer to its budget.
+/// any other partition's answer to its budget. `committed` (read_committed) reads only
+/// below the last stable offset.
 fn read_one(
     p: &Partition,
     offset: i64,
     budget: usize,
     first: bool,
     remote: Option<&(Arc<crate::broker::tier::ColdTier>, uuid::Uuid)>,
-) -> (Bytes, Progress, i16) {
-    if offset < 0 {
-        return (Bytes::new(), p.progress(), codes::OFFSET_OUT_OF_RANGE);
-    }
+    committed: bool,
+) -> Read {
     let progress = p.progress();
+    let last_stable = p.last_stable_offset();
+    let answer = |records: Bytes, error: i16| Read {
+        records,
+        progress,
+        error,
+        last_stable,
+    };
+    if offset < 0 {
+        return answer(Bytes::new(), codes::OFFSET_OUT_OF_RANGE);
+    }
     if (offset as u64) < progress.deleted_below {
         // Deleted (DeleteRecords), though the cold tier may still hold it.
-        return (Bytes::new(), progress, codes::OFFSET_OUT_OF_RANGE);
+        return answer(Bytes::new(), codes::OFFSET_OUT_OF_RANGE);
     }
     if (offset as u64) < progress.log_start {
         // Below the local log: the cold tier serves it if it holds it. This runs on the
@@ -353,10 +405,10 @@ fn read_one(
             if crate::broker::tier::cold_tier_unknown(p) {
                 // Whether the cold tier holds it is not known yet: neither served nor
                 // out of range (a consumer would reset past the cold tier's history).
-                return (Bytes::new(), progress, codes::KAFKA_STORAGE_ERROR);
+                return answer(Bytes::new(), codes::KAFKA_STORAGE_ERROR);
             }
             if budget == 0 && !first {
-                return (Bytes::new(), progress, codes::NONE);
+                return answer(Bytes::new(), codes::NONE);
             }
             let read = tokio::runtime::Handle::current().block_on(cold.read(
                 *topic_id,
@@ -365,26 +417,40 @@ fn read_one(
                 budget.max(1),
             ));
             match read {
-                Some(Ok(bytes)) => return (bytes, progress, codes::NONE),
+                Some(Ok(bytes)) if committed => {
+                    return answer(below(bytes, last_stable), codes::NONE)
+                }
+                Some(Ok(bytes)) => return answer(bytes, codes::NONE),
                 Some(Err(e)) => {
                     tracing::warn!(topic = %p.topic, partition = p.index, offset, error = %e, "cold tier read failed");
-                    return (Bytes::new(), progress, codes::KAFKA_STORAGE_ERROR);
+                    return answer(Bytes::new(), codes::KAFKA_STORAGE_ERROR);
                 }
                 None => {}
             }
         }
     }
-    match p.plan_read(offset as u64) {
-        Ok((None, progress)) => (Bytes::new(), progress, codes::NONE),
-        Ok((Some(plan), progress)) => {
+    match p.plan_read(offset as u64, committed) {
+        Ok((None, progress, last_stable)) => Read {
+            records: Bytes::new(),
+            progress,
+            error: codes::NONE,
+            last_stable,
+        },
+        Ok((Some(plan), progress, last_stable)) => {
+            let answer = |records, error| Read {
+                records,
+                progress,
+                error,
+                last_stable,
+            };
             if budget == 0 && !first {
-                return (Bytes::new(), progress, codes::NONE);
+                return answer(Bytes::new(), codes::NONE);
             }
             match plan.read(budget) {
-                Ok(bytes) => (bytes, progress, codes::NONE),
+                Ok(bytes) => answer(bytes, codes::NONE),
                 Err(e) => {
                     tracing::error!(topic = %p.topic, partition = p.index, error = %e, "segment read failed");
-                    (Bytes::new(), progress, codes::KAFKA_STORAGE_ERROR)
+                    answer(Bytes::new(), codes::KAFKA_STORAGE_ERROR)
                 }
             }
         }
@@ -392,9 +458,19 @@ fn read_one(
             if matches!(e, crate::log::ReadError::Io(_)) {
                 tracing::error!(topic = %p.topic, partition = p.index, error = %e, "planning a read failed");
             }
-            (Bytes::new(), p.progress(), codes::read(&e))
+            answer(Bytes::new(), codes::read(&e))
         }
     }
+}
+
+/// The whole batches at the front of `records` that end below `bound`.
+fn below(records: Bytes, bound: u64) -> Bytes {
+    let end = strata_core::batch::BatchIter::new(&records)
+        .map_while(|b| b.ok())
+        .take_while(|(h, _)| (h.last_offset() as u64) < bound)
+        .last()
+        .map_or(0, |(_, range)| range.end);
+    records.slice(..end)
 }
 
 pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListOffsetsResponse {
@@ -421,6 +497,16 @@ pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListO
                         continue;
                     }
                 };
+            // read_committed consumers' latest is the last stable offset
+            if req.isolation_level == 1 && p.timestamp == -1 {
+                let lso = part.last_stable_offset() as i64;
+                partitions.push(
+                    resp.with_timestamp(-1)
+                        .with_offset(lso)
+                        .with_leader_epoch(epoch),
+                );
+                continue;
+            }
             partitions.push(match crate::broker::tier::list_offset(&broker, part, p.timestamp).await {
                 Ok((ts, offset)) => resp.with_timestamp(ts).with_offset(offset).with_leader_epoch(epoch),
                 // (Kafka's "not available yet"; clients retry it.)

@@ -124,14 +124,19 @@ pub(super) fn handle(
             codes::INVALID_REQUIRED_ACKS,
             format!("acks={acks} is not one of -1, 0, 1"),
         ))
-    } else if req
+    } else if let Some(id) = req
         .transactional_id
         .as_ref()
-        .is_some_and(|t| !t.0.is_empty())
+        .filter(|t| !t.0.is_empty())
+        .filter(|t| !ctx.permits(Operation::Write, ResourceType::TransactionalId, t.as_str()))
     {
         Some((
             codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-            "transactions are not supported yet".to_string(),
+            format!(
+                "{} may not write as transactional id {}",
+                ctx.principal,
+                id.as_str()
+            ),
         ))
     } else {
         None

@@ -13,13 +13,15 @@
 //! - `clean-shutdown`: present only while the log is closed cleanly; its log end offset lets
 //!   the next open skip the CRC scan;
 //! - `cleaner-offset-checkpoint`: a compacted topic's log is compacted below this offset
-//!   (see [`compaction`]).
+//!   (see [`compaction`]);
+//! - `aborted-transactions`: the transactions aborted in this log (see [`txn`]).
 
 pub mod compaction;
 pub mod config;
 pub mod fuzzing;
 pub mod producer_state;
 mod segment;
+pub mod txn;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -29,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use strata_core::batch::marker::Marker;
 use strata_core::batch::{self, BatchError, BatchHeader, BatchIter, HEADER_LEN};
 use strata_core::segment::{self as fmt, LOG_SUFFIX, SNAPSHOT_SUFFIX};
 
@@ -124,6 +127,8 @@ pub enum AppendError {
     OutOfOrderSequence { expected: i32, got: i32 },
     #[error("producer epoch is older than the current epoch {current}")]
     InvalidProducerEpoch { current: i16 },
+    #[error("a non-transactional batch from a producer whose transaction is open here")]
+    InvalidTxnState,
     #[error("{0}")]
     Unsupported(&'static str),
     #[error("replicated batch starts at offset {got}, but the log ends at {expected}")]
@@ -282,6 +287,8 @@ pub struct PartitionLog {
     /// Records below this offset were deleted (DeleteRecords), whether or not a segment
     /// still holds their bytes (`log-start-offset`; 0 when never set).
     deleted_below: u64,
+    /// Ended (and aborted) transactions.
+    txns: txn::TxnIndex,
 }
 
 impl PartitionLog {
@@ -360,6 +367,7 @@ impl PartitionLog {
             closed: false,
             epochs: LeaderEpochCache::default(),
             deleted_below: 0,
+            txns: txn::TxnIndex::open(dir)?,
         };
         log.sync_handed_out = log.end_offset();
         // A deletion point past the recovered end (the tail it covered was lost with the
@@ -516,11 +524,6 @@ impl PartitionLog {
                 "producers may not write control batches",
             ));
         }
-        if h.is_transactional() {
-            return Err(AppendError::Unsupported(
-                "transactions are not supported yet",
-            ));
-        }
         match self.producers.check(&h) {
             SequenceCheck::Append => {}
             SequenceCheck::Duplicate(w) => {
@@ -537,8 +540,44 @@ impl PartitionLog {
             SequenceCheck::OutOfOrder { expected, got } => {
                 return Err(AppendError::OutOfOrderSequence { expected, got })
             }
+            SequenceCheck::InTransaction => return Err(AppendError::InvalidTxnState),
         }
-        self.maybe_roll(batch.len() as u64, now_ms)?;
+        self.write_stamped(&batch.bytes, h, None, now_ms)
+    }
+
+    /// A transaction coordinator's marker: ends `producer_id`'s transaction here (if one
+    /// is open) with a commit or an abort, written as leader like a produced batch.
+    /// Refused when the producer has written here at a newer epoch than the marker's.
+    pub fn append_marker(
+        &mut self,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: Marker,
+        now_ms: i64,
+    ) -> Result<Appended, AppendError> {
+        if self.closed {
+            return Err(AppendError::Io(io::Error::other(
+                "the log is closed (broker shutting down)",
+            )));
+        }
+        if let Err(current) = self.producers.check_marker(producer_id, producer_epoch) {
+            return Err(AppendError::InvalidProducerEpoch { current });
+        }
+        let bytes = batch::marker::build(producer_id, producer_epoch, marker, now_ms);
+        let h = BatchHeader::parse(&bytes).expect("a marker batch parses");
+        self.write_stamped(&bytes, h, Some(marker), now_ms)
+    }
+
+    /// Stamps a checked batch with the log end and the leader epoch, writes it and records
+    /// its producer (and transaction) state.
+    fn write_stamped(
+        &mut self,
+        bytes: &[u8],
+        h: BatchHeader,
+        marker: Option<Marker>,
+        now_ms: i64,
+    ) -> Result<Appended, AppendError> {
+        self.maybe_roll(bytes.len() as u64, now_ms)?;
         let base = self.end_offset();
         let epoch = self.leader_epoch;
         if self.epochs.latest().is_none_or(|l| l.epoch < epoch) {
@@ -547,12 +586,12 @@ impl PartitionLog {
             self.epochs.assign(epoch, base);
             self.persist_epochs()?;
         }
-        let prefix = batch::stamped_prefix(&batch.bytes, base as i64, epoch);
+        let prefix = batch::stamped_prefix(bytes, base as i64, epoch);
         let mut stamped = h;
         stamped.base_offset = base as i64;
         stamped.leader_epoch = epoch;
-        self.active_mut().append(&prefix, &batch.bytes, &stamped)?;
-        self.producers.record(&stamped, now_ms);
+        self.active_mut().append(&prefix, bytes, &stamped)?;
+        self.record_batch(&stamped, marker, now_ms)?;
         self.messages_since_flush += h.record_count as u64;
         let flush_now = match self.config.flush {
             FlushPolicy::EveryAppend => true,
@@ -599,7 +638,11 @@ impl PartitionLog {
         let mut prefix = [0u8; batch::STAMP_LEN];
         prefix.copy_from_slice(&batch.bytes[..batch::STAMP_LEN]);
         self.active_mut().append(&prefix, &batch.bytes, &h)?;
-        self.producers.record(&h, now_ms);
+        let marker = h
+            .is_control()
+            .then(|| batch::marker::parse(&batch.bytes))
+            .flatten();
+        self.record_batch(&h, marker, now_ms)?;
         self.messages_since_flush += h.record_count as u64;
         Ok(Appended {
             base_offset: h.base_offset as u64,
@@ -678,6 +721,7 @@ impl PartitionLog {
         self.clamp_deleted_below(offset)?;
         self.clamp_cleaned_to(offset)?;
         self.producers = ProducerStateTable::default();
+        self.txns.forget_from(0)?;
         self.epochs.truncate_from_end(0);
         self.persist_epochs()?;
         self.unsynced_sealed.clear();
@@ -714,6 +758,46 @@ impl PartitionLog {
         Ok(())
     }
 
+    /// Records a batch now in the log (stamped) in the producer and transaction state.
+    fn record_batch(
+        &mut self,
+        h: &BatchHeader,
+        marker: Option<Marker>,
+        now_ms: i64,
+    ) -> io::Result<()> {
+        let ended = match marker {
+            Some(_) => self.producers.open_txn(h.producer_id),
+            None => None,
+        };
+        self.producers.record(h, now_ms);
+        if let (Some(m), Some(first)) = (marker, ended) {
+            self.txns
+                .ended(h.producer_id, first, h.base_offset as u64, m.commit)?;
+        }
+        Ok(())
+    }
+
+    /// The last stable offset at high watermark `hw` (read_committed consumers read below
+    /// it; see [`txn`]).
+    pub fn last_stable_offset(&mut self, hw: u64) -> u64 {
+        self.txns.last_stable(self.producers.first_open_txn(), hw)
+    }
+
+    /// The aborted transactions a read_committed fetch of `[from, to)` must report.
+    pub fn aborted_between(&self, from: u64, to: u64) -> Vec<txn::AbortedTxn> {
+        self.txns.aborted_between(from, to)
+    }
+
+    /// The aborted transactions whose markers lie in `[from, to)`.
+    pub fn aborted_in(&self, from: u64, to: u64) -> Vec<txn::AbortedTxn> {
+        self.txns.aborted_in(from, to)
+    }
+
+    /// The transactions open here: (first offset, producer id), oldest first.
+    pub fn open_txns(&self) -> Vec<(u64, i64)> {
+        self.producers.open_txns().collect()
+    }
+
     /// The idempotent producers this partition remembers (DescribeProducers).
     pub fn active_producers(&self) -> Vec<producer_state::ActiveProducer> {
         self.producers.active()
@@ -733,6 +817,8 @@ impl PartitionLog {
         let sealed = self.active_mut();
         sealed.write_indexes()?;
         let sealed_file = sealed.file.clone();
+        // The snapshot vouches for everything below it, aborted transactions included.
+        self.txns.sync()?;
         let snapshot = self.producers.encode_snapshot(base);
         write_file(
             &self.dir.join(fmt::file_name(base, SNAPSHOT_SUFFIX)),
@@ -927,6 +1013,14 @@ impl PartitionLog {
             self.prune_snapshots()?;
             self.epochs.truncate_from_start(self.start_offset());
             self.persist_epochs()?;
+            // A tiered topic's aborted transactions are kept for the cold tier's reads
+            // until DeleteRecords removes them.
+            let keep_from = if self.config.remote_storage {
+                self.deleted_below
+            } else {
+                self.start_offset()
+            };
+            self.txns.forget_before(keep_from)?;
         }
         Ok(deleted)
     }
@@ -943,6 +1037,7 @@ impl PartitionLog {
         for f in &self.unsynced_sealed {
             f.sync_all()?;
         }
+        self.txns.sync()?;
         write_file(
             &self.dir.join(fmt::file_name(end, SNAPSHOT_SUFFIX)),
             &self.producers.encode_snapshot(end),
@@ -974,18 +1069,34 @@ impl PartitionLog {
             tracing::warn!(dir = %self.dir.display(), offset, "ignoring damaged producer snapshot");
         }
         let mut replayed = 0usize;
+        // What ended at or after `from` is rebuilt from the log.
+        self.txns.forget_from(from)?;
+        let mut ended = Vec::new();
         let mut producers = std::mem::take(&mut self.producers);
-        self.for_each_header(from, |h| {
+        self.for_each_header(from, |h, marker| {
+            if let Some(m) = marker {
+                if let Some(first) = producers.open_txn(h.producer_id) {
+                    ended.push((h.producer_id, first, h.base_offset as u64, m.commit));
+                }
+            }
             producers.record(h, now_ms);
             replayed += 1;
         })?;
         self.producers = producers;
+        for (pid, first, at, commit) in ended {
+            self.txns.ended(pid, first, at, commit)?;
+        }
         tracing::debug!(dir = %self.dir.display(), from, replayed, producers = self.producers.len(), "rebuilt producer state");
         Ok(())
     }
 
-    /// Calls `f` with the header of every batch whose base offset is at or after `from`.
-    fn for_each_header(&self, from: u64, mut f: impl FnMut(&BatchHeader)) -> io::Result<()> {
+    /// Calls `f` with the header of every batch whose base offset is at or after `from`,
+    /// and for a transaction marker what it says.
+    fn for_each_header(
+        &self,
+        from: u64,
+        mut f: impl FnMut(&BatchHeader, Option<Marker>),
+    ) -> io::Result<()> {
         for seg in self.segments.values() {
             if seg.next_offset <= from {
                 continue;
@@ -999,7 +1110,14 @@ impl PartitionLog {
                 let h = BatchHeader::parse(&header)
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
                 if h.base_offset as u64 >= from {
-                    f(&h);
+                    let marker = if h.is_control() && h.total_len() <= 4096 {
+                        let mut whole = vec![0u8; h.total_len()];
+                        seg.file.read_exact_at(&mut whole, pos)?;
+                        batch::marker::parse(&whole)
+                    } else {
+                        None
+                    };
+                    f(&h, marker);
                 }
                 pos += h.total_len() as u64;
             }
@@ -1023,7 +1141,7 @@ impl PartitionLog {
             Some(c) => c,
             None => {
                 let mut c = LeaderEpochCache::default();
-                self.for_each_header(self.start_offset(), |h| {
+                self.for_each_header(self.start_offset(), |h, _| {
                     c.assign(h.leader_epoch, h.base_offset as u64)
                 })?;
                 c

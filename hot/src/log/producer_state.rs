@@ -11,7 +11,11 @@
 //! forgotten, as in Kafka: ids are chosen by clients, and the table would otherwise grow
 //! forever. "Silent" is measured from the broker's clock when its last batch was appended
 //! here (or when the broker started, for batches replayed from the log), never from a
-//! client-chosen timestamp.
+//! client-chosen timestamp. A producer with a transaction open here is never forgotten.
+//!
+//! Transactions: a transactional batch opens the producer's transaction at its base offset
+//! (unless one is open); its marker (a control batch) ends it. The first offsets of the
+//! open transactions bound the last stable offset.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -35,6 +39,8 @@ struct ProducerEntry {
     batches: VecDeque<WrittenBatch>,
     /// Broker time (ms) of its last batch here.
     last_ms: i64,
+    /// The first offset of its transaction open in this partition.
+    txn_first: Option<u64>,
 }
 
 /// A producer as DescribeProducers shows it.
@@ -46,6 +52,8 @@ pub struct ActiveProducer {
     pub last_offset: u64,
     /// Broker time (ms) of its last batch here.
     pub last_ms: i64,
+    /// The first offset of its open transaction here.
+    pub txn_first: Option<u64>,
 }
 
 /// What to do with an incoming batch.
@@ -59,12 +67,17 @@ pub enum SequenceCheck {
     FencedEpoch { current: i16 },
     /// The sequence does not follow the last one written (a gap or reordering).
     OutOfOrder { expected: i32, got: i32 },
+    /// A plain batch from a producer whose transaction is open here (Kafka's
+    /// INVALID_TXN_STATE).
+    InTransaction,
 }
 
 /// Producer id -> last batches, for one partition.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ProducerStateTable {
     producers: HashMap<i64, ProducerEntry>,
+    /// (first offset, producer id) of every open transaction.
+    open: std::collections::BTreeSet<(u64, i64)>,
 }
 
 impl ProducerStateTable {
@@ -84,6 +97,9 @@ impl ProducerStateTable {
             return SequenceCheck::FencedEpoch {
                 current: entry.epoch,
             };
+        }
+        if !h.is_transactional() && entry.txn_first.is_some() && h.producer_epoch == entry.epoch {
+            return SequenceCheck::InTransaction;
         }
         if h.producer_epoch > entry.epoch {
             return if first == 0 {
@@ -119,6 +135,10 @@ impl ProducerStateTable {
         if !h.has_producer_id() || h.base_offset < 0 {
             return;
         }
+        if h.is_control() {
+            self.end_txn(h.producer_id, h.producer_epoch, at_ms);
+            return;
+        }
         let written = WrittenBatch {
             first_seq: h.base_sequence,
             last_seq: h.last_sequence(),
@@ -132,11 +152,16 @@ impl ProducerStateTable {
                 epoch: h.producer_epoch,
                 batches: VecDeque::new(),
                 last_ms: at_ms,
+                txn_first: None,
             });
         entry.last_ms = entry.last_ms.max(at_ms);
         if h.producer_epoch != entry.epoch {
             entry.epoch = h.producer_epoch;
             entry.batches.clear();
+        }
+        if h.is_transactional() && entry.txn_first.is_none() {
+            entry.txn_first = Some(written.base_offset);
+            self.open.insert((written.base_offset, h.producer_id));
         }
         if entry.batches.len() == RETAINED_BATCHES {
             entry.batches.pop_front();
@@ -146,6 +171,53 @@ impl ProducerStateTable {
 
     pub fn len(&self) -> usize {
         self.producers.len()
+    }
+
+    /// A marker of `producer_id` at `epoch` ends its transaction here (if one is open);
+    /// returns where that transaction started. A marker's epoch may be newer than the
+    /// producer's (the coordinator bumped it to fence a zombie): its sequences start over.
+    pub fn end_txn(&mut self, producer_id: i64, epoch: i16, at_ms: i64) -> Option<u64> {
+        let entry = self
+            .producers
+            .entry(producer_id)
+            .or_insert_with(|| ProducerEntry {
+                epoch,
+                batches: VecDeque::new(),
+                last_ms: at_ms,
+                txn_first: None,
+            });
+        entry.last_ms = entry.last_ms.max(at_ms);
+        if epoch > entry.epoch {
+            entry.epoch = epoch;
+            entry.batches.clear();
+        }
+        let first = entry.txn_first.take()?;
+        self.open.remove(&(first, producer_id));
+        Some(first)
+    }
+
+    /// Whether a marker at `epoch` may end `producer_id`'s transaction: not when the
+    /// producer has written at a newer epoch here (the marker's coordinator is stale).
+    pub fn check_marker(&self, producer_id: i64, epoch: i16) -> Result<(), i16> {
+        match self.producers.get(&producer_id) {
+            Some(e) if epoch < e.epoch => Err(e.epoch),
+            _ => Ok(()),
+        }
+    }
+
+    /// The first offset of `producer_id`'s open transaction here.
+    pub fn open_txn(&self, producer_id: i64) -> Option<u64> {
+        self.producers.get(&producer_id)?.txn_first
+    }
+
+    /// The first offset of the oldest transaction open here.
+    pub fn first_open_txn(&self) -> Option<u64> {
+        self.open.first().map(|(o, _)| *o)
+    }
+
+    /// Every open transaction: (first offset, producer id), oldest first.
+    pub fn open_txns(&self) -> impl Iterator<Item = (u64, i64)> + '_ {
+        self.open.iter().copied()
     }
 
     /// The producers this partition remembers, by id: their epoch, the last sequence and
@@ -162,6 +234,7 @@ impl ProducerStateTable {
                     last_sequence: last.last_seq,
                     last_offset: last.last_offset,
                     last_ms: e.last_ms,
+                    txn_first: e.txn_first,
                 })
             })
             .collect();
@@ -174,7 +247,7 @@ impl ProducerStateTable {
     pub fn expire(&mut self, now_ms: i64, after_ms: i64) -> usize {
         let before = self.producers.len();
         self.producers
-            .retain(|_, e| now_ms.saturating_sub(e.last_ms) < after_ms);
+            .retain(|_, e| e.txn_first.is_some() || now_ms.saturating_sub(e.last_ms) < after_ms);
         before - self.producers.len()
     }
 
@@ -195,6 +268,7 @@ impl ProducerStateTable {
             out.extend_from_slice(&id.to_be_bytes());
             out.extend_from_slice(&e.epoch.to_be_bytes());
             out.extend_from_slice(&e.last_ms.to_be_bytes());
+            out.extend_from_slice(&e.txn_first.map_or(-1, |o| o as i64).to_be_bytes());
             out.push(e.batches.len() as u8);
             for b in &e.batches {
                 out.extend_from_slice(&b.first_seq.to_be_bytes());
@@ -217,9 +291,10 @@ impl ProducerStateTable {
             return None;
         }
         let mut r = Reader(body);
-        let timed = match r.take(SNAPSHOT_MAGIC.len())? {
-            m if m == SNAPSHOT_MAGIC => true,
-            m if m == SNAPSHOT_MAGIC_V1 => false,
+        let (timed, txns) = match r.take(SNAPSHOT_MAGIC.len())? {
+            m if m == SNAPSHOT_MAGIC => (true, true),
+            m if m == SNAPSHOT_MAGIC_V2 => (true, false),
+            m if m == SNAPSHOT_MAGIC_V1 => (false, false),
             _ => return None,
         };
         let offset = r.u64()?;
@@ -229,6 +304,11 @@ impl ProducerStateTable {
             let id = r.u64()? as i64;
             let epoch = r.u16()? as i16;
             let last_ms = if timed { r.u64()? as i64 } else { loaded_ms };
+            let txn_first = if txns {
+                Some(r.u64()? as i64).filter(|o| *o >= 0).map(|o| o as u64)
+            } else {
+                None
+            };
             let n = r.take(1)?[0] as usize;
             let mut batches = VecDeque::with_capacity(n);
             for _ in 0..n {
@@ -239,12 +319,16 @@ impl ProducerStateTable {
                     last_offset: r.u64()?,
                 });
             }
+            if let Some(first) = txn_first {
+                table.open.insert((first, id));
+            }
             table.producers.insert(
                 id,
                 ProducerEntry {
                     epoch,
                     batches,
                     last_ms,
+                    txn_first,
                 },
             );
         }
@@ -252,8 +336,10 @@ impl ProducerStateTable {
     }
 }
 
-/// Snapshots with each producer's last time; `SPS1` ones (without it) are still read.
-const SNAPSHOT_MAGIC: &[u8] = b"SPS2";
+/// Snapshots with each producer's last time and open transaction; `SPS2` (without the
+/// transaction) and `SPS1` (without either) are still read.
+const SNAPSHOT_MAGIC: &[u8] = b"SPS3";
+const SNAPSHOT_MAGIC_V2: &[u8] = b"SPS2";
 const SNAPSHOT_MAGIC_V1: &[u8] = b"SPS1";
 
 struct Reader<'a>(&'a [u8]);
@@ -421,11 +507,11 @@ mod tests {
         let mut t = ProducerStateTable::default();
         t.record(&header(5, 1, 0, 2, 0), 123);
         let mut v1 = t.encode_snapshot(2);
-        // the SPS1 layout: no last-seen time after the epoch
+        // the SPS1 layout: no last-seen time (nor open transaction) after the epoch
         v1.truncate(v1.len() - 4);
         v1[..4].copy_from_slice(SNAPSHOT_MAGIC_V1);
         let at = 4 + 8 + 4 + 8 + 2;
-        v1.drain(at..at + 8);
+        v1.drain(at..at + 16);
         let crc = crc32c::crc32c(&v1);
         v1.extend_from_slice(&crc.to_be_bytes());
         let (offset, mut old) =
@@ -436,6 +522,66 @@ mod tests {
             SequenceCheck::Duplicate(_)
         ));
         assert_eq!(old.expire(9_999 + 10, 10), 1, "seen at load, not at 0");
+    }
+
+    fn txn_header(pid: i64, epoch: i16, seq: i32, count: i32, base: i64) -> BatchHeader {
+        BatchHeader {
+            attributes: 0x10,
+            ..header(pid, epoch, seq, count, base)
+        }
+    }
+
+    fn marker_header(pid: i64, epoch: i16, base: i64) -> BatchHeader {
+        BatchHeader {
+            attributes: 0x30,
+            base_sequence: -1,
+            ..header(pid, epoch, -1, 1, base)
+        }
+    }
+
+    #[test]
+    fn a_transaction_is_open_from_its_first_batch_to_its_marker() {
+        let mut t = ProducerStateTable::default();
+        t.record(&txn_header(1, 0, 0, 2, 10), 0);
+        t.record(&txn_header(2, 0, 0, 1, 12), 0);
+        t.record(&txn_header(1, 0, 2, 1, 13), 0);
+        assert_eq!(t.open_txn(1), Some(10));
+        assert_eq!(t.first_open_txn(), Some(10));
+        assert_eq!(
+            t.check(&header(1, 0, 3, 1, 0)),
+            SequenceCheck::InTransaction,
+            "a plain batch inside its own transaction"
+        );
+        t.record(&marker_header(1, 0, 14), 0);
+        assert_eq!(t.open_txn(1), None);
+        assert_eq!(t.first_open_txn(), Some(12));
+        assert_eq!(t.check(&txn_header(1, 0, 3, 1, 0)), SequenceCheck::Append);
+        // a marker at a bumped epoch (a fenced producer's abort) resets its sequences
+        assert_eq!(t.end_txn(2, 1, 0), Some(12));
+        assert_eq!(t.first_open_txn(), None);
+        assert_eq!(t.check_marker(2, 0), Err(1), "a stale coordinator's marker");
+        assert_eq!(t.check(&txn_header(2, 1, 0, 1, 0)), SequenceCheck::Append);
+        assert!(matches!(
+            t.check(&txn_header(2, 0, 1, 1, 0)),
+            SequenceCheck::FencedEpoch { current: 1 }
+        ));
+    }
+
+    #[test]
+    fn open_transactions_survive_snapshots_and_expiry() {
+        let mut t = ProducerStateTable::default();
+        t.record(&txn_header(7, 2, 0, 3, 100), 0);
+        t.record(&header(8, 0, 0, 1, 103), 0);
+        assert_eq!(
+            t.expire(1_000_000, 10),
+            1,
+            "only the producer without a transaction"
+        );
+        let (_, back) =
+            ProducerStateTable::decode_snapshot(&t.encode_snapshot(104), 0).expect("a snapshot");
+        assert_eq!(back.open_txn(7), Some(100));
+        assert_eq!(back.first_open_txn(), Some(100));
+        assert_eq!(back, t);
     }
 
     proptest! {

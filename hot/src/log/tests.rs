@@ -355,7 +355,7 @@ fn idempotent_retries_get_original_offsets_across_restarts() {
 }
 
 #[test]
-fn oversized_and_transactional_batches_are_refused() {
+fn oversized_batches_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = small_config(1 << 20);
     config.max_message_bytes = 100;
@@ -881,4 +881,103 @@ fn truncation_lowers_the_recovery_point_so_a_rewritten_segment_is_scanned() {
     );
     // everything served is intact
     read_all(&log, 0);
+}
+
+/// `make`, as a transactional batch of producer `pid` at epoch 0 from sequence `seq`.
+fn txn_batch(tag: u64, n: usize, pid: i64, seq: i32) -> ValidBatch {
+    let ids = ProducerIds {
+        producer_id: pid,
+        producer_epoch: 0,
+        base_sequence: seq,
+    };
+    let mut bytes = make(tag, n, 0, ids).bytes.to_vec();
+    bytes[21..23].copy_from_slice(&0x10i16.to_be_bytes());
+    let crc = batch::compute_crc(&bytes);
+    bytes[17..21].copy_from_slice(&crc.to_be_bytes());
+    ValidBatch::new(Bytes::from(bytes)).unwrap()
+}
+
+fn marker(commit: bool) -> Marker {
+    Marker {
+        commit,
+        coordinator_epoch: 0,
+    }
+}
+
+fn aborted(log: &PartitionLog) -> Vec<(i64, u64, u64)> {
+    log.aborted_between(0, u64::MAX)
+        .iter()
+        .map(|t| (t.producer_id, t.first_offset, t.last_offset))
+        .collect()
+}
+
+#[test]
+fn transactions_bound_the_last_stable_offset_and_aborts_are_listed_on_every_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    log.append(&txn_batch(0, 3, 5, 0), 0).unwrap(); // 0..=2
+    log.append(&txn_batch(1, 2, 6, 0), 0).unwrap(); // 3..=4
+    log.append(&make(2, 1, 0, ProducerIds::NONE), 0).unwrap(); // 5
+    assert_eq!(log.last_stable_offset(6), 0);
+    assert!(
+        matches!(
+            log.append(&make(3, 1, 0, producer_5(3)), 0),
+            Err(AppendError::InvalidTxnState)
+        ),
+        "a plain batch inside producer 5's open transaction"
+    );
+    assert_eq!(
+        log.append_marker(5, 0, marker(false), 0)
+            .unwrap()
+            .base_offset,
+        6
+    );
+    assert_eq!(
+        log.last_stable_offset(7),
+        3,
+        "producer 6's transaction is open"
+    );
+    assert_eq!(
+        log.append_marker(6, 0, marker(true), 0)
+            .unwrap()
+            .base_offset,
+        7
+    );
+    assert_eq!(
+        log.last_stable_offset(7),
+        3,
+        "the commit marker is not below the hw"
+    );
+    assert_eq!(log.last_stable_offset(8), 8);
+    assert!(matches!(
+        log.append_marker(5, -1, marker(true), 0),
+        Err(AppendError::InvalidProducerEpoch { current: 0 })
+    ));
+    assert_eq!(aborted(&log), vec![(5, 0, 6)]);
+    assert!(log.aborted_between(7, 8).is_empty());
+    // a follower learns the same from the replicated batches
+    let fdir = tempfile::tempdir().unwrap();
+    let (mut follower, _) = PartitionLog::open(fdir.path(), small_config(1 << 20), 0).unwrap();
+    replicate(&log, &mut follower);
+    assert_eq!(aborted(&follower), vec![(5, 0, 6)]);
+    assert_eq!(follower.last_stable_offset(8), 8);
+    // a crash (no close) keeps them; the replay rebuilds the open transaction too
+    log.append(&txn_batch(4, 1, 7, 0), 0).unwrap(); // 8
+    drop(log);
+    let (mut log, report) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    assert!(!report.clean);
+    assert_eq!(aborted(&log), vec![(5, 0, 6)]);
+    assert_eq!(log.last_stable_offset(9), 8);
+    // past a roll (a snapshot) and a clean close too
+    log.roll(0).unwrap();
+    log.append_marker(7, 0, marker(false), 0).unwrap(); // 9
+    log.close().unwrap();
+    let (mut log, report) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    assert!(report.clean);
+    assert_eq!(aborted(&log), vec![(5, 0, 6), (7, 8, 9)]);
+    assert_eq!(log.last_stable_offset(10), 10);
+    // a truncation below the markers reopens the transactions they ended
+    log.truncate_to(6, 0).unwrap();
+    assert_eq!(aborted(&log), vec![]);
+    assert_eq!(log.last_stable_offset(6), 0);
 }

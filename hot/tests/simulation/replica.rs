@@ -350,6 +350,8 @@ impl Replica {
             SequenceCheck::OutOfOrder { .. } => {
                 return ProduceOutcome::Refused("OUT_OF_ORDER_SEQUENCE_NUMBER")
             }
+            // (the simulation's producers are not transactional)
+            SequenceCheck::InTransaction => return ProduceOutcome::Refused("INVALID_TXN_STATE"),
         };
         ProduceOutcome::Wait(Waiter {
             req,
