@@ -17,3 +17,4 @@ pub mod metrics_endpoint;
 pub mod replication;
 pub mod secure_dev;
 pub mod server;
+pub mod txn;

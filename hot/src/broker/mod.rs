@@ -293,6 +293,8 @@ pub struct Broker {
     strays_checked: std::sync::atomic::AtomicBool,
     /// The consumer group coordinators of the offsets partitions this broker leads.
     groups: std::sync::OnceLock<Arc<crate::group::manager::GroupManager>>,
+    /// The transaction coordinators of the `__transaction_state` partitions led here.
+    txns: std::sync::OnceLock<Arc<crate::txn::TxnManager>>,
     /// The cold tier, when configured.
     cold: std::sync::OnceLock<Arc<tier::ColdTier>>,
 }
@@ -334,6 +336,7 @@ impl Broker {
             reconcile_again: Arc::new(tokio::sync::Notify::new()),
             strays_checked: std::sync::atomic::AtomicBool::new(false),
             groups: std::sync::OnceLock::new(),
+            txns: std::sync::OnceLock::new(),
             cold: std::sync::OnceLock::new(),
         });
         let groups = crate::group::manager::GroupManager::start(
@@ -342,6 +345,12 @@ impl Broker {
             broker.config.groups.clone(),
         );
         let _ = broker.groups.set(groups);
+        let txns = crate::txn::TxnManager::start(
+            &broker,
+            broker.clock.clone(),
+            crate::txn::TxnConfig::default(),
+        );
+        let _ = broker.txns.set(txns);
         if let Some(config) = broker.config.tier.clone() {
             let store = strata_cold::store::open(&config.store).map_err(io::Error::other)?;
             tracing::info!(store = %store, "tiering sealed segments of topics with remote.storage.enable");
@@ -380,6 +389,57 @@ impl Broker {
     /// The consumer group coordination of this broker.
     pub fn groups(&self) -> &Arc<crate::group::manager::GroupManager> {
         self.groups.get().expect("set when the broker opens")
+    }
+
+    /// The transaction coordination of this broker.
+    pub fn txns(&self) -> &Arc<crate::txn::TxnManager> {
+        self.txns.get().expect("set when the broker opens")
+    }
+
+    /// Appends a transaction coordinator's marker to a partition led here and waits until
+    /// it is committed. A partition that no longer exists needs none; a marker older than
+    /// the producer's epoch in the partition is obsolete (a newer coordinator decided).
+    pub async fn write_txn_marker(
+        &self,
+        topic: &str,
+        index: i32,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: strata_core::batch::marker::Marker,
+    ) -> Result<(), (i16, String)> {
+        use crate::kafka::codes;
+        let partition = match self.route(topic, index) {
+            Route::Leader(p) => p,
+            Route::NotLeader => {
+                return Err((
+                    codes::NOT_LEADER_OR_FOLLOWER,
+                    format!("this broker does not lead {topic}-{index}"),
+                ))
+            }
+            Route::UnknownTopicOrPartition => return Ok(()),
+        };
+        let appended = partition.append_marker(producer_id, producer_epoch, marker, self.now_ms());
+        let (at, epoch) = match appended {
+            Ok(a) => a,
+            Err(partition::LeaderAppendError::Append(
+                crate::log::AppendError::InvalidProducerEpoch { current },
+            )) => {
+                tracing::info!(
+                    topic,
+                    partition = index,
+                    producer_id,
+                    producer_epoch,
+                    current,
+                    "obsolete transaction marker dropped"
+                );
+                return Ok(());
+            }
+            Err(e) => return Err((codes::NOT_ENOUGH_REPLICAS, e.to_string())),
+        };
+        partition
+            .wait_durable(at.last_offset + 1, epoch, std::time::Duration::from_secs(5))
+            .await
+            .map_err(|e| (codes::wait(&e).0, e.to_string()))
     }
 
     pub fn metrics(&self) -> &crate::metrics::Metrics {

@@ -31,7 +31,7 @@ pub const INVALID_GROUP_ID: i16 = 24;
 
 /// Topics clients may not write to or delete.
 pub fn is_internal(topic: &str) -> bool {
-    topic == OFFSETS_TOPIC
+    topic == OFFSETS_TOPIC || topic == crate::txn::TXN_TOPIC
 }
 
 /// Group coordination settings (`[groups]` in the server config).
@@ -366,9 +366,23 @@ impl GroupManager {
 /// Reads a partition from its start to its end (as led now) into group state. Returns the
 /// state and how many records it read.
 async fn replay(partition: &Arc<Partition>) -> Result<(Replayed, u64), String> {
+    let mut replayed = Replayed::default();
+    let records = read_records(partition, |_, offset, key, value| {
+        replayed.apply(offset, key, value)
+    })
+    .await?;
+    Ok((replayed, records))
+}
+
+/// Reads an internal topic's partition from its start to its end (as led now), calling `f`
+/// with each keyed record's batch header, offset, key and value (control batches skipped).
+/// Returns how many records it read.
+pub(crate) async fn read_records(
+    partition: &Arc<Partition>,
+    mut f: impl FnMut(&strata_core::batch::BatchHeader, i64, Bytes, Option<Bytes>),
+) -> Result<u64, String> {
     let progress = partition.progress();
     let (mut offset, end) = (progress.log_start, progress.log_end);
-    let mut replayed = Replayed::default();
     let mut records = 0u64;
     while offset < end {
         let plan = partition
@@ -391,15 +405,17 @@ async fn replay(partition: &Arc<Partition>) -> Result<(Replayed, u64), String> {
             }
             let Some(batch) = strata_core::batch::records(&bytes[range]) else {
                 tracing::error!(
+                    topic = %partition.topic,
                     base_offset = header.base_offset,
-                    "unreadable batch in the offsets partition; skipped"
+                    "unreadable batch in an internal topic; skipped"
                 );
                 continue;
             };
             for r in batch {
                 records += 1;
                 let Some(key) = r.key else { continue };
-                replayed.apply(
+                f(
+                    &header,
                     r.offset,
                     Bytes::copy_from_slice(key),
                     r.value.map(Bytes::copy_from_slice),
@@ -407,16 +423,34 @@ async fn replay(partition: &Arc<Partition>) -> Result<(Replayed, u64), String> {
             }
         }
     }
-    Ok((replayed, records))
+    Ok(records)
 }
 
 /// The coordinator's writes: one batch per call, appended as leader at the epoch the
 /// coordinator was loaded in, answered once committed (acks=all).
-struct PartitionOffsets {
+pub(crate) struct PartitionOffsets {
     partition: Arc<Partition>,
     epoch: i32,
     clock: Arc<dyn Clock>,
     timeout: Duration,
+}
+
+impl PartitionOffsets {
+    /// Writes to `partition` while it is led at `epoch`, each write waiting up to
+    /// `timeout` to be committed.
+    pub(crate) fn new(
+        partition: Arc<Partition>,
+        epoch: i32,
+        clock: Arc<dyn Clock>,
+        timeout: Duration,
+    ) -> Self {
+        PartitionOffsets {
+            partition,
+            epoch,
+            clock,
+            timeout,
+        }
+    }
 }
 
 #[tonic::async_trait]

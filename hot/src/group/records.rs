@@ -82,7 +82,7 @@ const GROUP_KEY_VERSION: i16 = 2;
 const OFFSET_VALUE_VERSION: i16 = 3;
 const GROUP_VALUE_VERSION: i16 = 3;
 
-fn put_str(buf: &mut BytesMut, s: &str) {
+pub(crate) fn put_str(buf: &mut BytesMut, s: &str) {
     buf.put_i16(s.len().min(i16::MAX as usize) as i16);
     buf.put_slice(&s.as_bytes()[..s.len().min(i16::MAX as usize)]);
 }
@@ -106,17 +106,17 @@ fn need(buf: &Bytes, n: usize, what: &'static str) -> Result<(), RecordError> {
     Ok(())
 }
 
-fn get_i16(buf: &mut Bytes, what: &'static str) -> Result<i16, RecordError> {
+pub(crate) fn get_i16(buf: &mut Bytes, what: &'static str) -> Result<i16, RecordError> {
     need(buf, 2, what)?;
     Ok(buf.get_i16())
 }
 
-fn get_i32(buf: &mut Bytes, what: &'static str) -> Result<i32, RecordError> {
+pub(crate) fn get_i32(buf: &mut Bytes, what: &'static str) -> Result<i32, RecordError> {
     need(buf, 4, what)?;
     Ok(buf.get_i32())
 }
 
-fn get_i64(buf: &mut Bytes, what: &'static str) -> Result<i64, RecordError> {
+pub(crate) fn get_i64(buf: &mut Bytes, what: &'static str) -> Result<i64, RecordError> {
     need(buf, 8, what)?;
     Ok(buf.get_i64())
 }
@@ -133,7 +133,7 @@ fn get_opt_str(buf: &mut Bytes, what: &'static str) -> Result<Option<String>, Re
         .map_err(|_| RecordError::NotUtf8(what))
 }
 
-fn get_str(buf: &mut Bytes, what: &'static str) -> Result<String, RecordError> {
+pub(crate) fn get_str(buf: &mut Bytes, what: &'static str) -> Result<String, RecordError> {
     get_opt_str(buf, what)?.ok_or(RecordError::BadLength(what))
 }
 
@@ -146,7 +146,7 @@ fn get_bytes(buf: &mut Bytes, what: &'static str) -> Result<Bytes, RecordError> 
     Ok(buf.split_to(len as usize))
 }
 
-fn done(buf: &Bytes) -> Result<(), RecordError> {
+pub(crate) fn done(buf: &Bytes) -> Result<(), RecordError> {
     match buf.remaining() {
         0 => Ok(()),
         n => Err(RecordError::Trailing(n)),

@@ -55,6 +55,37 @@ fn coordinator(
     ctx.broker().groups().coordinator(group)
 }
 
+/// The broker coordinating transactional id `id`, or why not.
+async fn find_txn_coordinator(
+    ctx: &Request,
+    id: &str,
+) -> Result<(i32, String, u16), (i16, String)> {
+    use strata_controller::metadata::acl::ResourceType;
+    if id.is_empty() {
+        return Err((codes::INVALID_REQUEST, "empty transactional id".to_string()));
+    }
+    if !ctx.permits(Operation::Describe, ResourceType::TransactionalId, id) {
+        return Err((
+            codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            format!("{} may not describe transactional id {id}", ctx.principal),
+        ));
+    }
+    match ctx.broker().txns().find(id).await {
+        Ok(node) => ctx
+            .endpoints()
+            .into_iter()
+            .find(|(n, _, _)| *n == node)
+            .ok_or((
+                group_codes::COORDINATOR_NOT_AVAILABLE,
+                format!("coordinator broker {node} has no live Kafka listener"),
+            )),
+        Err(code) => Err((
+            code,
+            "the transaction coordinator is not available yet".to_string(),
+        )),
+    }
+}
+
 pub(super) async fn find_coordinator(
     ctx: Request,
     req: FindCoordinatorRequest,
@@ -66,11 +97,12 @@ pub(super) async fn find_coordinator(
     };
     let mut found = Vec::with_capacity(keys.len());
     for key in keys {
-        let answer = if req.key_type != 0 {
+        let answer = if req.key_type == 1 {
+            find_txn_coordinator(&ctx, &key).await
+        } else if req.key_type != 0 {
             Err((
                 codes::INVALID_REQUEST,
-                "only group coordinators exist here; transactions are not supported yet"
-                    .to_string(),
+                format!("unknown coordinator key type {}", req.key_type),
             ))
         } else if let Some(why) = invalid_group_id(&key) {
             Err((INVALID_GROUP_ID, why))

@@ -25,6 +25,7 @@ mod reassignments;
 mod records;
 pub mod sasl;
 pub mod tls;
+mod txn;
 mod users;
 
 use std::sync::Arc;
@@ -32,15 +33,16 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    api_versions_response::ApiVersion, AlterClientQuotasRequest, AlterConfigsRequest,
-    AlterUserScramCredentialsRequest, ApiKey, ApiVersionsRequest, ApiVersionsResponse,
-    CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest,
-    DeleteGroupsRequest, DeleteRecordsRequest, DeleteTopicsRequest, DescribeAclsRequest,
-    DescribeClientQuotasRequest, DescribeClusterRequest, DescribeConfigsRequest,
-    DescribeGroupsRequest, DescribeLogDirsRequest, DescribeProducersRequest,
-    DescribeUserScramCredentialsRequest, ElectLeadersRequest, FetchRequest, FindCoordinatorRequest,
-    HeartbeatRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest,
-    LeaveGroupRequest, ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+    api_versions_response::ApiVersion, AddPartitionsToTxnRequest, AlterClientQuotasRequest,
+    AlterConfigsRequest, AlterUserScramCredentialsRequest, ApiKey, ApiVersionsRequest,
+    ApiVersionsResponse, CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest,
+    DeleteAclsRequest, DeleteGroupsRequest, DeleteRecordsRequest, DeleteTopicsRequest,
+    DescribeAclsRequest, DescribeClientQuotasRequest, DescribeClusterRequest,
+    DescribeConfigsRequest, DescribeGroupsRequest, DescribeLogDirsRequest,
+    DescribeProducersRequest, DescribeUserScramCredentialsRequest, ElectLeadersRequest,
+    EndTxnRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
+    IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
+    ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
     OffsetDeleteRequest, OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest,
     RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslAuthenticateResponse,
     SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest,
@@ -64,6 +66,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 3),
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::AlterConfigs, 0, 2),
@@ -695,7 +699,17 @@ impl KafkaServer {
             Body::CreateTopics(req) => ctx.later(admin::create_topics(ctx.clone(), req)),
             Body::DeleteTopics(req) => ctx.later(admin::delete_topics(ctx.clone(), req)),
             Body::DescribeConfigs(req) => ctx.respond_now(&configs::describe_configs(&ctx, req)),
-            Body::InitProducerId(req) => ctx.later(produce::init_producer_id(ctx.clone(), req)),
+            Body::InitProducerId(req) => {
+                match req.transactional_id.as_ref().filter(|t| !t.0.is_empty()) {
+                    Some(id) => {
+                        let id = id.to_string();
+                        ctx.later(txn::init_producer_id(ctx.clone(), id, req))
+                    }
+                    None => ctx.later(produce::init_producer_id(ctx.clone(), req)),
+                }
+            }
+            Body::AddPartitionsToTxn(req) => ctx.later(txn::add_partitions(ctx.clone(), req)),
+            Body::EndTxn(req) => ctx.later(txn::end_txn(ctx.clone(), req)),
             Body::CreatePartitions(req) => ctx.later(admin::create_partitions(ctx.clone(), req)),
             Body::OffsetForLeaderEpoch(req) => {
                 ctx.later(fetch::offsets_for_leader_epoch(ctx.clone(), req))
@@ -814,6 +828,8 @@ pub enum Body {
     DeleteTopics(DeleteTopicsRequest),
     DescribeConfigs(DescribeConfigsRequest),
     InitProducerId(InitProducerIdRequest),
+    AddPartitionsToTxn(AddPartitionsToTxnRequest),
+    EndTxn(EndTxnRequest),
     CreatePartitions(CreatePartitionsRequest),
     AlterConfigs(AlterConfigsRequest),
     IncrementalAlterConfigs(IncrementalAlterConfigsRequest),
@@ -905,6 +921,8 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::DeleteTopics => Body::DeleteTopics(decode_body(&mut frame, version)?),
         ApiKey::DescribeConfigs => Body::DescribeConfigs(decode_body(&mut frame, version)?),
         ApiKey::InitProducerId => Body::InitProducerId(decode_body(&mut frame, version)?),
+        ApiKey::AddPartitionsToTxn => Body::AddPartitionsToTxn(decode_body(&mut frame, version)?),
+        ApiKey::EndTxn => Body::EndTxn(decode_body(&mut frame, version)?),
         ApiKey::CreatePartitions => Body::CreatePartitions(decode_body(&mut frame, version)?),
         ApiKey::OffsetForLeaderEpoch => {
             Body::OffsetForLeaderEpoch(decode_body(&mut frame, version)?)

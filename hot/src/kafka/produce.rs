@@ -272,17 +272,8 @@ pub(super) async fn init_producer_id(
     ctx: Request,
     req: InitProducerIdRequest,
 ) -> InitProducerIdResponse {
-    // Kafka treats an empty transactional id like none: a plain idempotent producer.
-    if req
-        .transactional_id
-        .as_ref()
-        .is_some_and(|t| !t.0.is_empty())
-    {
-        return InitProducerIdResponse::default()
-            .with_error_code(codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
-            .with_producer_id(ProducerId(-1))
-            .with_producer_epoch(-1);
-    }
+    // (A transactional id goes to its coordinator, see super::txn; Kafka treats an empty
+    // one like none: a plain idempotent producer.)
     // Kafka (KIP-679): IdempotentWrite on the cluster, or Write on any topic.
     let may_write = ctx.permits(
         Operation::IdempotentWrite,

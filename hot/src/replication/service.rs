@@ -13,7 +13,7 @@ use strata_proto::tls::Peer;
 use strata_proto::v1::replica_server::{Replica, ReplicaServer};
 use strata_proto::v1::{
     Error, OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, ReplicaFetchRequest,
-    ReplicaFetchResponse,
+    ReplicaFetchResponse, TxnMarkerResult, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -125,6 +125,44 @@ fn epoch_error(e: ReplicaFetchError) -> Error {
 
 #[tonic::async_trait]
 impl Replica for ReplicaService {
+    /// A transaction coordinator's markers for partitions led here.
+    async fn write_txn_markers(
+        &self,
+        req: Request<WriteTxnMarkersRequest>,
+    ) -> Result<Response<WriteTxnMarkersResponse>, Status> {
+        self.admit(&req, req.get_ref().coordinator_id)?;
+        let r = req.into_inner();
+        let mut results = Vec::new();
+        for m in r.markers {
+            let epoch = i16::try_from(m.producer_epoch)
+                .map_err(|_| Status::invalid_argument("producer epoch out of range"))?;
+            let marker = strata_core::batch::marker::Marker {
+                commit: m.commit,
+                coordinator_epoch: m.coordinator_epoch,
+            };
+            for p in m.partitions {
+                let Ok(index) = i32::try_from(p.partition) else {
+                    return Err(Status::invalid_argument("partition out of range"));
+                };
+                let written = self
+                    .broker
+                    .write_txn_marker(&p.topic, index, m.producer_id, epoch, marker)
+                    .await;
+                results.push(TxnMarkerResult {
+                    producer_id: m.producer_id,
+                    topic: p.topic,
+                    partition: p.partition,
+                    error: written.err().map(|(code, message)| Error {
+                        code: i32::from(code),
+                        message,
+                        leader: None,
+                    }),
+                });
+            }
+        }
+        Ok(Response::new(WriteTxnMarkersResponse { results }))
+    }
+
     async fn fetch(
         &self,
         req: Request<ReplicaFetchRequest>,

@@ -1,0 +1,133 @@
+"""Transactions (KIP-98, issue 19 item 1), against a real `strata dev` process with
+librdkafka (confluent-kafka): a transactional producer commits and aborts transactions
+across partitions, a read_committed consumer sees every committed record once and no
+aborted one, a read_uncommitted consumer sees both, the last stable offset holds back
+read_committed readers while a transaction is open, and all of it survives a SIGKILL of
+the broker (the coordinator's state and the aborted-transaction list are rebuilt)."""
+
+import time
+
+from conftest import rdkafka_conf
+
+
+def txn_producer(bootstrap, txn_id, timeout_ms=60000):
+    from confluent_kafka import Producer
+
+    p = Producer(rdkafka_conf({"bootstrap.servers": bootstrap, "transactional.id": txn_id,
+                               "transaction.timeout.ms": timeout_ms, "linger.ms": 2}))
+    p.init_transactions(30)
+    return p
+
+
+def read(bootstrap, topic, partitions, isolation, wait=8.0):
+    """Every (partition, offset, value) a consumer with `isolation` reads from the start."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(rdkafka_conf({"bootstrap.servers": bootstrap, "group.id": f"g{time.monotonic_ns()}",
+                               "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                               "isolation.level": isolation}))
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    seen, idle_until = [], time.monotonic() + wait
+    while time.monotonic() < idle_until:
+        m = c.poll(0.3)
+        if m is None or m.error():
+            continue
+        seen.append((m.partition(), m.offset(), m.value().decode()))
+        idle_until = time.monotonic() + 2.0
+    c.close()
+    return seen
+
+
+def values(seen):
+    return sorted(v for _, _, v in seen)
+
+
+def test_committed_records_are_read_once_and_aborted_ones_never(broker):
+    broker.create_topic("settlements", 3)
+    p = txn_producer(broker.bootstrap, "settler-1")
+    committed, aborted = [], []
+    for t in range(6):
+        p.begin_transaction()
+        batch = [f"t{t}-r{i}" for i in range(20)]
+        for i, v in enumerate(batch):
+            p.produce("settlements", value=v.encode(), partition=i % 3)
+        if t % 3 == 2:
+            assert p.flush(30) == 0  # on the broker before the abort (else librdkafka purges them)
+            p.abort_transaction(30)
+            aborted += batch
+        else:
+            p.commit_transaction(30)
+            committed += batch
+    committed_view = read(broker.bootstrap, "settlements", 3, "read_committed")
+    assert values(committed_view) == sorted(committed), "read_committed: every committed record once, no aborted one"
+    everything = read(broker.bootstrap, "settlements", 3, "read_uncommitted")
+    assert values(everything) == sorted(committed + aborted)
+
+    # an open transaction holds read_committed readers back at its first offset
+    p.begin_transaction()
+    for i in range(5):
+        p.produce("settlements", value=f"open-{i}".encode(), partition=0)
+    p.flush(10)
+    assert values(read(broker.bootstrap, "settlements", 3, "read_committed", wait=4)) == sorted(committed)
+    assert len(read(broker.bootstrap, "settlements", 3, "read_uncommitted", wait=4)) == len(everything) + 5
+    p.commit_transaction(30)
+    committed += [f"open-{i}" for i in range(5)]
+    assert values(read(broker.bootstrap, "settlements", 3, "read_committed")) == sorted(committed)
+
+    # SIGKILL: the coordinator's state and the aborted list come back from the logs
+    broker.kill()
+    broker.start()
+    assert values(read(broker.bootstrap, "settlements", 3, "read_committed")) == sorted(committed)
+    p2 = txn_producer(broker.bootstrap, "settler-1")  # same id: a new epoch
+    p2.begin_transaction()
+    p2.produce("settlements", value=b"after-restart", partition=1)
+    p2.commit_transaction(30)
+    committed.append("after-restart")
+    assert values(read(broker.bootstrap, "settlements", 3, "read_committed")) == sorted(committed)
+
+
+def test_a_restarted_producer_fences_the_old_one_and_aborts_its_open_transaction(broker):
+    from confluent_kafka import KafkaException
+
+    broker.create_topic("orders", 1)
+    old = txn_producer(broker.bootstrap, "order-writer")
+    old.begin_transaction()
+    old.produce("orders", value=b"zombie", partition=0)
+    old.flush(10)
+    new = txn_producer(broker.bootstrap, "order-writer")  # aborts the zombie's transaction
+    new.begin_transaction()
+    new.produce("orders", value=b"fresh", partition=0)
+    new.commit_transaction(30)
+    fenced = False
+    try:
+        old.produce("orders", value=b"late", partition=0)
+        old.commit_transaction(10)
+    except KafkaException as e:
+        fenced = True
+        assert e.args[0].fatal() or not e.args[0].retriable(), e
+    assert fenced, "the old producer's commit must fail"
+    assert values(read(broker.bootstrap, "orders", 1, "read_committed")) == ["fresh"]
+
+
+def test_a_transaction_past_its_timeout_is_aborted_by_the_coordinator(broker):
+    broker.create_topic("payouts", 1)
+    p = txn_producer(broker.bootstrap, "payout-writer", timeout_ms=2000)
+    p.begin_transaction()
+    p.produce("payouts", value=b"never-committed", partition=0)
+    p.flush(10)
+    # the coordinator aborts it: read_committed readers are no longer held back, and
+    # the records are aborted
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if read(broker.bootstrap, "payouts", 1, "read_uncommitted", wait=1) and not read(
+                broker.bootstrap, "payouts", 1, "read_committed", wait=1):
+            from confluent_kafka import Consumer, TopicPartition
+            c = Consumer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "group.id": "lso",
+                                       "isolation.level": "read_committed"}))
+            _, high = c.get_watermark_offsets(TopicPartition("payouts", 0), timeout=10)
+            c.close()
+            if high >= 2:  # past the abort marker
+                break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("the expired transaction was not aborted")
