@@ -27,12 +27,12 @@ use kafka_protocol::messages::offset_for_leader_epoch_request::{
 };
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    AlterClientQuotasRequest, AlterUserScramCredentialsRequest, ApiVersionsRequest,
-    CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest,
-    DeleteTopicsRequest, DescribeAclsRequest, DescribeClientQuotasRequest, DescribeConfigsRequest,
-    DescribeUserScramCredentialsRequest, FetchRequest, IncrementalAlterConfigsRequest,
-    InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, OffsetForLeaderEpochRequest,
-    ProduceRequest, TopicName,
+    AddPartitionsToTxnRequest, AlterClientQuotasRequest, AlterUserScramCredentialsRequest,
+    ApiVersionsRequest, CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest,
+    DeleteAclsRequest, DeleteTopicsRequest, DescribeAclsRequest, DescribeClientQuotasRequest,
+    DescribeConfigsRequest, DescribeUserScramCredentialsRequest, EndTxnRequest, FetchRequest,
+    IncrementalAlterConfigsRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest,
+    OffsetForLeaderEpochRequest, ProduceRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use strata_client::{fetch, list_offset, produce, Admin, ClientError, Connection};
@@ -237,6 +237,34 @@ async fn every_served_api_answers_at_every_served_version() {
                         assert_eq!(r.error_code, 0, "v{v}");
                         assert!(r.producer_id.0 >= 0);
                     }),
+                // No __transaction_state yet: the coordinator is not here (NOT_COORDINATOR), and
+                // a partition that does not exist is named before any coordinator is asked.
+                AddPartitionsToTxn => conn
+                    .send(
+                        &AddPartitionsToTxnRequest::default()
+                            .with_v3_and_below_transactional_id(s("sweeper").into())
+                            .with_v3_and_below_producer_id(kafka_protocol::messages::ProducerId(1))
+                            .with_v3_and_below_topics(vec![
+                                kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic::default()
+                                    .with_name(TopicName(s("no-such-topic")))
+                                    .with_partitions(vec![0]),
+                            ]),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        let p = &r.results_by_topic_v3_and_below[0].results_by_partition[0];
+                        assert_eq!(p.partition_error_code, 3, "v{v}");
+                    }),
+                EndTxn => conn
+                    .send(
+                        &EndTxnRequest::default()
+                            .with_transactional_id(s("sweeper").into())
+                            .with_producer_id(kafka_protocol::messages::ProducerId(1)),
+                        v,
+                    )
+                    .await
+                    .map(|r| assert_eq!(r.error_code, 16, "v{v}")),
                 CreatePartitions => conn
                     .send(
                         &CreatePartitionsRequest::default().with_topics(vec![
