@@ -9,6 +9,7 @@ pub mod config;
 pub mod group;
 pub mod grpc;
 pub mod health;
+pub mod internal;
 pub mod kafka;
 pub mod log;
 pub mod logging;

@@ -1312,44 +1312,25 @@ impl Broker {
     /// Runs retention over every partition every `retention_check_interval`, until the
     /// broker is dropped.
     pub fn spawn_retention(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
         let every = self.config.retention_check_interval;
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let Some(broker) = weak.upgrade() else { return };
-                let now = broker.clock.now_ms();
-                let partitions: Vec<_> = broker
-                    .topics()
-                    .iter()
-                    .flat_map(|t| t.local().cloned().collect::<Vec<_>>())
-                    .collect();
-                let expiration = broker.config.producer_id_expiration.as_millis() as i64;
-                let metrics = broker.clone();
-                let result = tokio::task::spawn_blocking(move || {
-                    let (mut expired, mut remaining) = (0, 0);
-                    for p in partitions {
-                        if let Err(e) = p.apply_retention(now) {
-                            tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "retention failed; will retry");
-                        }
-                        let (gone, left) = p.expire_producers(now, expiration);
-                        expired += gone as u64;
-                        remaining += left as u64;
-                    }
-                    let m = metrics.metrics();
-                    m.producer_ids.store(remaining, std::sync::atomic::Ordering::Relaxed);
-                    m.producer_ids_expired
-                        .fetch_add(expired, std::sync::atomic::Ordering::Relaxed);
-                    if expired > 0 {
-                        tracing::debug!(expired, remaining, "expired silent producer ids");
-                    }
-                })
-                .await;
-                if let Err(e) = result {
-                    tracing::error!(error = %e, "retention task panicked");
+        self.spawn_every(every, "retention", |_| true, |broker, partitions| {
+            let now = broker.clock.now_ms();
+            let expiration = broker.config.producer_id_expiration.as_millis() as i64;
+            let (mut expired, mut remaining) = (0, 0);
+            for p in partitions {
+                if let Err(e) = p.apply_retention(now) {
+                    tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "retention failed; will retry");
                 }
+                let (gone, left) = p.expire_producers(now, expiration);
+                expired += gone as u64;
+                remaining += left as u64;
+            }
+            let m = broker.metrics();
+            m.producer_ids.store(remaining, std::sync::atomic::Ordering::Relaxed);
+            m.producer_ids_expired
+                .fetch_add(expired, std::sync::atomic::Ordering::Relaxed);
+            if expired > 0 {
+                tracing::debug!(expired, remaining, "expired silent producer ids");
             }
         });
     }
@@ -1357,9 +1338,47 @@ impl Broker {
     /// Compacts the local logs of compacted topics that are not tiered, one partition at a
     /// time (Kafka's single log-cleaner thread), every `compaction_check_interval`.
     pub fn spawn_compaction(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
         let every = self.config.compaction_check_interval;
         let map_bytes = self.config.compaction_map_bytes;
+        let wanted = |p: &Partition| {
+            let c = p.log_config();
+            c.compacted() && !c.remote_storage
+        };
+        self.spawn_every(every, "compaction", wanted, move |broker, partitions| {
+            use std::sync::atomic::Ordering::Relaxed;
+            let m = broker.metrics();
+            for p in partitions {
+                match p.compact(broker.clock.now_ms(), map_bytes) {
+                    Ok(None) => {}
+                    Ok(Some(r)) => {
+                        m.compactions.fetch_add(1, Relaxed);
+                        m.compaction_records_removed
+                            .fetch_add(r.records_removed, Relaxed);
+                        m.compaction_bytes_removed
+                            .fetch_add(r.bytes_before.saturating_sub(r.bytes_after), Relaxed);
+                        tracing::info!(topic = %p.topic, partition = p.index, segments = r.segments_rewritten, records_removed = r.records_removed, bytes_before = r.bytes_before, bytes_after = r.bytes_after, keys = r.keys, compacted_to = r.dirty_end, given_up = r.given_up, "compacted the local log");
+                    }
+                    Err(e) => {
+                        m.compaction_errors.fetch_add(1, Relaxed);
+                        tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "compaction failed; will retry");
+                    }
+                }
+            }
+        });
+    }
+
+    /// Every `every` (the first time one interval from now), while the broker lives, runs
+    /// `work` on the blocking pool over this broker's local partitions that `wanted` picks
+    /// (none at all is fine); `what` names it in the log should it panic.
+    fn spawn_every(
+        self: &Arc<Self>,
+        every: std::time::Duration,
+        what: &'static str,
+        wanted: fn(&Partition) -> bool,
+        work: impl Fn(&Arc<Broker>, Vec<Arc<Partition>>) + Send + Sync + 'static,
+    ) {
+        let weak = Arc::downgrade(self);
+        let work = Arc::new(work);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.tick().await;
@@ -1370,41 +1389,12 @@ impl Broker {
                     .topics()
                     .iter()
                     .flat_map(|t| t.local().cloned().collect::<Vec<_>>())
-                    .filter(|p| {
-                        let c = p.log_config();
-                        c.compacted() && !c.remote_storage
-                    })
+                    .filter(|p| wanted(p))
                     .collect();
-                if partitions.is_empty() {
-                    continue;
-                }
-                let clock = broker.clock.clone();
-                let metrics = broker.clone();
-                drop(broker);
-                let result = tokio::task::spawn_blocking(move || {
-                    use std::sync::atomic::Ordering::Relaxed;
-                    let m = metrics.metrics();
-                    for p in partitions {
-                        match p.compact(clock.now_ms(), map_bytes) {
-                            Ok(None) => {}
-                            Ok(Some(r)) => {
-                                m.compactions.fetch_add(1, Relaxed);
-                                m.compaction_records_removed
-                                    .fetch_add(r.records_removed, Relaxed);
-                                m.compaction_bytes_removed
-                                    .fetch_add(r.bytes_before.saturating_sub(r.bytes_after), Relaxed);
-                                tracing::info!(topic = %p.topic, partition = p.index, segments = r.segments_rewritten, records_removed = r.records_removed, bytes_before = r.bytes_before, bytes_after = r.bytes_after, keys = r.keys, compacted_to = r.dirty_end, given_up = r.given_up, "compacted the local log");
-                            }
-                            Err(e) => {
-                                m.compaction_errors.fetch_add(1, Relaxed);
-                                tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "compaction failed; will retry");
-                            }
-                        }
-                    }
-                })
-                .await;
+                let work = work.clone();
+                let result = tokio::task::spawn_blocking(move || work(&broker, partitions)).await;
                 if let Err(e) = result {
-                    tracing::error!(error = %e, "compaction task panicked");
+                    tracing::error!(error = %e, task = what, "periodic task panicked");
                 }
             }
         });

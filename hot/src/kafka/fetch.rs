@@ -384,12 +384,13 @@ fn read_one(
     committed: bool,
 ) -> Read {
     let progress = p.progress();
-    let last_stable = p.last_stable_offset();
+    // (the local read below learns the last stable offset with its plan; these rarer
+    // answers ask for it)
     let answer = |records: Bytes, error: i16| Read {
         records,
         progress,
         error,
-        last_stable,
+        last_stable: p.last_stable_offset(),
     };
     if offset < 0 {
         return answer(Bytes::new(), codes::OFFSET_OUT_OF_RANGE);
@@ -418,7 +419,7 @@ fn read_one(
             ));
             match read {
                 Some(Ok(bytes)) if committed => {
-                    return answer(below(bytes, last_stable), codes::NONE)
+                    return answer(below(bytes, p.last_stable_offset()), codes::NONE)
                 }
                 Some(Ok(bytes)) => return answer(bytes, codes::NONE),
                 Some(Err(e)) => {

@@ -504,15 +504,16 @@ fn leader_epoch_history_is_kept_rebuilt_and_trimmed() {
     assert_eq!(log.epoch_end_offset(3), Some((0, first_end)));
 }
 
-/// Splits concatenated batches into validated single batches, as a follower receives them.
+/// Splits concatenated batches into validated single batches, as a follower receives them
+/// (checked as a follower checks them: a compacted batch may hold fewer records).
 fn batches_of(bytes: &Bytes) -> Vec<ValidBatch> {
     BatchIter::new(bytes)
-        .map(|i| ValidBatch::new(bytes.slice(i.unwrap().1)).unwrap())
+        .map(|i| ValidBatch::replicated(bytes.slice(i.unwrap().1)).unwrap())
         .collect()
 }
 
 /// Copies the leader's batches to the follower until it has the whole log, as a fetcher does.
-fn replicate(leader: &PartitionLog, follower: &mut PartitionLog) {
+pub(super) fn replicate(leader: &PartitionLog, follower: &mut PartitionLog) {
     while follower.end_offset() < leader.end_offset() {
         let bytes = leader
             .plan_read(follower.end_offset(), u64::MAX)

@@ -130,7 +130,13 @@ impl TxnIndex {
     /// oldest open transaction.
     pub fn last_stable(&mut self, oldest_open: Option<u64>, hw: u64) -> u64 {
         // Markers below the high watermark are committed: their transactions are stable.
-        self.ending = self.ending.split_off(&hw);
+        while self
+            .ending
+            .first_key_value()
+            .is_some_and(|(at, _)| *at < hw)
+        {
+            self.ending.pop_first();
+        }
         let ending = self.ending.values().min().copied();
         [Some(hw), oldest_open, ending]
             .into_iter()

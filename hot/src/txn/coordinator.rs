@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::broker::Clock;
-use crate::group::coordinator::OffsetsLog;
+use crate::group::coordinator::{OffsetsLog, NOT_COORDINATOR};
+use crate::internal::COORDINATOR_NOT_AVAILABLE;
 
 use super::state::{self, codes, End, Init, TxnMeta};
 
@@ -267,7 +268,3 @@ impl TxnCoordinator {
         });
     }
 }
-
-/// Kafka's NOT_COORDINATOR and COORDINATOR_NOT_AVAILABLE.
-pub const NOT_COORDINATOR: i16 = 16;
-pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;

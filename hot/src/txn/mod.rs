@@ -12,19 +12,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use uuid::Uuid;
-
-use crate::broker::{AdminError, Broker, Clock, NewTopic, Partition};
-use crate::group::manager::{read_records, PartitionOffsets};
-use crate::group::records::partition_for_group;
-use coordinator::{
-    MarkerSink, ProducerIdSource, TxnCoordinator, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR,
-};
 use strata_core::batch::marker::Marker;
+use strata_proto::v1::replica_client::ReplicaClient;
+use tonic::transport::Channel;
+
+use crate::broker::{AdminError, Broker, Clock, NewTopic};
+use crate::group::coordinator::NOT_COORDINATOR;
+use crate::internal::{
+    self, read_records, Gained, Leaderships, PartitionOffsets, COORDINATOR_NOT_AVAILABLE,
+};
+use coordinator::{MarkerSink, ProducerIdSource, TxnCoordinator};
 
 pub const TXN_TOPIC: &str = "__transaction_state";
-/// Kafka's COORDINATOR_LOAD_IN_PROGRESS.
-const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
 
 /// Transaction settings (`[transactions]` in the server config).
 #[derive(Debug, Clone)]
@@ -53,19 +52,18 @@ impl Default for TxnConfig {
     }
 }
 
-struct Slot {
-    topic_id: Uuid,
-    epoch: i32,
-    partition: Arc<Partition>,
-    coordinator: Option<Arc<TxnCoordinator>>,
-}
-
 pub struct TxnManager {
     broker: Weak<Broker>,
     clock: Arc<dyn Clock>,
     config: TxnConfig,
-    slots: Mutex<HashMap<u32, Slot>>,
-    creating: std::sync::atomic::AtomicBool,
+    led: Arc<Leaderships<TxnCoordinator>>,
+    markers: Arc<BrokerMarkers>,
+}
+
+impl internal::Closable for TxnCoordinator {
+    fn close(&self) {
+        TxnCoordinator::close(self)
+    }
 }
 
 impl TxnManager {
@@ -74,27 +72,14 @@ impl TxnManager {
             broker: Arc::downgrade(broker),
             clock,
             config,
-            slots: Mutex::new(HashMap::new()),
-            creating: std::sync::atomic::AtomicBool::new(false),
+            led: Arc::new(Leaderships::new(TXN_TOPIC)),
+            markers: Arc::new(BrokerMarkers {
+                broker: Arc::downgrade(broker),
+                clients: Mutex::default(),
+            }),
         });
-        let weak = Arc::downgrade(&manager);
-        let mut changes = broker.watch_layout();
-        tokio::spawn(async move {
-            loop {
-                match weak.upgrade() {
-                    Some(m) => m.refresh(),
-                    None => return,
-                }
-                if changes.changed().await.is_err() {
-                    return;
-                }
-            }
-        });
+        internal::follow_layout(broker, &manager, TxnManager::refresh);
         manager
-    }
-
-    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Slot>> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Loads coordinators for the state partitions led here; closes those no longer led.
@@ -102,48 +87,17 @@ impl TxnManager {
         let Some(broker) = self.broker.upgrade() else {
             return;
         };
-        let mut led = HashMap::new();
-        if let Some(topic) = broker.topic(TXN_TOPIC) {
-            for p in topic.local() {
-                if let Some(epoch) = p.progress().leader_epoch {
-                    led.insert(p.index as u32, (topic.spec.id, epoch, p.clone()));
-                }
-            }
-        }
-        let mut slots = self.slots();
-        slots.retain(|index, slot| {
-            let keep = led.get(index).is_some_and(|(id, epoch, p)| {
-                slot.topic_id == *id && slot.epoch == *epoch && Arc::ptr_eq(&slot.partition, p)
-            });
-            if !keep {
-                if let Some(c) = &slot.coordinator {
-                    c.close();
-                }
-            }
-            keep
-        });
-        for (index, (topic_id, epoch, partition)) in led {
-            if slots.contains_key(&index) {
-                continue;
-            }
-            slots.insert(
-                index,
-                Slot {
-                    topic_id,
-                    epoch,
-                    partition: partition.clone(),
-                    coordinator: None,
-                },
-            );
+        let (_, gained) = self.led.refresh(&broker);
+        for g in gained {
             let manager = self.clone();
-            tokio::spawn(async move { manager.load(index, epoch, partition).await });
+            tokio::spawn(async move { manager.load(g).await });
         }
     }
 
-    async fn load(self: Arc<Self>, index: u32, epoch: i32, partition: Arc<Partition>) {
+    async fn load(self: Arc<Self>, g: Gained) {
         let mut replayed: HashMap<String, state::TxnMeta> = HashMap::new();
         let mut damaged = 0usize;
-        let read = read_records(&partition, |_, _, key, value| {
+        let read = read_records(&g.partition, |_, _, key, value| {
             let Ok(id) = state::decode_key(key) else {
                 damaged += 1;
                 return;
@@ -160,14 +114,14 @@ impl TxnManager {
         })
         .await;
         if let Err(e) = read {
-            tracing::error!(partition = index, error = %e, "could not replay the transaction state partition");
+            tracing::error!(partition = g.index, error = %e, "could not replay the transaction state partition");
             // the next layout change retries
-            self.slots().remove(&index);
+            self.led.forget(&g);
             return;
         }
         if damaged > 0 {
             tracing::error!(
-                partition = index,
+                partition = g.index,
                 damaged,
                 "skipped unreadable transaction state records"
             );
@@ -176,34 +130,29 @@ impl TxnManager {
             return;
         };
         let log = Arc::new(PartitionOffsets::new(
-            partition.clone(),
-            epoch,
+            g.partition.clone(),
+            g.epoch,
             self.clock.clone(),
             self.config.write_timeout,
         ));
         let ids = replayed.len();
         let c = TxnCoordinator::load(
-            epoch,
+            g.epoch,
             log,
             self.clock.clone(),
-            Arc::new(BrokerMarkers(Arc::downgrade(&broker))),
+            self.markers.clone(),
             Arc::new(BrokerIds(Arc::downgrade(&broker))),
             replayed,
             self.config.max_timeout_ms,
         );
-        let mut slots = self.slots();
-        match slots.get_mut(&index) {
-            Some(slot) if slot.epoch == epoch && Arc::ptr_eq(&slot.partition, &partition) => {
-                c.spawn_timer(self.config.tick);
-                slot.coordinator = Some(c);
-                tracing::info!(
-                    partition = index,
-                    epoch,
-                    transactional_ids = ids,
-                    "coordinating the transactions of this state partition"
-                );
-            }
-            _ => c.close(),
+        if self.led.install(&g, c.clone()) {
+            c.spawn_timer(self.config.tick);
+            tracing::info!(
+                partition = g.index,
+                epoch = g.epoch,
+                transactional_ids = ids,
+                "coordinating the transactions of this state partition"
+            );
         }
     }
 
@@ -211,73 +160,25 @@ impl TxnManager {
     /// COORDINATOR_LOAD_IN_PROGRESS.
     pub fn coordinator(&self, id: &str) -> Result<Arc<TxnCoordinator>, i16> {
         let broker = self.broker.upgrade().ok_or(NOT_COORDINATOR)?;
-        let topic = broker.topic(TXN_TOPIC).ok_or(NOT_COORDINATOR)?;
-        let index = partition_for_group(id, topic.spec.partitions);
-        match self.slots().get(&index) {
-            Some(Slot {
-                coordinator: Some(c),
-                ..
-            }) => Ok(c.clone()),
-            Some(_) => Err(COORDINATOR_LOAD_IN_PROGRESS),
-            None => Err(NOT_COORDINATOR),
-        }
+        self.led.coordinator(&broker, id)
     }
 
     /// Every coordinator running here.
     pub fn coordinators(&self) -> Vec<Arc<TxnCoordinator>> {
-        self.slots()
-            .values()
-            .filter_map(|s| s.coordinator.clone())
-            .collect()
+        self.led.all()
     }
 
     /// FindCoordinator for a transactional id: its coordinator's broker, creating
     /// `__transaction_state` first if needed. Err: COORDINATOR_NOT_AVAILABLE (retriable).
     pub async fn find(self: &Arc<Self>, id: &str) -> Result<i32, i16> {
         let broker = self.broker.upgrade().ok_or(COORDINATOR_NOT_AVAILABLE)?;
-        if broker.topic(TXN_TOPIC).is_none() {
-            use std::sync::atomic::Ordering;
-            if self.creating.swap(true, Ordering::AcqRel) {
-                return Err(COORDINATOR_NOT_AVAILABLE);
-            }
-            let (manager, b) = (self.clone(), broker.clone());
-            tokio::spawn(async move {
-                manager.create_topic(&b).await;
-                manager.creating.store(false, Ordering::Release);
-            });
-        }
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
-        let mut changes = broker.watch_layout();
-        loop {
-            if let Some(topic) = broker.topic(TXN_TOPIC) {
-                let index = partition_for_group(id, topic.spec.partitions);
-                let leader = topic.layout.get(index as usize).and_then(|l| l.leader);
-                let ready = leader != Some(broker.config().node_id) || self.coordinator(id).is_ok();
-                if let (Some(leader), true) = (leader, ready) {
-                    return Ok(leader);
-                }
-            }
-            let waited = tokio::time::timeout_at(deadline, async {
-                tokio::select! {
-                    _ = changes.changed() => {}
-                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-                }
-            });
-            if waited.await.is_err() {
-                return Err(COORDINATOR_NOT_AVAILABLE);
-            }
-        }
+        let (manager, b) = (self.clone(), broker.clone());
+        let create = async move { manager.create_topic(&b).await };
+        self.led.find(&broker, id, create).await
     }
 
     async fn create_topic(&self, broker: &Arc<Broker>) {
-        let registered = broker
-            .cluster()
-            .map_or(1, |link| link.metadata().borrow().brokers.len());
-        let rf = self
-            .config
-            .replication_factor
-            .min(u16::try_from(registered).unwrap_or(u16::MAX))
-            .max(1);
+        let rf = internal::replication_factor(broker, self.config.replication_factor);
         let configs = BTreeMap::from([
             // one record per transactional id is live: the broker compacts the rest away
             ("cleanup.policy".to_string(), "compact".to_string()),
@@ -321,8 +222,12 @@ impl ProducerIdSource for BrokerIds {
 }
 
 /// Markers through this broker: appended here for the partitions it leads, sent over the
-/// replica plane (`strata.v1.Replica/WriteTxnMarkers`) to the leaders of the others.
-struct BrokerMarkers(Weak<Broker>);
+/// replica plane (`strata.v1.Replica/WriteTxnMarkers`) to the leaders of the others, one
+/// channel per leader kept for the next transactions (re-made when its address changes).
+struct BrokerMarkers {
+    broker: Weak<Broker>,
+    clients: Mutex<HashMap<i32, (String, ReplicaClient<Channel>)>>,
+}
 
 #[tonic::async_trait]
 impl MarkerSink for BrokerMarkers {
@@ -334,7 +239,7 @@ impl MarkerSink for BrokerMarkers {
         coordinator_epoch: i32,
         partitions: Vec<(String, i32)>,
     ) -> Vec<(String, i32)> {
-        let Some(broker) = self.0.upgrade() else {
+        let Some(broker) = self.broker.upgrade() else {
             return partitions;
         };
         let marker = Marker {
@@ -367,41 +272,65 @@ impl MarkerSink for BrokerMarkers {
             }
         }
         for (leader, parts) in remote {
-            let failed =
-                send_markers(&broker, leader, producer_id, producer_epoch, marker, &parts).await;
+            let failed = match self.client(&broker, leader) {
+                Some(client) => {
+                    send_markers(
+                        client,
+                        me,
+                        leader,
+                        producer_id,
+                        producer_epoch,
+                        marker,
+                        &parts,
+                    )
+                    .await
+                }
+                None => parts,
+            };
             left.extend(failed);
         }
         left
     }
 }
 
+impl BrokerMarkers {
+    /// The replica-plane client of broker `leader`, if its address is known.
+    fn client(&self, broker: &Broker, leader: i32) -> Option<ReplicaClient<Channel>> {
+        let link = broker.cluster()?;
+        let addr = link.grpc_address(leader)?;
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((known, c)) = clients.get(&leader) {
+            if *known == addr {
+                return Some(c.clone());
+            }
+        }
+        let endpoint = match strata_proto::tls::live_endpoint(&addr, link.tls().map(|t| t.as_ref()))
+        {
+            Ok(e) => e.timeout(Duration::from_secs(10)),
+            Err(e) => {
+                tracing::warn!(leader, addr, error = %e, "leader's gRPC address is invalid");
+                return None;
+            }
+        };
+        let c = ReplicaClient::new(endpoint.connect_lazy());
+        clients.insert(leader, (addr, c.clone()));
+        Some(c)
+    }
+}
+
 /// Sends one leader its markers; returns the partitions it did not take.
 async fn send_markers(
-    broker: &Arc<Broker>,
+    mut client: ReplicaClient<Channel>,
+    coordinator_id: i32,
     leader: i32,
     producer_id: i64,
     producer_epoch: i16,
     marker: Marker,
     parts: &[(String, i32)],
 ) -> Vec<(String, i32)> {
-    use strata_proto::v1::{
-        replica_client::ReplicaClient, TxnMarker, TxnMarkerPartition, WriteTxnMarkersRequest,
-    };
-    let Some(link) = broker.cluster() else {
-        return parts.to_vec();
-    };
-    let Some(addr) = link.grpc_address(leader) else {
-        return parts.to_vec();
-    };
-    let endpoint = match strata_proto::tls::live_endpoint(&addr, link.tls().map(|t| t.as_ref())) {
-        Ok(e) => e.timeout(Duration::from_secs(10)),
-        Err(e) => {
-            tracing::warn!(leader, addr, error = %e, "leader's gRPC address is invalid");
-            return parts.to_vec();
-        }
-    };
+    use strata_proto::v1::{TxnMarker, TxnMarkerPartition, WriteTxnMarkersRequest};
     let req = WriteTxnMarkersRequest {
-        coordinator_id: broker.config().node_id,
+        coordinator_id,
         markers: vec![TxnMarker {
             producer_id,
             producer_epoch: i32::from(producer_epoch),
@@ -416,7 +345,6 @@ async fn send_markers(
                 .collect(),
         }],
     };
-    let mut client = ReplicaClient::new(endpoint.connect_lazy());
     match client.write_txn_markers(req).await {
         Ok(resp) => resp
             .into_inner()

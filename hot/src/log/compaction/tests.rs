@@ -151,18 +151,7 @@ fn a_follower_copies_a_compacted_log_with_its_gaps() {
     compact(&mut leader, NOW).unwrap();
     let fdir = tempfile::tempdir().unwrap();
     let (mut follower, _) = PartitionLog::open(fdir.path(), compacted_config(&[]), 0).unwrap();
-    while follower.end_offset() < leader.end_offset() {
-        let bytes = leader
-            .plan_read(follower.end_offset(), u64::MAX)
-            .unwrap()
-            .unwrap()
-            .read(1 << 20)
-            .unwrap();
-        for item in BatchIter::new(&bytes) {
-            let b = ValidBatch::replicated(bytes.slice(item.unwrap().1)).unwrap();
-            follower.append_replicated(&b, 0).unwrap();
-        }
-    }
+    super::super::tests::replicate(&leader, &mut follower);
     assert_eq!(records(&follower), records(&leader));
     // a batch below the end is still refused
     let first = leader
