@@ -38,6 +38,15 @@ def read(bootstrap, topic, partitions, isolation, wait=8.0):
     return seen
 
 
+def java_partition(key, partitions):
+    """The partition Kafka (and Strata) put `key` in: abs(Java's String.hashCode) % n."""
+    h = 0
+    for ch in key:  # (ASCII keys: one UTF-16 unit each)
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    h = h - (1 << 32) if h >= 1 << 31 else h
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
 def values(seen):
     return sorted(v for _, _, v in seen)
 
@@ -131,3 +140,83 @@ def test_a_transaction_past_its_timeout_is_aborted_by_the_coordinator(broker):
         time.sleep(0.5)
     else:
         raise AssertionError("the expired transaction was not aborted")
+
+
+def test_transactions_across_a_cluster_survive_the_sigkill_of_a_broker(tmp_path, request):
+    """3 controllers + 3 brokers: a transaction's partitions are led by all three brokers, so
+    its markers go to other brokers over the replica plane; the transaction coordinator's
+    broker (also the leader of some of the partitions) is SIGKILLed with a transaction open. Every
+    transaction whose commit was acknowledged is read exactly once by read_committed
+    consumers, and nothing else is."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from test_cluster import Cluster, attach_logs_on_failure
+
+    c = Cluster(__import__("conftest").strata_bin(), tmp_path)
+    try:
+        c.start_all()
+        boot = ",".join(f"127.0.0.1:{c.broker_ports[i]}" for i in (1, 2, 3))
+        admin = AdminClient(rdkafka_conf({"bootstrap.servers": boot}))
+        fs = admin.create_topics([NewTopic("ledger", num_partitions=6, replication_factor=3,
+                                           config={"min.insync.replicas": "2"})], operation_timeout=20)
+        fs["ledger"].result(timeout=30)
+        m = c.metadata()
+        assert {p["leader"] for p in m["topics"]["ledger"]["partitions"]} == {1, 2, 3}
+
+        p = txn_producer(boot, "ledger-writer")
+        committed, given_up = [], []
+        m = c.metadata()
+        state = m["topics"]["__transaction_state"]["partitions"]
+        coordinator = state[java_partition("ledger-writer", len(state))]["leader"]
+        assert coordinator in (1, 2, 3)
+
+        def one(t, before_commit=None):
+            batch = [f"t{t}-r{i}" for i in range(12)]
+            for attempt in range(5):
+                try:
+                    p.begin_transaction()
+                    for i, v in enumerate(batch):
+                        p.produce("ledger", value=f"{v}-a{attempt}".encode(), partition=i % 6)
+                    if before_commit and attempt == 0:
+                        p.flush(30)
+                        before_commit()
+                    for _ in range(5):
+                        try:
+                            p.commit_transaction(60)
+                            break
+                        except KafkaException as e:
+                            # (librdkafka: a retriable commit error means "call it again")
+                            if not e.args[0].retriable():
+                                raise
+                    else:
+                        raise AssertionError(f"transaction {t}: the commit kept failing")
+                    committed.extend(f"{v}-a{attempt}" for v in batch)
+                    return
+                except KafkaException as e:
+                    err = e.args[0]
+                    assert not err.fatal(), f"transaction {t}: fatal {err}"
+                    given_up.extend(f"{v}-a{attempt}" for v in batch)
+                    if err.txn_requires_abort():
+                        p.abort_transaction(60)
+                    time.sleep(0.5)
+            raise AssertionError(f"transaction {t} never committed")
+
+        for t in range(4):
+            one(t)
+        # the coordinator dies mid-transaction: its successor replays __transaction_state
+        one(4, before_commit=lambda: c.kill(f"broker-{coordinator}"))
+        for t in range(5, 10):
+            one(t)
+        c.start(f"broker-{coordinator}")
+        for t in range(10, 14):
+            one(t)
+        seen = read(boot, "ledger", 6, "read_committed", wait=15)
+        got = values(seen)
+        assert len(got) == len(set(got)), "a committed record read twice"
+        assert got == sorted(committed), (
+            f"read_committed must see exactly the {len(committed)} acknowledged records; "
+            f"missing {sorted(set(committed) - set(got))[:5]}, extra {sorted(set(got) - set(committed))[:5]}")
+    finally:
+        c.stop_all()
+        attach_logs_on_failure(request, c)
