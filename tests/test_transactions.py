@@ -220,3 +220,89 @@ def test_transactions_across_a_cluster_survive_the_sigkill_of_a_broker(tmp_path,
     finally:
         c.stop_all()
         attach_logs_on_failure(request, c)
+
+
+def test_consume_transform_produce_is_exactly_once_across_aborts_and_a_sigkill(broker):
+    """librdkafka's exactly-once loop: a read_committed consumer in group "eos" reads `in`,
+    a transactional producer writes each record transformed to `out` and commits the
+    consumer's offsets in the same transaction (AddOffsetsToTxn, TxnOffsetCommit). Some
+    transactions are aborted (their records and offsets both vanish, and the processor
+    reads the input again); the broker is SIGKILLed with a transaction open. Every input
+    record then appears in `out` exactly once for read_committed readers."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    broker.create_topic("in", 3)
+    broker.create_topic("out", 3)
+    n = 240
+    src = Producer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True}))
+    for i in range(n):
+        src.produce("in", value=f"order-{i}".encode(), partition=i % 3)
+    assert src.flush(30) == 0
+
+    def processor():
+        c = Consumer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "group.id": "eos",
+                                   "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                                   "isolation.level": "read_committed", "session.timeout.ms": 6000}))
+        c.subscribe(["in"])
+        return c, txn_producer(broker.bootstrap, "eos-processor")
+
+    def some(c, wait=10.0):
+        """Up to 20 input records, waiting up to `wait` s (a join takes a rebalance delay)."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            msgs = [m for m in c.consume(20, timeout=1) if not m.error()]
+            if msgs:
+                return msgs
+        return []
+
+    def step(c, p, commit=True, wait=10.0):
+        """One transaction over up to 20 input records; False when the input is drained."""
+        msgs = some(c, wait)
+        if not msgs:
+            return False
+        p.begin_transaction()
+        for m in msgs:
+            p.produce("out", value=m.value().upper(), partition=m.partition())
+        positions = c.position(c.assignment())
+        p.send_offsets_to_transaction(positions, c.consumer_group_metadata(), 30)
+        if commit:
+            p.commit_transaction(30)
+        else:
+            assert p.flush(30) == 0
+            p.abort_transaction(30)
+            # the offsets were aborted too: read again from the committed ones
+            committed = c.committed(c.assignment(), timeout=10)
+            for tp in committed:
+                c.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else 0))
+        return True
+
+    c, p = processor()
+    done = 0
+    while done < 6:
+        assert step(c, p, commit=(done % 3 != 1)), "input drained too early"
+        done += 1
+    # a transaction left open, then the broker dies
+    msgs = some(c)
+    assert msgs
+    p.begin_transaction()
+    for m in msgs:
+        p.produce("out", value=m.value().upper(), partition=m.partition())
+    p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 30)
+    p.flush(10)
+    broker.kill()
+    broker.start()
+    c.close()
+    del p
+
+    c, p = processor()  # init_transactions aborts the open transaction
+    # (the first join waits for the dead processor's member to time out of the group)
+    assert step(c, p, wait=90), "the new processor never got the input"
+    while step(c, p):
+        pass
+    c.close()
+
+    out = values(read(broker.bootstrap, "out", 3, "read_committed"))
+    want = sorted(f"ORDER-{i}" for i in range(n))
+    dups = sorted({v for v in out if out.count(v) > 1})
+    assert not dups, f"{len(dups)} records written twice, e.g. {dups[:5]}"
+    assert out == want, f"missing {sorted(set(want) - set(out))[:5]}"

@@ -631,6 +631,21 @@ pub mod build {
         finish(body, records.len(), base_timestamp, max_ts, ids)
     }
 
+    /// `batch` (whole, as built here) marked transactional: the attribute set, the CRC
+    /// recomputed.
+    pub fn transactional(batch: Vec<u8>) -> Vec<u8> {
+        with_attributes(batch, ATTR_TRANSACTIONAL)
+    }
+
+    /// `batch` with `extra` attribute bits set and its CRC recomputed.
+    pub(super) fn with_attributes(mut batch: Vec<u8>, extra: i16) -> Vec<u8> {
+        let attrs = i16::from_be_bytes([batch[21], batch[22]]) | extra;
+        batch[21..23].copy_from_slice(&attrs.to_be_bytes());
+        let crc = compute_crc(&batch);
+        batch[17..21].copy_from_slice(&crc.to_be_bytes());
+        batch
+    }
+
     /// The header before `body` (the records section), and the CRC.
     fn finish(
         body: Vec<u8>,
@@ -680,7 +695,7 @@ pub mod marker {
         let key = [0u8, 0, 0, u8::from(marker.commit)];
         let mut value = [0u8; 6];
         value[2..].copy_from_slice(&marker.coordinator_epoch.to_be_bytes());
-        let mut out = super::build::batch(
+        let out = super::build::batch(
             timestamp,
             super::build::ProducerIds {
                 producer_id,
@@ -693,10 +708,7 @@ pub mod marker {
                 timestamp_delta: 0,
             }],
         );
-        out[21..23].copy_from_slice(&(ATTR_CONTROL | ATTR_TRANSACTIONAL).to_be_bytes());
-        let crc = compute_crc(&out);
-        out[17..21].copy_from_slice(&crc.to_be_bytes());
-        out
+        super::build::with_attributes(out, ATTR_CONTROL | ATTR_TRANSACTIONAL)
     }
 
     /// The marker in a whole control batch; `None` when it is not a transaction marker

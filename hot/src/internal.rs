@@ -61,6 +61,13 @@ impl<C> Slot<C> {
     }
 }
 
+/// What runs for one partition here.
+pub enum At<C> {
+    Loaded(Arc<C>),
+    Loading,
+    NotLed,
+}
+
 /// The led partitions of internal topic `topic`, each with its coordinator once loaded.
 pub struct Leaderships<C> {
     topic: &'static str,
@@ -192,6 +199,18 @@ impl<C: Closable> Leaderships<C> {
         }
     }
 
+    /// The coordinator of partition `index`, if led here.
+    pub fn at(&self, index: u32) -> At<C> {
+        match self.slots().get(&index) {
+            Some(Slot {
+                coordinator: Some(c),
+                ..
+            }) => At::Loaded(c.clone()),
+            Some(_) => At::Loading,
+            None => At::NotLed,
+        }
+    }
+
     /// Every coordinator running here.
     pub fn all(&self) -> Vec<Arc<C>> {
         self.slots()
@@ -286,12 +305,25 @@ pub fn replication_factor(broker: &Broker, wanted: u16) -> u16 {
         .max(1)
 }
 
+/// What [`read_records`] finds in an internal topic's partition.
+pub enum Item<'a> {
+    /// A keyed record and the header of its batch.
+    Record {
+        header: &'a BatchHeader,
+        offset: i64,
+        key: Bytes,
+        value: Option<Bytes>,
+    },
+    /// A transaction marker of `producer_id`.
+    Marker { producer_id: i64, commit: bool },
+}
+
 /// Reads an internal topic's partition from its start to its end (as led now), calling `f`
-/// with each keyed record's batch header, offset, key and value (control batches skipped).
-/// Returns how many records it read.
+/// with each keyed record and each transaction marker in order. Returns how many records
+/// it read.
 pub async fn read_records(
     partition: &Arc<Partition>,
-    mut f: impl FnMut(&BatchHeader, i64, Bytes, Option<Bytes>),
+    mut f: impl FnMut(Item<'_>),
 ) -> Result<u64, String> {
     let progress = partition.progress();
     let (mut offset, end) = (progress.log_start, progress.log_end);
@@ -313,6 +345,12 @@ pub async fn read_records(
             let (header, range) = item.map_err(|e| format!("at offset {offset}: {e}"))?;
             offset = header.last_offset() as u64 + 1;
             if header.is_control() {
+                if let Some(m) = strata_core::batch::marker::parse(&bytes[range]) {
+                    f(Item::Marker {
+                        producer_id: header.producer_id,
+                        commit: m.commit,
+                    });
+                }
                 continue;
             }
             let Some(batch) = strata_core::batch::records(&bytes[range]) else {
@@ -326,12 +364,12 @@ pub async fn read_records(
             for r in batch {
                 records += 1;
                 let Some(key) = r.key else { continue };
-                f(
-                    &header,
-                    r.offset,
-                    Bytes::copy_from_slice(key),
-                    r.value.map(Bytes::copy_from_slice),
-                );
+                f(Item::Record {
+                    header: &header,
+                    offset: r.offset,
+                    key: Bytes::copy_from_slice(key),
+                    value: r.value.map(Bytes::copy_from_slice),
+                });
             }
         }
     }
@@ -365,12 +403,14 @@ impl PartitionOffsets {
     }
 }
 
-#[tonic::async_trait]
-impl OffsetsLog for PartitionOffsets {
-    async fn append(&self, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), String> {
-        if records.is_empty() {
-            return Ok(());
-        }
+impl PartitionOffsets {
+    /// Appends `records` as one batch (of `producer`, transactional, if given) and waits
+    /// until it is committed; returns its base offset.
+    async fn write(
+        &self,
+        records: Vec<(Bytes, Option<Bytes>)>,
+        producer: Option<(i64, i16)>,
+    ) -> Result<u64, String> {
         let now = self.clock.now_ms();
         let recs: Vec<Rec<'_>> = records
             .iter()
@@ -380,7 +420,19 @@ impl OffsetsLog for PartitionOffsets {
                 timestamp_delta: 0,
             })
             .collect();
-        let bytes = Bytes::from(build::batch(now, ProducerIds::NONE, &recs));
+        let bytes = match producer {
+            None => build::batch(now, ProducerIds::NONE, &recs),
+            Some((producer_id, producer_epoch)) => build::transactional(build::batch(
+                now,
+                ProducerIds {
+                    producer_id,
+                    producer_epoch,
+                    base_sequence: -1,
+                },
+                &recs,
+            )),
+        };
+        let bytes = Bytes::from(bytes);
         let batch = crate::log::ValidBatch::new(bytes).map_err(|e| e.to_string())?;
         // The epoch is checked inside the append: a coordinator closed by a leadership
         // change must not write after its successor has loaded (and maybe written).
@@ -397,7 +449,29 @@ impl OffsetsLog for PartitionOffsets {
         self.partition
             .wait_durable(appended.last_offset + 1, self.epoch, self.timeout)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        Ok(appended.base_offset)
+    }
+}
+
+#[tonic::async_trait]
+impl OffsetsLog for PartitionOffsets {
+    async fn append(&self, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), String> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.write(records, None).await.map(|_| ())
+    }
+
+    async fn append_txn(
+        &self,
+        records: Vec<(Bytes, Option<Bytes>)>,
+        producer: (i64, i16),
+    ) -> Result<u64, String> {
+        if records.is_empty() {
+            return Err("a transactional commit of nothing".to_string());
+        }
+        self.write(records, Some(producer)).await
     }
 
     fn end_offset(&self) -> Option<u64> {

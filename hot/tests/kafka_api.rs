@@ -27,12 +27,13 @@ use kafka_protocol::messages::offset_for_leader_epoch_request::{
 };
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    AddPartitionsToTxnRequest, AlterClientQuotasRequest, AlterUserScramCredentialsRequest,
-    ApiVersionsRequest, CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest,
-    DeleteAclsRequest, DeleteTopicsRequest, DescribeAclsRequest, DescribeClientQuotasRequest,
-    DescribeConfigsRequest, DescribeUserScramCredentialsRequest, EndTxnRequest, FetchRequest,
+    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, AlterClientQuotasRequest,
+    AlterUserScramCredentialsRequest, ApiVersionsRequest, CreateAclsRequest,
+    CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest, DeleteTopicsRequest,
+    DescribeAclsRequest, DescribeClientQuotasRequest, DescribeConfigsRequest,
+    DescribeUserScramCredentialsRequest, EndTxnRequest, FetchRequest,
     IncrementalAlterConfigsRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest,
-    OffsetForLeaderEpochRequest, ProduceRequest, TopicName,
+    OffsetForLeaderEpochRequest, ProduceRequest, TopicName, TxnOffsetCommitRequest,
 };
 use kafka_protocol::protocol::StrBytes;
 use strata_client::{fetch, list_offset, produce, Admin, ClientError, Connection};
@@ -256,6 +257,35 @@ async fn every_served_api_answers_at_every_served_version() {
                         let p = &r.results_by_topic_v3_and_below[0].results_by_partition[0];
                         assert_eq!(p.partition_error_code, 3, "v{v}");
                     }),
+                // No transaction coordinator for "sweeper" (or no offsets topic yet).
+                AddOffsetsToTxn => conn
+                    .send(
+                        &AddOffsetsToTxnRequest::default()
+                            .with_transactional_id(s("sweeper").into())
+                            .with_producer_id(kafka_protocol::messages::ProducerId(1))
+                            .with_group_id(s("sweep-group").into()),
+                        v,
+                    )
+                    .await
+                    .map(|r| assert!([15, 16].contains(&r.error_code), "v{v}: {}", r.error_code)),
+                TxnOffsetCommit => conn
+                    .send(
+                        &TxnOffsetCommitRequest::default()
+                            .with_transactional_id(s("sweeper").into())
+                            .with_group_id(s("sweep-group").into())
+                            .with_producer_id(kafka_protocol::messages::ProducerId(1))
+                            .with_topics(vec![
+                                kafka_protocol::messages::txn_offset_commit_request::TxnOffsetCommitRequestTopic::default()
+                                    .with_name(TopicName(s("no-such-topic")))
+                                    .with_partitions(vec![
+                                        kafka_protocol::messages::txn_offset_commit_request::TxnOffsetCommitRequestPartition::default()
+                                            .with_committed_offset(5),
+                                    ]),
+                            ]),
+                        v,
+                    )
+                    .await
+                    .map(|r| assert_eq!(r.topics[0].partitions[0].error_code, 3, "v{v}")),
                 EndTxn => conn
                     .send(
                         &EndTxnRequest::default()

@@ -439,7 +439,14 @@ impl Broker {
         partition
             .wait_durable(at.last_offset + 1, epoch, std::time::Duration::from_secs(5))
             .await
-            .map_err(|e| (codes::wait(&e).0, e.to_string()))
+            .map_err(|e| (codes::wait(&e).0, e.to_string()))?;
+        if topic == crate::group::manager::OFFSETS_TOPIC {
+            // the group coordinator of that partition (this broker) applies the offsets
+            self.groups()
+                .txn_marker(index, producer_id, marker.commit)
+                .map_err(|code| (code, "the group coordinator is loading".to_string()))?;
+        }
+        Ok(())
     }
 
     pub fn metrics(&self) -> &crate::metrics::Metrics {

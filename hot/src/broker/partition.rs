@@ -519,9 +519,9 @@ impl Partition {
         })
     }
 
-    /// [`Partition::append`] only while this replica leads at `epoch` (checked under the
-    /// lock the append holds: a writer bound to one leadership, such as a group
-    /// coordinator, never writes into a later one).
+    /// A coordinator's write ([`PartitionLog::append_unsequenced`]), only while this
+    /// replica leads at `epoch` (checked under the lock the append holds: a writer bound to
+    /// one leadership, such as a group coordinator, never writes into a later one).
     pub fn append_in_epoch(
         &self,
         epoch: i32,
@@ -529,8 +529,10 @@ impl Partition {
         acks: i16,
         now_ms: i64,
     ) -> Result<Appended, LeaderAppendError> {
-        self.append_checked(acks, Some(epoch), |log| log.append(batch, now_ms))
-            .map(|(a, _)| a)
+        self.append_checked(acks, Some(epoch), |log| {
+            log.append_unsequenced(batch, now_ms)
+        })
+        .map(|(a, _)| a)
     }
 
     fn append_checked(

@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::records::{CommittedOffset, RecordKey, Replayed};
+use super::records::{CommittedOffset, PendingTxn, RecordKey, Replayed};
 use super::state::{
     codes, Group, GroupConfig, GroupState, GroupView, Join, JoinReply, Replies, Reply, SyncReply,
 };
@@ -27,6 +27,17 @@ use crate::broker::Clock;
 #[tonic::async_trait]
 pub trait OffsetsLog: Send + Sync + 'static {
     async fn append(&self, records: Vec<(Bytes, Option<Bytes>)>) -> Result<(), String>;
+
+    /// Appends records as one transactional batch of `producer` (id, epoch), a
+    /// TxnOffsetCommit; returns the offset of the first. A log that cannot hold
+    /// transactions refuses.
+    async fn append_txn(
+        &self,
+        _records: Vec<(Bytes, Option<Bytes>)>,
+        _producer: (i64, i16),
+    ) -> Result<u64, String> {
+        Err("this offsets log takes no transactional commits".to_string())
+    }
 
     /// Where the next record will go; `None` when the log cannot say (no snapshots then).
     fn end_offset(&self) -> Option<u64> {
@@ -61,6 +72,8 @@ struct Groups {
     offsets: HashMap<String, BTreeMap<(String, i32), CommittedOffset>>,
     /// The last group record written (or replayed) for each group: what a snapshot keeps.
     persisted: HashMap<String, Bytes>,
+    /// Offsets committed in open transactions, by producer id (see [`PendingTxn`]).
+    txn_pending: HashMap<i64, PendingTxn>,
 }
 
 pub struct Coordinator {
@@ -121,6 +134,7 @@ impl Coordinator {
                     .insert(id.clone(), Group::restore(id.clone(), config, stored, now));
             }
             s.offsets = replayed.offsets;
+            s.txn_pending = replayed.pending;
             s.persisted = replayed
                 .groups
                 .iter()
@@ -207,7 +221,16 @@ impl Coordinator {
         for chunk in records.chunks(SNAPSHOT_BATCH) {
             self.log.append(chunk.to_vec()).await?;
         }
-        self.log.trim_before(start);
+        // Offsets pending in open transactions are not in the snapshot: their records (and
+        // everything after them) stay for a later coordinator's replay.
+        let pending = self
+            .lock()
+            .txn_pending
+            .values()
+            .map(|p| p.first_offset.max(0) as u64)
+            .min();
+        self.log
+            .trim_before(pending.map_or(start, |p| p.min(start)));
         self.since_snapshot.store(0, Ordering::Relaxed);
         tracing::info!(
             records = records.len(),
@@ -238,6 +261,7 @@ impl Coordinator {
         s.groups.clear();
         s.pending.clear();
         s.offsets.clear();
+        s.txn_pending.clear();
     }
 
     /// Writes a group's state when it became empty, so a new coordinator does not bring
@@ -447,66 +471,14 @@ impl Coordinator {
         generation: i32,
         commits: Vec<Commit>,
     ) -> i16 {
-        if self.is_closed() {
-            return NOT_COORDINATOR;
-        }
-        let now = self.clock.now_ms();
-        {
-            let s = self.lock();
-            let error = match s.groups.get(group) {
-                Some(g) if g.state() == GroupState::Dead => NOT_COORDINATOR,
-                Some(g) if g.state() != GroupState::Empty || generation >= 0 => {
-                    let owned = || {
-                        let partitions: Vec<(String, i32)> = commits
-                            .iter()
-                            .map(|c| (c.topic.clone(), c.partition))
-                            .collect();
-                        g.may_commit(member, &partitions)
-                    };
-                    if !g.member_ids().iter().any(|m| m == member) {
-                        codes::UNKNOWN_MEMBER_ID
-                    } else if generation != g.generation() {
-                        codes::ILLEGAL_GENERATION
-                    } else if g.state() == GroupState::CompletingRebalance {
-                        codes::REBALANCE_IN_PROGRESS
-                    } else if owned() == Some(false) {
-                        // A member committing partitions it was not given is a zombie of
-                        // an older assignment: refused like a stale generation.
-                        codes::ILLEGAL_GENERATION
-                    } else {
-                        // Stable, or PreparingRebalance: members commit what they consumed
-                        // before they rejoin, as with Kafka.
-                        codes::NONE
-                    }
-                }
-                None if generation >= 0 => codes::ILLEGAL_GENERATION,
-                _ => codes::NONE,
-            };
-            if error != codes::NONE {
-                return error;
-            }
+        let error = self.may_commit(group, member, generation, &commits);
+        if error != codes::NONE {
+            return error;
         }
         if commits.is_empty() {
             return codes::NONE;
         }
-        let records: Vec<(RecordKey, CommittedOffset)> = commits
-            .into_iter()
-            .map(|c| {
-                (
-                    RecordKey::Offset {
-                        group: group.to_string(),
-                        topic: c.topic,
-                        partition: c.partition,
-                    },
-                    CommittedOffset {
-                        offset: c.offset,
-                        leader_epoch: c.leader_epoch,
-                        metadata: c.metadata,
-                        commit_timestamp: now,
-                    },
-                )
-            })
-            .collect();
+        let records = offset_records(group, commits, self.clock.now_ms());
         let encoded = records
             .iter()
             .map(|(k, v)| (k.encode(), Some(v.encode())))
@@ -529,6 +501,125 @@ impl Coordinator {
             return codes::COORDINATOR_NOT_AVAILABLE;
         }
         codes::NONE
+    }
+
+    /// TxnOffsetCommit: offsets committed in `producer`'s (id, epoch) open transaction,
+    /// written as its transactional batch; they take effect with its commit marker
+    /// ([`Coordinator::end_txn`]). A member and generation, when given (KIP-447), are
+    /// checked as an OffsetCommit's.
+    pub async fn txn_commit(
+        &self,
+        group: &str,
+        producer: (i64, i16),
+        member: &str,
+        generation: i32,
+        commits: Vec<Commit>,
+    ) -> i16 {
+        let error = if generation < 0 && member.is_empty() {
+            // (v0-2 name no member: the transaction coordinator fenced zombies already)
+            if self.is_closed() {
+                NOT_COORDINATOR
+            } else {
+                codes::NONE
+            }
+        } else {
+            self.may_commit(group, member, generation, &commits)
+        };
+        if error != codes::NONE || commits.is_empty() {
+            return error;
+        }
+        let records = offset_records(group, commits, self.clock.now_ms());
+        let encoded: Vec<_> = records
+            .iter()
+            .map(|(k, v)| (k.encode(), Some(v.encode())))
+            .collect();
+        let n = encoded.len() as u64;
+        let _shared = self.writes.read().await;
+        let first = match self.log.append_txn(encoded, producer).await {
+            Ok(first) => first,
+            Err(e) => {
+                tracing::warn!(group, producer_id = producer.0, error = %e, "transactional offset commit not durable");
+                return codes::COORDINATOR_NOT_AVAILABLE;
+            }
+        };
+        let mut s = self.lock();
+        let pending = s
+            .txn_pending
+            .entry(producer.0)
+            .or_insert_with(|| PendingTxn {
+                first_offset: first as i64,
+                ..PendingTxn::default()
+            });
+        for (k, v) in records {
+            if let RecordKey::Offset {
+                group,
+                topic,
+                partition,
+            } = k
+            {
+                pending.offsets.insert((group, topic, partition), v);
+            }
+        }
+        drop(s);
+        self.since_snapshot.fetch_add(n, Ordering::Relaxed);
+        codes::NONE
+    }
+
+    /// `producer_id`'s transaction marker was written to this partition: its pending
+    /// offsets become committed offsets, or are dropped.
+    pub fn end_txn(&self, producer_id: i64, commit: bool) {
+        let mut s = self.lock();
+        if let Some(p) = s.txn_pending.remove(&producer_id) {
+            if commit {
+                p.commit_into(&mut s.offsets);
+            }
+        }
+    }
+
+    /// Whether an open transaction holds an offset of `group` for the partition (an
+    /// OffsetFetch with `require_stable` is answered UNSTABLE_OFFSET_COMMIT).
+    pub fn unstable(&self, group: &str, topic: &str, partition: i32) -> bool {
+        self.lock()
+            .txn_pending
+            .values()
+            .any(|p| p.holds(group, topic, partition))
+    }
+
+    /// Whether `member` of `generation` may commit `commits` now (NONE) or Kafka's error.
+    fn may_commit(&self, group: &str, member: &str, generation: i32, commits: &[Commit]) -> i16 {
+        if self.is_closed() {
+            return NOT_COORDINATOR;
+        }
+        let s = self.lock();
+        match s.groups.get(group) {
+            Some(g) if g.state() == GroupState::Dead => NOT_COORDINATOR,
+            Some(g) if g.state() != GroupState::Empty || generation >= 0 => {
+                let owned = || {
+                    let partitions: Vec<(String, i32)> = commits
+                        .iter()
+                        .map(|c| (c.topic.clone(), c.partition))
+                        .collect();
+                    g.may_commit(member, &partitions)
+                };
+                if !g.member_ids().iter().any(|m| m == member) {
+                    codes::UNKNOWN_MEMBER_ID
+                } else if generation != g.generation() {
+                    codes::ILLEGAL_GENERATION
+                } else if g.state() == GroupState::CompletingRebalance {
+                    codes::REBALANCE_IN_PROGRESS
+                } else if owned() == Some(false) {
+                    // A member committing partitions it was not given is a zombie of
+                    // an older assignment: refused like a stale generation.
+                    codes::ILLEGAL_GENERATION
+                } else {
+                    // Stable, or PreparingRebalance: members commit what they consumed
+                    // before they rejoin, as with Kafka.
+                    codes::NONE
+                }
+            }
+            None if generation >= 0 => codes::ILLEGAL_GENERATION,
+            _ => codes::NONE,
+        }
     }
 
     /// OffsetFetch: the committed offset of each partition (`None`: nothing committed).
@@ -727,6 +818,32 @@ impl Coordinator {
             Self::deliver(&mut s, &id, replies, None);
         }
     }
+}
+
+/// The offset records of `commits` by `group`, committed at `now`.
+fn offset_records(
+    group: &str,
+    commits: Vec<Commit>,
+    now: i64,
+) -> Vec<(RecordKey, CommittedOffset)> {
+    commits
+        .into_iter()
+        .map(|c| {
+            (
+                RecordKey::Offset {
+                    group: group.to_string(),
+                    topic: c.topic,
+                    partition: c.partition,
+                },
+                CommittedOffset {
+                    offset: c.offset,
+                    leader_epoch: c.leader_epoch,
+                    metadata: c.metadata,
+                    commit_timestamp: now,
+                },
+            )
+        })
+        .collect()
 }
 
 fn join_failed(member: &str) -> JoinReply {

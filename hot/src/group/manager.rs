@@ -11,7 +11,7 @@ use super::coordinator::{Coordinator, NOT_COORDINATOR};
 use super::records::Replayed;
 use super::state::{codes, GroupConfig};
 use crate::broker::{AdminError, Broker, Clock, NewTopic, Partition};
-use crate::internal::{self, Gained, Leaderships, PartitionOffsets};
+use crate::internal::{self, Gained, Item, Leaderships, PartitionOffsets};
 
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
 pub use crate::internal::COORDINATOR_LOAD_IN_PROGRESS;
@@ -160,6 +160,39 @@ impl GroupManager {
         self.led.all()
     }
 
+    /// The `__consumer_offsets` partition of `group` (AddOffsetsToTxn); Err while the
+    /// topic does not exist (COORDINATOR_NOT_AVAILABLE: the client finds the group's
+    /// coordinator first, which creates it).
+    pub fn offsets_partition(&self, group: &str) -> Result<(String, i32), i16> {
+        if super::invalid_group_id(group).is_some() {
+            return Err(INVALID_GROUP_ID);
+        }
+        let broker = self
+            .broker
+            .upgrade()
+            .ok_or(codes::COORDINATOR_NOT_AVAILABLE)?;
+        let topic = broker
+            .topic(OFFSETS_TOPIC)
+            .ok_or(codes::COORDINATOR_NOT_AVAILABLE)?;
+        let index = super::records::partition_for_group(group, topic.spec.partitions);
+        Ok((OFFSETS_TOPIC.to_string(), index as i32))
+    }
+
+    /// A transaction marker of `producer_id` is committed in offsets partition `index`,
+    /// led here: its coordinator applies (or drops) the producer's pending offsets. Err
+    /// (retriable) while that coordinator is still loading: the marker is sent again.
+    pub fn txn_marker(&self, index: i32, producer_id: i64, commit: bool) -> Result<(), i16> {
+        match self.led.at(index as u32) {
+            internal::At::Loaded(c) => {
+                c.end_txn(producer_id, commit);
+                Ok(())
+            }
+            internal::At::Loading => Err(COORDINATOR_LOAD_IN_PROGRESS),
+            // no longer led here: the next coordinator replays the marker
+            internal::At::NotLed => Ok(()),
+        }
+    }
+
     /// FindCoordinator: the broker that coordinates `group`, creating `__consumer_offsets`
     /// first if it does not exist. Err: COORDINATOR_NOT_AVAILABLE (retriable).
     pub async fn find(self: &Arc<Self>, group: &str) -> Result<i32, i16> {
@@ -218,8 +251,22 @@ impl GroupManager {
 /// state and how many records it read.
 async fn replay(partition: &Arc<Partition>) -> Result<(Replayed, u64), String> {
     let mut replayed = Replayed::default();
-    let records = internal::read_records(partition, |_, offset, key, value| {
-        replayed.apply(offset, key, value)
+    let records = internal::read_records(partition, |item| match item {
+        Item::Record {
+            header,
+            offset,
+            key,
+            value,
+        } if header.is_transactional() => {
+            replayed.apply_txn(header.producer_id, offset, key, value)
+        }
+        Item::Record {
+            offset, key, value, ..
+        } => replayed.apply(offset, key, value),
+        Item::Marker {
+            producer_id,
+            commit,
+        } => replayed.end_txn(producer_id, commit),
     })
     .await?;
     Ok((replayed, records))

@@ -316,17 +316,94 @@ impl StoredGroup {
     }
 }
 
+/// Committed offsets: group -> (topic, partition) -> offset.
+pub type Offsets = HashMap<String, BTreeMap<(String, i32), CommittedOffset>>;
+
+/// The offsets one producer committed in its open transaction (TxnOffsetCommit): they
+/// take effect when its commit marker is written, and are dropped with an abort.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PendingTxn {
+    /// Where its first record is in the offsets partition (kept by snapshots).
+    pub first_offset: i64,
+    /// (group, topic, partition) -> offset.
+    pub offsets: BTreeMap<(String, String, i32), CommittedOffset>,
+}
+
+impl PendingTxn {
+    /// The transaction committed: its offsets become the groups' committed offsets.
+    pub fn commit_into(self, offsets: &mut Offsets) {
+        for ((group, topic, partition), o) in self.offsets {
+            offsets
+                .entry(group)
+                .or_default()
+                .insert((topic, partition), o);
+        }
+    }
+
+    /// Whether it holds an offset of `group` for (topic, partition).
+    pub fn holds(&self, group: &str, topic: &str, partition: i32) -> bool {
+        self.offsets
+            .contains_key(&(group.to_string(), topic.to_string(), partition))
+    }
+}
+
 /// Every group's state rebuilt from a `__consumer_offsets` partition, record by record.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Replayed {
-    /// group -> (topic, partition) -> committed offset.
-    pub offsets: HashMap<String, BTreeMap<(String, i32), CommittedOffset>>,
+    pub offsets: Offsets,
     pub groups: HashMap<String, StoredGroup>,
+    /// Transactional offset commits whose marker was not seen (yet), by producer id.
+    pub pending: HashMap<i64, PendingTxn>,
     /// Records that could not be read, with their offsets (skipped, reported).
     pub damaged: Vec<(i64, RecordError)>,
 }
 
 impl Replayed {
+    /// Applies one record of producer `producer_id`'s transaction at `offset`: held until
+    /// its marker.
+    pub fn apply_txn(&mut self, producer_id: i64, offset: i64, key: Bytes, value: Option<Bytes>) {
+        let key = match RecordKey::decode(key) {
+            Ok(k) => k,
+            Err(e) => return self.damaged.push((offset, e)),
+        };
+        let (
+            RecordKey::Offset {
+                group,
+                topic,
+                partition,
+            },
+            Some(v),
+        ) = (key, value)
+        else {
+            return self.damaged.push((
+                offset,
+                RecordError::BadLength("transactional offset commit"),
+            ));
+        };
+        match CommittedOffset::decode(v) {
+            Ok(c) => {
+                let p = self
+                    .pending
+                    .entry(producer_id)
+                    .or_insert_with(|| PendingTxn {
+                        first_offset: offset,
+                        ..PendingTxn::default()
+                    });
+                p.offsets.insert((group, topic, partition), c);
+            }
+            Err(e) => self.damaged.push((offset, e)),
+        }
+    }
+
+    /// Producer `producer_id`'s marker: its pending offsets take effect, or go.
+    pub fn end_txn(&mut self, producer_id: i64, commit: bool) {
+        if let Some(p) = self.pending.remove(&producer_id) {
+            if commit {
+                p.commit_into(&mut self.offsets);
+            }
+        }
+    }
+
     /// Applies one record (`value` `None`: a tombstone) at `offset`.
     pub fn apply(&mut self, offset: i64, key: Bytes, value: Option<Bytes>) {
         let key = match RecordKey::decode(key) {
@@ -412,6 +489,37 @@ mod tests {
             metadata: "m".into(),
             commit_timestamp: 1_700_000_000_000,
         }
+    }
+
+    #[test]
+    fn transactional_commits_wait_for_their_marker() {
+        let mut r = Replayed::default();
+        let v = |o| Some(committed(o).encode());
+        r.apply(0, offset_key("g", "t", 0), v(5));
+        r.apply_txn(7, 1, offset_key("g", "t", 0), v(9));
+        r.apply_txn(8, 2, offset_key("g", "t", 1), v(3));
+        r.apply_txn(7, 3, offset_key("g", "t", 2), v(4));
+        assert_eq!(
+            r.offsets["g"][&("t".to_string(), 0)].offset,
+            5,
+            "pending until the marker"
+        );
+        assert_eq!(r.pending[&7].first_offset, 1);
+        assert!(r.pending[&7].holds("g", "t", 2) && !r.pending[&7].holds("g", "t", 1));
+        r.end_txn(7, true);
+        r.end_txn(8, false);
+        let got: Vec<_> = r.offsets["g"]
+            .iter()
+            .map(|((_, p), o)| (*p, o.offset))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(0, 9), (2, 4)],
+            "7's commit applied, 8's abort dropped"
+        );
+        assert!(r.pending.is_empty());
+        r.end_txn(9, true); // a marker with nothing pending changes nothing
+        assert_eq!(r.offsets["g"].len(), 2);
     }
 
     fn group() -> StoredGroup {

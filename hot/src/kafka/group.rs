@@ -18,6 +18,9 @@ use kafka_protocol::messages::offset_fetch_response::{
     OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
     OffsetFetchResponseTopic, OffsetFetchResponseTopics,
 };
+use kafka_protocol::messages::txn_offset_commit_response::{
+    TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+};
 use kafka_protocol::messages::{
     BrokerId, DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest,
     DescribeGroupsResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupId,
@@ -26,6 +29,7 @@ use kafka_protocol::messages::{
     OffsetCommitResponse, OffsetDeleteRequest, OffsetDeleteResponse, OffsetFetchRequest,
     OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
 };
+use kafka_protocol::messages::{TxnOffsetCommitRequest, TxnOffsetCommitResponse};
 use kafka_protocol::protocol::StrBytes;
 use strata_controller::metadata::acl::{Operation, ResourceType};
 
@@ -279,39 +283,22 @@ pub(super) fn leave(ctx: &Request, req: LeaveGroupRequest) -> LeaveGroupResponse
 
 pub(super) async fn offset_commit(ctx: Request, req: OffsetCommitRequest) -> OffsetCommitResponse {
     let group = req.group_id.0.to_string();
-    let broker = ctx.broker().clone();
-    let mut commits = Vec::new();
-    // Per-partition problems found before anything is written; any of them refuses the
-    // whole commit, so a commit is never half-applied.
-    let mut refused: Option<i16> = None;
-    for t in &req.topics {
-        let topic = t.name.0.to_string();
-        let known = broker.topic(&topic);
-        for p in &t.partitions {
-            let metadata = p
-                .committed_metadata
-                .as_ref()
-                .map(|m| m.to_string())
-                .unwrap_or_default();
-            let in_range = known.as_ref().is_some_and(|k| {
-                p.partition_index >= 0 && (p.partition_index as u32) < k.spec.partitions
-            });
-            if !ctx.may_topic(Operation::Read, &topic) {
-                refused.get_or_insert(codes::TOPIC_AUTHORIZATION_FAILED);
-            } else if !in_range {
-                refused.get_or_insert(codes::UNKNOWN_TOPIC_OR_PARTITION);
-            } else if metadata.len() > MAX_METADATA_BYTES {
-                refused.get_or_insert(OFFSET_METADATA_TOO_LARGE);
-            }
-            commits.push(Commit {
-                topic: topic.clone(),
+    let (commits, refused) = checked_commits(
+        &ctx,
+        req.topics.iter().flat_map(|t| {
+            t.partitions.iter().map(|p| Commit {
+                topic: t.name.0.to_string(),
                 partition: p.partition_index,
                 offset: p.committed_offset,
                 leader_epoch: p.committed_leader_epoch,
-                metadata,
-            });
-        }
-    }
+                metadata: p
+                    .committed_metadata
+                    .as_ref()
+                    .map(|m| m.to_string())
+                    .unwrap_or_default(),
+            })
+        }),
+    );
     let code = match refused {
         Some(code) => code,
         None => match coordinator(&ctx, &group, Operation::Read) {
@@ -352,14 +339,106 @@ pub(super) async fn offset_commit(ctx: Request, req: OffsetCommitRequest) -> Off
     )
 }
 
+/// The commits of an OffsetCommit or TxnOffsetCommit, and the first problem found before
+/// anything is written: any of them refuses the whole commit, so a commit is never
+/// half-applied.
+fn checked_commits(
+    ctx: &Request,
+    commits: impl Iterator<Item = Commit>,
+) -> (Vec<Commit>, Option<i16>) {
+    let broker = ctx.broker();
+    let mut refused: Option<i16> = None;
+    let commits: Vec<Commit> = commits.collect();
+    for c in &commits {
+        let in_range = broker
+            .topic(&c.topic)
+            .is_some_and(|k| c.partition >= 0 && (c.partition as u32) < k.spec.partitions);
+        if !ctx.may_topic(Operation::Read, &c.topic) {
+            refused.get_or_insert(codes::TOPIC_AUTHORIZATION_FAILED);
+        } else if !in_range {
+            refused.get_or_insert(codes::UNKNOWN_TOPIC_OR_PARTITION);
+        } else if c.metadata.len() > MAX_METADATA_BYTES {
+            refused.get_or_insert(OFFSET_METADATA_TOO_LARGE);
+        }
+    }
+    (commits, refused)
+}
+
+/// TxnOffsetCommit (v0-3): offsets committed in a transaction, held by the group's
+/// coordinator until the transaction's marker (see docs/transactions.md).
+pub(super) async fn txn_offset_commit(
+    ctx: Request,
+    req: TxnOffsetCommitRequest,
+) -> TxnOffsetCommitResponse {
+    use strata_controller::metadata::acl::ResourceType;
+    let group = req.group_id.0.to_string();
+    let (commits, refused) = checked_commits(
+        &ctx,
+        req.topics.iter().flat_map(|t| {
+            t.partitions.iter().map(|p| Commit {
+                topic: t.name.0.to_string(),
+                partition: p.partition_index,
+                offset: p.committed_offset,
+                leader_epoch: p.committed_leader_epoch,
+                metadata: p
+                    .committed_metadata
+                    .as_ref()
+                    .map(|m| m.to_string())
+                    .unwrap_or_default(),
+            })
+        }),
+    );
+    let id = req.transactional_id.to_string();
+    let code = if !ctx.permits(Operation::Write, ResourceType::TransactionalId, &id) {
+        codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    } else if let Some(code) = refused {
+        code
+    } else {
+        match coordinator(&ctx, &group, Operation::Read) {
+            Ok(c) => {
+                let producer = (req.producer_id.0, req.producer_epoch);
+                let member = req.member_id.to_string();
+                c.txn_commit(&group, producer, &member, req.generation_id, commits)
+                    .await
+            }
+            Err(code) => code,
+        }
+    };
+    TxnOffsetCommitResponse::default().with_topics(
+        req.topics
+            .iter()
+            .map(|t| {
+                TxnOffsetCommitResponseTopic::default()
+                    .with_name(t.name.clone())
+                    .with_partitions(
+                        t.partitions
+                            .iter()
+                            .map(|p| {
+                                TxnOffsetCommitResponsePartition::default()
+                                    .with_partition_index(p.partition_index)
+                                    .with_error_code(code)
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    )
+}
+
 /// One group's committed offsets for OffsetFetch: the partitions asked for (`None`: every
-/// partition with a commit), as (topic, [(partition, offset, leader epoch, metadata)]).
-type FetchedTopic = (String, Vec<(i32, i64, i32, Option<String>)>);
+/// partition with a commit), as (topic, [(partition, offset, leader epoch, metadata,
+/// error)]).
+type FetchedTopic = (String, Vec<(i32, i64, i32, Option<String>, i16)>);
+
+/// Kafka's UNSTABLE_OFFSET_COMMIT: an offset of the partition is pending in an open
+/// transaction (KIP-447); a read_committed consumer asks with `require_stable` and retries.
+const UNSTABLE_OFFSET_COMMIT: i16 = 88;
 
 fn fetch_group(
     c: &Coordinator,
     group: &str,
     asked: Option<Vec<(String, Vec<i32>)>>,
+    require_stable: bool,
 ) -> Vec<FetchedTopic> {
     let asked = asked.unwrap_or_else(|| {
         let mut by_topic: Vec<(String, Vec<i32>)> = Vec::new();
@@ -380,8 +459,11 @@ fn fetch_group(
                 .iter()
                 .zip(found)
                 .map(|(p, f)| match f {
-                    Some(o) => (*p, o.offset, o.leader_epoch, Some(o.metadata)),
-                    None => (*p, -1, -1, Some(String::new())),
+                    _ if require_stable && c.unstable(group, &topic, *p) => {
+                        (*p, -1, -1, None, UNSTABLE_OFFSET_COMMIT)
+                    }
+                    Some(o) => (*p, o.offset, o.leader_epoch, Some(o.metadata), codes::NONE),
+                    None => (*p, -1, -1, Some(String::new()), codes::NONE),
                 })
                 .collect();
             (topic, rows)
@@ -405,18 +487,19 @@ pub(super) async fn offset_fetch(ctx: Request, req: OffsetFetchRequest) -> Offse
                     Ok(c) => OffsetFetchResponseGroup::default()
                         .with_group_id(g.group_id)
                         .with_topics(build_topics(
-                            fetch_group(&c, &id, asked),
+                            fetch_group(&c, &id, asked, req.require_stable),
                             |name, parts| {
                                 OffsetFetchResponseTopics::default()
                                     .with_name(name)
                                     .with_partitions(parts)
                             },
-                            |p, o, e, m| {
+                            |p, o, e, m, err| {
                                 OffsetFetchResponsePartitions::default()
                                     .with_partition_index(p)
                                     .with_committed_offset(o)
                                     .with_committed_leader_epoch(e)
                                     .with_metadata(m)
+                                    .with_error_code(err)
                             },
                         )),
                     Err(code) => OffsetFetchResponseGroup::default()
@@ -463,18 +546,19 @@ pub(super) async fn offset_fetch(ctx: Request, req: OffsetFetchRequest) -> Offse
             .collect()
     });
     OffsetFetchResponse::default().with_topics(build_topics(
-        fetch_group(&c, &id, asked),
+        fetch_group(&c, &id, asked, ctx.version >= 7 && req.require_stable),
         |name, parts| {
             OffsetFetchResponseTopic::default()
                 .with_name(name)
                 .with_partitions(parts)
         },
-        |p, o, e, m| {
+        |p, o, e, m, err| {
             OffsetFetchResponsePartition::default()
                 .with_partition_index(p)
                 .with_committed_offset(o)
                 .with_committed_leader_epoch(e)
                 .with_metadata(m)
+                .with_error_code(err)
         },
     ))
 }
@@ -484,14 +568,14 @@ pub(super) async fn offset_fetch(ctx: Request, req: OffsetFetchRequest) -> Offse
 fn build_topics<T, P>(
     fetched: Vec<FetchedTopic>,
     topic: impl Fn(TopicName, Vec<P>) -> T,
-    partition: impl Fn(i32, i64, i32, Option<StrBytes>) -> P,
+    partition: impl Fn(i32, i64, i32, Option<StrBytes>, i16) -> P,
 ) -> Vec<T> {
     fetched
         .into_iter()
         .map(|(name, rows)| {
             let parts = rows
                 .into_iter()
-                .map(|(p, o, e, m)| partition(p, o, e, m.map(s)))
+                .map(|(p, o, e, m, err)| partition(p, o, e, m.map(s), err))
                 .collect();
             topic(TopicName(s(name)), parts)
         })

@@ -33,11 +33,11 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    api_versions_response::ApiVersion, AddPartitionsToTxnRequest, AlterClientQuotasRequest,
-    AlterConfigsRequest, AlterUserScramCredentialsRequest, ApiKey, ApiVersionsRequest,
-    ApiVersionsResponse, CreateAclsRequest, CreatePartitionsRequest, CreateTopicsRequest,
-    DeleteAclsRequest, DeleteGroupsRequest, DeleteRecordsRequest, DeleteTopicsRequest,
-    DescribeAclsRequest, DescribeClientQuotasRequest, DescribeClusterRequest,
+    api_versions_response::ApiVersion, AddOffsetsToTxnRequest, AddPartitionsToTxnRequest,
+    AlterClientQuotasRequest, AlterConfigsRequest, AlterUserScramCredentialsRequest, ApiKey,
+    ApiVersionsRequest, ApiVersionsResponse, CreateAclsRequest, CreatePartitionsRequest,
+    CreateTopicsRequest, DeleteAclsRequest, DeleteGroupsRequest, DeleteRecordsRequest,
+    DeleteTopicsRequest, DescribeAclsRequest, DescribeClientQuotasRequest, DescribeClusterRequest,
     DescribeConfigsRequest, DescribeGroupsRequest, DescribeLogDirsRequest,
     DescribeProducersRequest, DescribeUserScramCredentialsRequest, ElectLeadersRequest,
     EndTxnRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
@@ -45,7 +45,7 @@ use kafka_protocol::messages::{
     ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
     OffsetDeleteRequest, OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest,
     RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslAuthenticateResponse,
-    SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest,
+    SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest, TxnOffsetCommitRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -67,6 +67,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::InitProducerId, 0, 4),
     (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::AddOffsetsToTxn, 0, 3),
+    (ApiKey::TxnOffsetCommit, 0, 3),
     (ApiKey::EndTxn, 0, 3),
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::CreatePartitions, 0, 3),
@@ -710,6 +712,12 @@ impl KafkaServer {
             }
             Body::AddPartitionsToTxn(req) => ctx.later(txn::add_partitions(ctx.clone(), req)),
             Body::EndTxn(req) => ctx.later(txn::end_txn(ctx.clone(), req)),
+            Body::AddOffsetsToTxn(req) => ctx.later(txn::add_offsets(ctx.clone(), req)),
+            Body::TxnOffsetCommit(req) => ctx.later(
+                turns
+                    .commits
+                    .in_turn(group::txn_offset_commit(ctx.clone(), req)),
+            ),
             Body::CreatePartitions(req) => ctx.later(admin::create_partitions(ctx.clone(), req)),
             Body::OffsetForLeaderEpoch(req) => {
                 ctx.later(fetch::offsets_for_leader_epoch(ctx.clone(), req))
@@ -830,6 +838,8 @@ pub enum Body {
     InitProducerId(InitProducerIdRequest),
     AddPartitionsToTxn(AddPartitionsToTxnRequest),
     EndTxn(EndTxnRequest),
+    AddOffsetsToTxn(AddOffsetsToTxnRequest),
+    TxnOffsetCommit(TxnOffsetCommitRequest),
     CreatePartitions(CreatePartitionsRequest),
     AlterConfigs(AlterConfigsRequest),
     IncrementalAlterConfigs(IncrementalAlterConfigsRequest),
@@ -923,6 +933,8 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::InitProducerId => Body::InitProducerId(decode_body(&mut frame, version)?),
         ApiKey::AddPartitionsToTxn => Body::AddPartitionsToTxn(decode_body(&mut frame, version)?),
         ApiKey::EndTxn => Body::EndTxn(decode_body(&mut frame, version)?),
+        ApiKey::AddOffsetsToTxn => Body::AddOffsetsToTxn(decode_body(&mut frame, version)?),
+        ApiKey::TxnOffsetCommit => Body::TxnOffsetCommit(decode_body(&mut frame, version)?),
         ApiKey::CreatePartitions => Body::CreatePartitions(decode_body(&mut frame, version)?),
         ApiKey::OffsetForLeaderEpoch => {
             Body::OffsetForLeaderEpoch(decode_body(&mut frame, version)?)

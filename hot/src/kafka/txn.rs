@@ -1,14 +1,15 @@
 //! The transaction APIs (KIP-98): InitProducerId with a transactional id,
-//! AddPartitionsToTxn (v0-3, the client form) and EndTxn, answered by the transaction
-//! coordinator of the id ([`crate::txn`]). FindCoordinator for transactional ids is in
-//! [`super::group`].
+//! AddPartitionsToTxn (v0-3, the client form), AddOffsetsToTxn and EndTxn, answered by the
+//! transaction coordinator of the id ([`crate::txn`]). FindCoordinator for transactional
+//! ids and TxnOffsetCommit (answered by the group's coordinator) are in [`super::group`].
 
 use kafka_protocol::messages::add_partitions_to_txn_response::{
     AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
 };
 use kafka_protocol::messages::{
-    AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, EndTxnRequest, EndTxnResponse,
-    InitProducerIdRequest, InitProducerIdResponse, ProducerId,
+    AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse, EndTxnRequest, EndTxnResponse, InitProducerIdRequest,
+    InitProducerIdResponse, ProducerId,
 };
 use strata_controller::metadata::acl::{Operation, ResourceType};
 
@@ -129,6 +130,35 @@ pub(super) async fn add_partitions(
         })
         .collect();
     AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results)
+}
+
+/// AddOffsetsToTxn: the group's `__consumer_offsets` partition joins the transaction, so
+/// its TxnOffsetCommits take effect with the transaction.
+pub(super) async fn add_offsets(
+    ctx: Request,
+    req: AddOffsetsToTxnRequest,
+) -> AddOffsetsToTxnResponse {
+    let id = req.transactional_id.to_string();
+    let group = req.group_id.0.to_string();
+    let broker = ctx.broker().clone();
+    let code = if !may_write_id(&ctx, &id) {
+        codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    } else if !ctx.may_group(Operation::Read, &group) {
+        codes::GROUP_AUTHORIZATION_FAILED
+    } else {
+        match broker.groups().offsets_partition(&group) {
+            Err(code) => code,
+            Ok(partition) => match broker.txns().coordinator(&id) {
+                Ok(c) => c
+                    .add_partitions(&id, req.producer_id.0, req.producer_epoch, &[partition])
+                    .await
+                    .err()
+                    .unwrap_or(codes::NONE),
+                Err(code) => code,
+            },
+        }
+    };
+    AddOffsetsToTxnResponse::default().with_error_code(code)
 }
 
 pub(super) async fn end_txn(ctx: Request, req: EndTxnRequest) -> EndTxnResponse {

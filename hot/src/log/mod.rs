@@ -507,6 +507,26 @@ impl PartitionLog {
     /// and leader epoch, writes it. Returns where it landed; a retry of a recent batch returns
     /// the original offsets without writing.
     pub fn append(&mut self, batch: &ValidBatch, now_ms: i64) -> Result<Appended, AppendError> {
+        self.append_checked(batch, true, now_ms)
+    }
+
+    /// [`PartitionLog::append`] for a coordinator's own batch (an internal topic's records,
+    /// a transactional offset commit): no producer sequence to check (it has none, as in
+    /// Kafka's coordinator writes), but an older producer epoch is still refused.
+    pub fn append_unsequenced(
+        &mut self,
+        batch: &ValidBatch,
+        now_ms: i64,
+    ) -> Result<Appended, AppendError> {
+        self.append_checked(batch, false, now_ms)
+    }
+
+    fn append_checked(
+        &mut self,
+        batch: &ValidBatch,
+        sequenced: bool,
+        now_ms: i64,
+    ) -> Result<Appended, AppendError> {
         let h = batch.header;
         if self.closed {
             return Err(AppendError::Io(io::Error::other(
@@ -523,6 +543,12 @@ impl PartitionLog {
             return Err(AppendError::Unsupported(
                 "producers may not write control batches",
             ));
+        }
+        if !sequenced {
+            if let Err(current) = self.producers.check_epoch(h.producer_id, h.producer_epoch) {
+                return Err(AppendError::InvalidProducerEpoch { current });
+            }
+            return self.write_stamped(&batch.bytes, h, None, now_ms);
         }
         match self.producers.check(&h) {
             SequenceCheck::Append => {}
@@ -560,7 +586,7 @@ impl PartitionLog {
                 "the log is closed (broker shutting down)",
             )));
         }
-        if let Err(current) = self.producers.check_marker(producer_id, producer_epoch) {
+        if let Err(current) = self.producers.check_epoch(producer_id, producer_epoch) {
             return Err(AppendError::InvalidProducerEpoch { current });
         }
         let bytes = batch::marker::build(producer_id, producer_epoch, marker, now_ms);

@@ -196,9 +196,10 @@ impl ProducerStateTable {
         Some(first)
     }
 
-    /// Whether a marker at `epoch` may end `producer_id`'s transaction: not when the
-    /// producer has written at a newer epoch here (the marker's coordinator is stale).
-    pub fn check_marker(&self, producer_id: i64, epoch: i16) -> Result<(), i16> {
+    /// Whether a write at `epoch` for `producer_id` that carries no sequence (a marker, a
+    /// coordinator's batch) may go: not when the producer has written at a newer epoch
+    /// here (a marker's coordinator, or the producer, is stale).
+    pub fn check_epoch(&self, producer_id: i64, epoch: i16) -> Result<(), i16> {
         match self.producers.get(&producer_id) {
             Some(e) if epoch < e.epoch => Err(e.epoch),
             _ => Ok(()),
@@ -559,7 +560,7 @@ mod tests {
         // a marker at a bumped epoch (a fenced producer's abort) resets its sequences
         assert_eq!(t.end_txn(2, 1, 0), Some(12));
         assert_eq!(t.first_open_txn(), None);
-        assert_eq!(t.check_marker(2, 0), Err(1), "a stale coordinator's marker");
+        assert_eq!(t.check_epoch(2, 0), Err(1), "a stale coordinator's marker");
         assert_eq!(t.check(&txn_header(2, 1, 0, 1, 0)), SequenceCheck::Append);
         assert!(matches!(
             t.check(&txn_header(2, 0, 1, 1, 0)),

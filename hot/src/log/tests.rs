@@ -891,10 +891,7 @@ fn txn_batch(tag: u64, n: usize, pid: i64, seq: i32) -> ValidBatch {
         producer_epoch: 0,
         base_sequence: seq,
     };
-    let mut bytes = make(tag, n, 0, ids).bytes.to_vec();
-    bytes[21..23].copy_from_slice(&0x10i16.to_be_bytes());
-    let crc = batch::compute_crc(&bytes);
-    bytes[17..21].copy_from_slice(&crc.to_be_bytes());
+    let bytes = batch::build::transactional(make(tag, n, 0, ids).bytes.to_vec());
     ValidBatch::new(Bytes::from(bytes)).unwrap()
 }
 

@@ -19,7 +19,7 @@ use tonic::transport::Channel;
 use crate::broker::{AdminError, Broker, Clock, NewTopic};
 use crate::group::coordinator::NOT_COORDINATOR;
 use crate::internal::{
-    self, read_records, Gained, Leaderships, PartitionOffsets, COORDINATOR_NOT_AVAILABLE,
+    self, read_records, Gained, Item, Leaderships, PartitionOffsets, COORDINATOR_NOT_AVAILABLE,
 };
 use coordinator::{MarkerSink, ProducerIdSource, TxnCoordinator};
 
@@ -97,7 +97,10 @@ impl TxnManager {
     async fn load(self: Arc<Self>, g: Gained) {
         let mut replayed: HashMap<String, state::TxnMeta> = HashMap::new();
         let mut damaged = 0usize;
-        let read = read_records(&g.partition, |_, _, key, value| {
+        let read = read_records(&g.partition, |item| {
+            let Item::Record { key, value, .. } = item else {
+                return;
+            };
             let Ok(id) = state::decode_key(key) else {
                 damaged += 1;
                 return;
