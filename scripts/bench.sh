@@ -37,6 +37,9 @@ STRATA_BIN="$target_dir/release/strata" python3 bench/cluster_bench.py
 echo "== consumer groups: rebalance time and offset commits (3 controllers + 3 brokers)"
 STRATA_BIN="$target_dir/release/strata" python3 bench/groups_bench.py
 
+echo "== transactions: a transactional producer vs an idempotent one, read_committed consumers"
+STRATA_BIN="$target_dir/release/strata" python3 bench/txn_bench.py --seconds "$seconds"
+
 echo "== tiered storage: upload, cold replay vs plain GET, produce p99 during a cold replay (moto_server)"
 STRATA_BIN="$target_dir/release/strata" python3 bench/tiered_bench.py --seconds "$seconds"
 
