@@ -306,3 +306,50 @@ def test_consume_transform_produce_is_exactly_once_across_aborts_and_a_sigkill(b
     dups = sorted({v for v in out if out.count(v) > 1})
     assert not dups, f"{len(dups)} records written twice, e.g. {dups[:5]}"
     assert out == want, f"missing {sorted(set(want) - set(out))[:5]}"
+
+
+def test_transactions_are_listed_and_described_to_admin_clients(broker):
+    """kafka-python's admin: ListTransactions (with state and producer filters) and
+    DescribeTransactions of an open and then a committed transaction; an unknown id is
+    TransactionalIdNotFound."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    broker.create_topic("invoices", 2)
+    p = txn_producer(broker.bootstrap, "invoicer")
+    p.begin_transaction()
+    p.produce("invoices", value=b"a", partition=0)
+    p.produce("invoices", value=b"b", partition=1)
+    assert p.flush(10) == 0
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        def listed(**filters):
+            """(transactional id, producer id, state) of every listing, from every broker."""
+            return sorted((t.transactional_id, t.producer_id, t.state.value)
+                          for ts in admin.list_transactions(**filters).values() for t in ts)
+
+        (row,) = listed()
+        assert row[0] == "invoicer" and row[2] == "Ongoing", row
+        pid = row[1]
+        assert listed(state_filters=["Ongoing"]) == [row]
+        assert listed(state_filters=["PrepareCommit"]) == []
+        assert listed(producer_id_filters=[pid]) == [row]
+        assert listed(producer_id_filters=[pid + 1000]) == []
+        d = admin.describe_transactions(["invoicer"])["invoicer"]
+        assert d.state.value == "Ongoing" and d.producer_id == pid and d.transaction_timeout_ms == 60000
+        assert sorted((tp.topic, tp.partition) for tp in d.topic_partitions) == [("invoices", 0), ("invoices", 1)]
+        assert d.transaction_start_time_ms > 0
+        p.commit_transaction(30)
+        deadline = time.monotonic() + 10
+        while admin.describe_transactions(["invoicer"])["invoicer"].state.value != "CompleteCommit":
+            assert time.monotonic() < deadline, admin.describe_transactions(["invoicer"])
+            time.sleep(0.2)
+        assert not admin.describe_transactions(["invoicer"])["invoicer"].topic_partitions
+        unknown = None
+        try:
+            admin.describe_transactions(["nobody-has-this-id"])
+        except KafkaError as e:
+            unknown = e
+        assert unknown is not None and "TransactionalIdNotFound" in type(unknown).__name__, repr(unknown)
+    finally:
+        admin.close()

@@ -31,9 +31,10 @@ use kafka_protocol::messages::{
     AlterUserScramCredentialsRequest, ApiVersionsRequest, CreateAclsRequest,
     CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest, DeleteTopicsRequest,
     DescribeAclsRequest, DescribeClientQuotasRequest, DescribeConfigsRequest,
-    DescribeUserScramCredentialsRequest, EndTxnRequest, FetchRequest,
-    IncrementalAlterConfigsRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest,
-    OffsetForLeaderEpochRequest, ProduceRequest, TopicName, TxnOffsetCommitRequest,
+    DescribeTransactionsRequest, DescribeUserScramCredentialsRequest, EndTxnRequest, FetchRequest,
+    IncrementalAlterConfigsRequest, InitProducerIdRequest, ListOffsetsRequest,
+    ListTransactionsRequest, MetadataRequest, OffsetForLeaderEpochRequest, ProduceRequest,
+    TopicName, TxnOffsetCommitRequest,
 };
 use kafka_protocol::protocol::StrBytes;
 use strata_client::{fetch, list_offset, produce, Admin, ClientError, Connection};
@@ -286,6 +287,27 @@ async fn every_served_api_answers_at_every_served_version() {
                     )
                     .await
                     .map(|r| assert_eq!(r.topics[0].partitions[0].error_code, 3, "v{v}")),
+                DescribeTransactions => conn
+                    .send(
+                        &DescribeTransactionsRequest::default()
+                            .with_transactional_ids(vec![s("sweeper").into()]),
+                        v,
+                    )
+                    .await
+                    .map(|r| assert_eq!(r.transaction_states[0].error_code, 16, "v{v}")),
+                ListTransactions => conn
+                    .send(
+                        &ListTransactionsRequest::default()
+                            .with_state_filters(vec![s("Ongoing"), s("Sleeping")])
+                            .with_duration_filter(-1),
+                        v,
+                    )
+                    .await
+                    .map(|r| {
+                        assert_eq!(r.error_code, 0, "v{v}");
+                        assert!(r.transaction_states.is_empty());
+                        assert_eq!(r.unknown_state_filters, vec![s("Sleeping")], "v{v}");
+                    }),
                 EndTxn => conn
                     .send(
                         &EndTxnRequest::default()

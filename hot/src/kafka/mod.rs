@@ -39,13 +39,14 @@ use kafka_protocol::messages::{
     CreateTopicsRequest, DeleteAclsRequest, DeleteGroupsRequest, DeleteRecordsRequest,
     DeleteTopicsRequest, DescribeAclsRequest, DescribeClientQuotasRequest, DescribeClusterRequest,
     DescribeConfigsRequest, DescribeGroupsRequest, DescribeLogDirsRequest,
-    DescribeProducersRequest, DescribeUserScramCredentialsRequest, ElectLeadersRequest,
-    EndTxnRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
+    DescribeProducersRequest, DescribeTransactionsRequest, DescribeUserScramCredentialsRequest,
+    ElectLeadersRequest, EndTxnRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
     IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
-    ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
-    OffsetDeleteRequest, OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest,
-    RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslAuthenticateResponse,
-    SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest, TxnOffsetCommitRequest,
+    ListGroupsRequest, ListOffsetsRequest, ListTransactionsRequest, MetadataRequest,
+    OffsetCommitRequest, OffsetDeleteRequest, OffsetFetchRequest, OffsetForLeaderEpochRequest,
+    ProduceRequest, RequestHeader, ResponseHeader, SaslAuthenticateRequest,
+    SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest,
+    TxnOffsetCommitRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -69,6 +70,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::AddPartitionsToTxn, 0, 3),
     (ApiKey::AddOffsetsToTxn, 0, 3),
     (ApiKey::TxnOffsetCommit, 0, 3),
+    (ApiKey::DescribeTransactions, 0, 0),
+    (ApiKey::ListTransactions, 0, 1),
     (ApiKey::EndTxn, 0, 3),
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::CreatePartitions, 0, 3),
@@ -713,6 +716,8 @@ impl KafkaServer {
             Body::AddPartitionsToTxn(req) => ctx.later(txn::add_partitions(ctx.clone(), req)),
             Body::EndTxn(req) => ctx.later(txn::end_txn(ctx.clone(), req)),
             Body::AddOffsetsToTxn(req) => ctx.later(txn::add_offsets(ctx.clone(), req)),
+            Body::DescribeTransactions(req) => ctx.later(txn::describe(ctx.clone(), req)),
+            Body::ListTransactions(req) => ctx.later(txn::list(ctx.clone(), req)),
             Body::TxnOffsetCommit(req) => ctx.later(
                 turns
                     .commits
@@ -840,6 +845,8 @@ pub enum Body {
     EndTxn(EndTxnRequest),
     AddOffsetsToTxn(AddOffsetsToTxnRequest),
     TxnOffsetCommit(TxnOffsetCommitRequest),
+    DescribeTransactions(DescribeTransactionsRequest),
+    ListTransactions(ListTransactionsRequest),
     CreatePartitions(CreatePartitionsRequest),
     AlterConfigs(AlterConfigsRequest),
     IncrementalAlterConfigs(IncrementalAlterConfigsRequest),
@@ -935,6 +942,10 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::EndTxn => Body::EndTxn(decode_body(&mut frame, version)?),
         ApiKey::AddOffsetsToTxn => Body::AddOffsetsToTxn(decode_body(&mut frame, version)?),
         ApiKey::TxnOffsetCommit => Body::TxnOffsetCommit(decode_body(&mut frame, version)?),
+        ApiKey::DescribeTransactions => {
+            Body::DescribeTransactions(decode_body(&mut frame, version)?)
+        }
+        ApiKey::ListTransactions => Body::ListTransactions(decode_body(&mut frame, version)?),
         ApiKey::CreatePartitions => Body::CreatePartitions(decode_body(&mut frame, version)?),
         ApiKey::OffsetForLeaderEpoch => {
             Body::OffsetForLeaderEpoch(decode_body(&mut frame, version)?)

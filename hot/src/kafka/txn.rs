@@ -6,14 +6,25 @@
 use kafka_protocol::messages::add_partitions_to_txn_response::{
     AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
 };
+use kafka_protocol::messages::describe_transactions_response::{
+    TopicData, TransactionState as DescribedTxn,
+};
+use kafka_protocol::messages::list_transactions_response::TransactionState as ListedTxn;
 use kafka_protocol::messages::{
     AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest,
     AddPartitionsToTxnResponse, EndTxnRequest, EndTxnResponse, InitProducerIdRequest,
     InitProducerIdResponse, ProducerId,
 };
+use kafka_protocol::messages::{
+    DescribeTransactionsRequest, DescribeTransactionsResponse, ListTransactionsRequest,
+    ListTransactionsResponse, TopicName, TransactionalId,
+};
 use strata_controller::metadata::acl::{Operation, ResourceType};
 
 use super::{codes, Request};
+
+/// Kafka's TRANSACTIONAL_ID_NOT_FOUND.
+const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
 
 /// OPERATION_NOT_ATTEMPTED: another partition of the request failed.
 const OPERATION_NOT_ATTEMPTED: i16 = 55;
@@ -178,4 +189,107 @@ pub(super) async fn end_txn(ctx: Request, req: EndTxnRequest) -> EndTxnResponse 
         Err(code) => code,
     };
     EndTxnResponse::default().with_error_code(code)
+}
+
+fn s(v: impl Into<String>) -> kafka_protocol::protocol::StrBytes {
+    kafka_protocol::protocol::StrBytes::from_string(v.into())
+}
+
+/// DescribeTransactions (v0, KIP-664): each id's state, producer, timeout, start and
+/// partitions, from its coordinator (this broker, or NOT_COORDINATOR).
+pub(super) async fn describe(
+    ctx: Request,
+    req: DescribeTransactionsRequest,
+) -> DescribeTransactionsResponse {
+    let mut states = Vec::with_capacity(req.transactional_ids.len());
+    for id in req.transactional_ids {
+        let name = id.to_string();
+        let out = DescribedTxn::default()
+            .with_transactional_id(id)
+            .with_transaction_state(s(""))
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1)
+            .with_transaction_start_time_ms(-1);
+        if !ctx.permits(Operation::Describe, ResourceType::TransactionalId, &name) {
+            states.push(out.with_error_code(codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED));
+            continue;
+        }
+        let meta = match ctx.broker().txns().coordinator(&name) {
+            Ok(c) => c.get(&name).await,
+            Err(code) => {
+                states.push(out.with_error_code(code));
+                continue;
+            }
+        };
+        let Some(m) = meta else {
+            states.push(out.with_error_code(TRANSACTIONAL_ID_NOT_FOUND));
+            continue;
+        };
+        let mut topics: Vec<TopicData> = Vec::new();
+        for (t, p) in &m.partitions {
+            match topics.last_mut() {
+                Some(d) if d.topic.0.as_str() == t => d.partitions.push(*p),
+                _ => topics.push(
+                    TopicData::default()
+                        .with_topic(TopicName(s(t.clone())))
+                        .with_partitions(vec![*p]),
+                ),
+            }
+        }
+        states.push(
+            out.with_transaction_state(s(m.status.name()))
+                .with_transaction_timeout_ms(m.timeout_ms)
+                .with_transaction_start_time_ms(m.start_ms)
+                .with_producer_id(ProducerId(m.producer_id))
+                .with_producer_epoch(m.epoch)
+                .with_topics(topics),
+        );
+    }
+    DescribeTransactionsResponse::default().with_transaction_states(states)
+}
+
+/// ListTransactions (v0-1): the transactional ids this broker coordinates that the
+/// principal may describe, filtered by state, producer id and (v1) running for at least
+/// `duration_filter` ms. Unknown state names are echoed back, as Kafka does.
+pub(super) async fn list(ctx: Request, req: ListTransactionsRequest) -> ListTransactionsResponse {
+    const STATES: [&str; 8] = [
+        "Empty",
+        "Ongoing",
+        "PrepareCommit",
+        "PrepareAbort",
+        "CompleteCommit",
+        "CompleteAbort",
+        "Dead",
+        "PrepareEpochFence",
+    ];
+    let wanted: Vec<String> = req.state_filters.iter().map(|f| f.to_string()).collect();
+    let unknown = wanted
+        .iter()
+        .filter(|f| !STATES.contains(&f.as_str()))
+        .map(|f| s(f.clone()))
+        .collect();
+    let now = ctx.broker().now_ms();
+    let mut states = Vec::new();
+    for c in ctx.broker().txns().coordinators() {
+        for (id, m) in c.describe().await {
+            let state = m.status.name();
+            let keep = (wanted.is_empty() || wanted.iter().any(|w| w == state))
+                && (req.producer_id_filters.is_empty()
+                    || req.producer_id_filters.iter().any(|p| p.0 == m.producer_id))
+                && (req.duration_filter < 0
+                    || (m.start_ms >= 0 && now.saturating_sub(m.start_ms) >= req.duration_filter))
+                && ctx.permits(Operation::Describe, ResourceType::TransactionalId, &id);
+            if keep {
+                states.push(
+                    ListedTxn::default()
+                        .with_transactional_id(TransactionalId(s(id)))
+                        .with_producer_id(ProducerId(m.producer_id))
+                        .with_transaction_state(s(state)),
+                );
+            }
+        }
+    }
+    ListTransactionsResponse::default()
+        .with_unknown_state_filters(unknown)
+        .with_transaction_states(states)
 }

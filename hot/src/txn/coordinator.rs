@@ -193,6 +193,11 @@ impl TxnCoordinator {
         }
     }
 
+    /// The metadata of transactional id `id`, if this coordinator knows it.
+    pub async fn get(&self, id: &str) -> Option<TxnMeta> {
+        self.txns.lock().await.get(id).cloned()
+    }
+
     /// The metadata of every transactional id here (DescribeTransactions, ListTransactions).
     pub async fn describe(&self) -> Vec<(String, TxnMeta)> {
         let txns = self.txns.lock().await;
