@@ -353,3 +353,38 @@ def test_transactions_are_listed_and_described_to_admin_clients(broker):
         assert unknown is not None and "TransactionalIdNotFound" in type(unknown).__name__, repr(unknown)
     finally:
         admin.close()
+
+
+def test_a_topic_that_requires_transactions_refuses_other_producers(broker):
+    """transactions.required=true: an idempotent and a plain producer are refused with
+    INVALID_RECORD naming the config, a transactional producer writes; the config reads
+    back through DescribeConfigs, and an unknown value is refused."""
+    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    broker.create_topic("settled", 1, {"transactions.required": "true"})
+    for extra in ({"enable.idempotence": True}, {"enable.idempotence": False, "acks": "1"}):
+        p = Producer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, **extra}))
+        errors = []
+        p.produce("settled", value=b"plain", on_delivery=lambda err, msg: errors.append(err))
+        p.flush(30)
+        assert len(errors) == 1 and errors[0] is not None, errors
+        assert errors[0].code() == KafkaError.INVALID_RECORD, errors[0]
+    t = txn_producer(broker.bootstrap, "settler")
+    t.begin_transaction()
+    t.produce("settled", value=b"settled-1")
+    t.commit_transaction(30)
+    assert values(read(broker.bootstrap, "settled", 1, "read_committed")) == ["settled-1"]
+
+    admin = AdminClient(rdkafka_conf({"bootstrap.servers": broker.bootstrap}))
+    res = ConfigResource("topic", "settled")
+    configs = admin.describe_configs([res])[res].result(timeout=10)
+    assert configs["transactions.required"].value == "true"
+    bad = admin.incremental_alter_configs([ConfigResource(
+        "topic", "settled", incremental_configs=[ConfigEntry(
+            "transactions.required", "maybe", incremental_operation=AlterConfigOpType.SET)])])
+    try:
+        bad[res].result(timeout=10)
+        raise AssertionError("transactions.required=maybe was accepted")
+    except Exception as e:  # noqa: BLE001 (the admin raises KafkaException)
+        assert "transactions.required" in str(e) or "INVALID_CONFIG" in str(e), e

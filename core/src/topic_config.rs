@@ -69,6 +69,9 @@ pub struct LogConfig {
     /// The weakest acks a producer may ask for (`min.acks`: 0, 1 or all = -1): a settlement
     /// topic set to `all` refuses acks=1 and acks=0 producers with INVALID_REQUIRED_ACKS.
     pub min_acks: i16,
+    /// `transactions.required` (Strata's own): only transactional producers may write; a
+    /// plain or idempotent producer's batch is refused with INVALID_RECORD.
+    pub transactions_required: bool,
     pub timestamp_type: TimestampType,
     /// CreateTime only: a record whose timestamp is more than this many ms before the
     /// broker's clock is refused with INVALID_TIMESTAMP (`message.timestamp.before.max.ms`,
@@ -148,6 +151,7 @@ pub const TOPIC_CONFIG_KEYS: &[(&str, &str)] = &[
     ("segment.index.bytes", "10485760"),
     ("segment.jitter.ms", "0"),
     ("segment.ms", "604800000"),
+    ("transactions.required", "false"),
     ("unclean.leader.election.enable", "false"),
 ];
 
@@ -511,6 +515,17 @@ impl LogConfig {
                         key: "min.acks".into(),
                         value: other.to_string(),
                         reason: "must be 0, 1 or all".into(),
+                    })
+                }
+            },
+            transactions_required: match get("transactions.required").trim() {
+                "true" => true,
+                "false" => false,
+                other => {
+                    return Err(ConfigError::InvalidValue {
+                        key: "transactions.required".into(),
+                        value: other.to_string(),
+                        reason: "must be true or false".into(),
                     })
                 }
             },

@@ -22,6 +22,11 @@ pub enum RecordsError {
     #[error("cannot decompress the batch: {0}")]
     Decompress(String),
     #[error(
+        "the topic takes only transactional producers (transactions.required=true); set a \
+         transactional.id"
+    )]
+    NotTransactional,
+    #[error(
         "its records decompress to more than {limit} bytes, the most one batch may hold \
          (a decompression bomb, or a batch no producer should write)"
     )]

@@ -183,6 +183,8 @@ pub struct Partition {
 struct ProduceRules {
     max_message_bytes: u32,
     keys_required: bool,
+    /// `transactions.required`: only transactional batches.
+    transactions_required: bool,
     /// `message.timestamp.type=LogAppendTime`: the leader stamps batches with its time.
     log_append_time: bool,
     /// CreateTime: how far behind / ahead of the broker's clock record timestamps may be.
@@ -198,6 +200,7 @@ impl ProduceRules {
         ProduceRules {
             max_message_bytes: config.max_message_bytes,
             keys_required: config.compacted(),
+            transactions_required: config.transactions_required,
             log_append_time: config.timestamp_type
                 == crate::log::config::TimestampType::LogAppendTime,
             timestamp_before_max_ms: config.timestamp_before_max_ms,
@@ -468,6 +471,9 @@ impl Partition {
         let rules = *self.rules.lock().unwrap_or_else(|e| e.into_inner());
         if batch.len() > rules.max_message_bytes as usize {
             return Ok((batch, None));
+        }
+        if rules.transactions_required && !batch.header().is_transactional() {
+            return Err(RecordsError::NotTransactional);
         }
         batch.check_records(RecordRules {
             keys_required: rules.keys_required,

@@ -77,6 +77,7 @@ pub(super) fn topic_config_info(key: &str) -> Option<TopicConfigInfo> {
         "message.timestamp.difference.max.ms" => (TYPE_LONG, Some("log.message.timestamp.difference.max.ms"), "Deprecated (KIP-937): before.max.ms and after.max.ms take this value when left at their defaults"),
         "message.timestamp.type" => (TYPE_STRING, Some("log.message.timestamp.type"), "CreateTime keeps the producer's timestamps; LogAppendTime stamps each batch with the leader's append time"),
         "min.acks" => (TYPE_STRING, None, "Strata's own: the weakest acks a producer may use (0, 1 or all); weaker ones get INVALID_REQUIRED_ACKS"),
+        "transactions.required" => (TYPE_BOOLEAN, None, "Strata's own: only transactional producers may write; other batches get INVALID_RECORD"),
         "min.cleanable.dirty.ratio" => (TYPE_DOUBLE, Some("log.cleaner.min.cleanable.ratio"), "Compacted topics: the share of uncompacted bytes that makes a partition due"),
         "min.compaction.lag.ms" => (TYPE_LONG, Some("log.cleaner.min.compaction.lag.ms"), "Compacted topics: how old records must be before they are compacted"),
         "min.insync.replicas" => (TYPE_INT, Some("min.insync.replicas"), "In-sync replicas an acks=all produce needs"),
@@ -485,6 +486,7 @@ pub(super) fn describe_configs(
 /// them takes Alter on the topic as well as AlterConfigs.
 fn guards_durability(k: &str) -> bool {
     k == "min.acks"
+        || k == "transactions.required"
         || k == "min.insync.replicas"
         || k.starts_with("retention.")
         || k.starts_with("local.retention.")
