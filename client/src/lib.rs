@@ -447,6 +447,11 @@ pub struct Fetched {
     pub high_watermark: i64,
     pub log_start_offset: i64,
     pub records: Bytes,
+    /// The partition's last stable offset (see [`fetch_committed`]).
+    pub last_stable_offset: i64,
+    /// read_committed only: the aborted transactions among the records, (producer id,
+    /// first offset); the reader drops their batches up to each one's abort marker.
+    pub aborted: Vec<(i64, i64)>,
 }
 
 /// Fetches from one partition, long-polling up to `max_wait`.
@@ -458,7 +463,33 @@ pub async fn fetch(
     max_bytes: i32,
     max_wait: Duration,
 ) -> Result<Fetched> {
+    fetch_isolated(conn, topic, partition, offset, max_bytes, max_wait, false).await
+}
+
+/// [`fetch`] with `isolation_level=read_committed`: records below the last stable offset
+/// only, with the aborted transactions among them.
+pub async fn fetch_committed(
+    conn: &mut Connection,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    max_bytes: i32,
+    max_wait: Duration,
+) -> Result<Fetched> {
+    fetch_isolated(conn, topic, partition, offset, max_bytes, max_wait, true).await
+}
+
+async fn fetch_isolated(
+    conn: &mut Connection,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    max_bytes: i32,
+    max_wait: Duration,
+    committed: bool,
+) -> Result<Fetched> {
     let req = FetchRequest::default()
+        .with_isolation_level(i8::from(committed))
         .with_max_wait_ms(max_wait.as_millis() as i32)
         .with_min_bytes(1)
         .with_max_bytes(max_bytes)
@@ -484,6 +515,13 @@ pub async fn fetch(
         high_watermark: p.high_watermark,
         log_start_offset: p.log_start_offset,
         records: p.records.clone().unwrap_or_default(),
+        last_stable_offset: p.last_stable_offset,
+        aborted: p
+            .aborted_transactions
+            .iter()
+            .flatten()
+            .map(|t| (t.producer_id.0, t.first_offset))
+            .collect(),
     })
 }
 

@@ -55,6 +55,32 @@ pub struct RemoteSegment {
     /// `None` for a segment as its leader uploaded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compacted: Option<Compacted>,
+    /// The transactions aborted by a marker in this segment, so read_committed readers of
+    /// the cold tier (and `strata-replay`) can drop their records.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aborted: Vec<AbortedTxn>,
+}
+
+/// A transaction aborted in a partition: its producer, its first offset, and the offset of
+/// its abort marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbortedTxn {
+    pub producer_id: i64,
+    pub first_offset: u64,
+    pub last_offset: u64,
+}
+
+impl Manifest {
+    /// The aborted transactions that end at or after `from` and start before `to`, from
+    /// the segments that may hold such markers.
+    pub fn aborted_between(&self, from: u64, to: u64) -> Vec<AbortedTxn> {
+        self.segments
+            .iter()
+            .filter(|s| s.end_offset > from)
+            .flat_map(|s| s.aborted.iter().copied())
+            .filter(|t| t.last_offset >= from && t.first_offset < to)
+            .collect()
+    }
 }
 
 /// What the compactor left in a segment it rewrote.

@@ -132,6 +132,7 @@ mod tests {
             log: path,
             producer_snapshot: None,
             epochs: vec![],
+            aborted: Vec::new(),
         };
         up.upload(1, &seg).await.unwrap();
         // What a killed upload leaves: a data object and one companion, never committed.

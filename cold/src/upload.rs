@@ -42,6 +42,8 @@ pub struct SealedSegment {
     pub producer_snapshot: Option<PathBuf>,
     /// Leader epochs and the offset each started at (the log's epoch checkpoint).
     pub epochs: Vec<(i32, u64)>,
+    /// The transactions aborted by markers in it.
+    pub aborted: Vec<crate::manifest::AbortedTxn>,
 }
 
 #[derive(Debug, Clone)]
@@ -424,6 +426,13 @@ impl Uploader {
             leader_epoch: epoch,
             key: key.clone(),
             compacted: None,
+            // (from the part uploaded: a partial segment's tail goes up with its rest)
+            aborted: seg
+                .aborted
+                .iter()
+                .filter(|t| (from..end).contains(&t.last_offset))
+                .copied()
+                .collect(),
         };
         let committed = self
             .manifest

@@ -395,6 +395,11 @@ impl Output {
             leader_epoch: epoch,
             key: key.clone(),
             compacted,
+            // the markers stay (compaction keeps control batches), so do their aborts
+            aborted: sources
+                .iter()
+                .flat_map(|s| s.aborted.iter().copied())
+                .collect(),
         };
         if !ctx.cfg.dry_run {
             self.first_upload

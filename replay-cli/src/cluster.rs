@@ -87,18 +87,16 @@ impl Cluster {
         partition: u32,
         offset: u64,
         max_bytes: i32,
+        committed: bool,
     ) -> anyhow::Result<strata_client::Fetched> {
         let topic = self.topic.clone();
         let conn = self.conn(partition).await?;
-        strata_client::fetch(
-            conn,
-            &topic,
-            partition as i32,
-            offset as i64,
-            max_bytes,
-            Duration::from_millis(10),
-        )
-        .await
-        .with_context(|| format!("fetching {topic} partition {partition} at {offset}"))
+        let wait = Duration::from_millis(10);
+        let (p, at) = (partition as i32, offset as i64);
+        let got = match committed {
+            true => strata_client::fetch_committed(conn, &topic, p, at, max_bytes, wait).await,
+            false => strata_client::fetch(conn, &topic, p, at, max_bytes, wait).await,
+        };
+        got.with_context(|| format!("fetching {topic} partition {partition} at {offset}"))
     }
 }

@@ -146,6 +146,10 @@ struct Select {
     /// so the output is complete up to now.
     #[arg(long, value_name = "BROKER")]
     include_hot: Option<String>,
+    /// Also the records of aborted transactions (by default only committed and
+    /// non-transactional records, as a read_committed consumer sees them).
+    #[arg(long)]
+    include_aborted: bool,
 }
 
 impl Select {
@@ -178,6 +182,7 @@ impl Select {
                 .as_deref()
                 .map(source::parse_time)
                 .transpose()?,
+            include_aborted: self.include_aborted,
         })
     }
 }

@@ -258,7 +258,8 @@ mod tests {
         );
         // Our decoder gives back every field, headers whole.
         let range = crate::source::Range::default();
-        let (back, next) = crate::source::decode(0, b.clone(), 0, u64::MAX, &range, "t").unwrap();
+        let (back, next) =
+            crate::source::decode(0, b.clone(), 0, u64::MAX, &range, &[], "t").unwrap();
         assert_eq!(next, 5);
         for (i, (g, r)) in back.iter().zip(&recs).enumerate() {
             assert_eq!(g.offset, i as i64);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use strata_cold::catalog::Topic;
-use strata_cold::manifest::RemoteSegment;
+use strata_cold::manifest::{AbortedTxn, RemoteSegment};
 use strata_cold::object_store::ObjectStore;
 use strata_cold::read::{ReadConfig, ReadError, RemoteReader};
 use strata_core::batch::{raw_records, verify, BatchIter};
@@ -23,6 +23,8 @@ pub struct Range {
     pub to_offset: Option<u64>,
     pub from_ms: Option<i64>,
     pub to_ms: Option<i64>,
+    /// Keep the records of aborted transactions (`--include-aborted`).
+    pub include_aborted: bool,
 }
 
 /// One record as the tools print or export it.
@@ -42,6 +44,9 @@ pub struct PartitionPlan {
     pub segments: Vec<RemoteSegment>,
     /// Where the cold tier ends (the hot tail, if asked for, starts there).
     pub cold_end: u64,
+    /// The partition's aborted transactions in the cold tier (every segment's: a marker
+    /// may follow its records by segments); empty with `include_aborted`.
+    pub aborted: Vec<AbortedTxn>,
 }
 
 impl PartitionPlan {
@@ -104,6 +109,10 @@ pub async fn plan(
             .await
             .with_context(|| format!("reading the manifest of partition {p}"))?;
         let cold_end = m.end_offset();
+        let aborted = match range.include_aborted {
+            true => Vec::new(),
+            false => m.aborted_between(0, u64::MAX),
+        };
         let segments = m
             .segments
             .into_iter()
@@ -116,6 +125,7 @@ pub async fn plan(
             partition: p,
             segments,
             cold_end,
+            aborted,
         });
     }
     Ok(out)
@@ -163,6 +173,7 @@ impl Source {
         seg: &RemoteSegment,
         range: &Range,
         at: u64,
+        aborted: &[AbortedTxn],
     ) -> anyhow::Result<Step> {
         let end = range.to_offset.unwrap_or(u64::MAX).min(seg.end_offset);
         let done = Step::done();
@@ -186,7 +197,12 @@ impl Source {
             return Ok(done);
         }
         let bytes = got.len() as u64;
-        let (records, next) = decode(partition, got, at, end, range, &seg.key)?;
+        let aborted: Vec<(i64, u64)> = aborted
+            .iter()
+            .filter(|t| t.last_offset >= at && t.first_offset < end)
+            .map(|t| (t.producer_id, t.first_offset))
+            .collect();
+        let (records, next) = decode(partition, got, at, end, range, &aborted, &seg.key)?;
         Ok(Step {
             records,
             bytes,
@@ -198,17 +214,24 @@ impl Source {
 /// The records of `range` in the batches `got` (read at offset `at`, for offsets below
 /// `end`), and the offset after the last batch. Each batch is CRC-checked; keys, values and
 /// header values are slices of the decompressed records, headers kept in order (a key may
-/// repeat); control batches (transaction markers) are skipped.
+/// repeat); control batches (transaction markers) are skipped. `aborted` (producer id,
+/// first offset) are the aborted transactions that meet the range: as a read_committed
+/// consumer does, a producer's transactional batches are dropped from its aborted
+/// transaction's first offset until its abort marker.
 pub fn decode(
     partition: u32,
     got: Bytes,
     at: u64,
     end: u64,
     range: &Range,
+    aborted: &[(i64, u64)],
     what: &str,
 ) -> anyhow::Result<(Vec<Record>, u64)> {
     let mut next = at;
     let mut records = Vec::new();
+    let mut waiting: Vec<(i64, u64)> = aborted.to_vec();
+    waiting.sort_by_key(|(_, first)| std::cmp::Reverse(*first));
+    let mut aborting = std::collections::HashSet::new();
     for item in BatchIter::new(&got) {
         let (h, span) = item
             .map_err(|e| anyhow::anyhow!("decoding the batches of {what} at offset {at}: {e}"))?;
@@ -222,7 +245,19 @@ pub fn decode(
         // Where the batch ends, from its header: a compacted batch may hold fewer records
         // than its offsets span, or none.
         next = next.max(h.last_offset() as u64 + 1);
+        while waiting
+            .last()
+            .is_some_and(|(_, first)| *first <= h.base_offset.max(0) as u64)
+        {
+            aborting.insert(waiting.pop().expect("just seen").0);
+        }
         if h.is_control() {
+            if strata_core::batch::marker::parse(batch).is_some_and(|m| !m.commit) {
+                aborting.remove(&h.producer_id);
+            }
+            continue;
+        }
+        if h.is_transactional() && aborting.contains(&h.producer_id) {
             continue;
         }
         let section = records_section(batch, &h).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
@@ -280,8 +315,18 @@ pub async fn hot_step(
     if at >= end {
         return Ok(done);
     }
-    let got = cluster.fetch(partition, at, STEP as i32).await?;
-    let hw = got.high_watermark.max(0) as u64;
+    let committed = !range.include_aborted;
+    let got = cluster.fetch(partition, at, STEP as i32, committed).await?;
+    // read_committed: up to the last stable offset
+    let hw = match committed {
+        true => got.last_stable_offset.max(0) as u64,
+        false => got.high_watermark.max(0) as u64,
+    };
+    let aborted: Vec<(i64, u64)> = got
+        .aborted
+        .iter()
+        .map(|(pid, first)| (*pid, (*first).max(0) as u64))
+        .collect();
     if got.records.is_empty() || at >= hw {
         return Ok(done);
     }
@@ -292,6 +337,7 @@ pub async fn hot_step(
         at,
         end.min(hw),
         range,
+        &aborted,
         "the hot tail",
     )?;
     Ok(Step {
@@ -331,7 +377,9 @@ impl<'a> PartitionReader<'a> {
         let p = self.plan.partition;
         if let Some(seg) = self.plan.segments.get(self.segment) {
             let from = self.at.unwrap_or_else(|| Source::start(seg, &self.range));
-            let step = src.step(p, seg, &self.range, from).await?;
+            let step = src
+                .step(p, seg, &self.range, from, &self.plan.aborted)
+                .await?;
             self.at = step.next;
             if step.next.is_none() {
                 self.segment += 1;

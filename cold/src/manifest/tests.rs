@@ -19,6 +19,7 @@ fn segment(base: u64, end: u64, key: &str) -> RemoteSegment {
         leader_epoch: 3,
         key: key.to_string(),
         compacted: None,
+        aborted: Vec::new(),
     }
 }
 

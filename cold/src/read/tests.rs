@@ -27,6 +27,7 @@ async fn uploaded(store: Arc<dyn ObjectStore>) -> RemoteSegment {
             log: path,
             producer_snapshot: None,
             epochs: vec![],
+            aborted: Vec::new(),
         },
     )
     .await

@@ -17,6 +17,7 @@ fn seg(base: u64, end: u64, ts: i64, size: u64) -> RemoteSegment {
         leader_epoch: 1,
         key: format!("s{base}"),
         compacted: None,
+        aborted: Vec::new(),
     }
 }
 
@@ -103,6 +104,7 @@ async fn three_segments(store: Arc<dyn ObjectStore>) -> (Uploader, Manifest) {
                 log: path,
                 producer_snapshot: None,
                 epochs: vec![],
+                aborted: Vec::new(),
             },
         )
         .await

@@ -13,6 +13,7 @@ fn sealed(path: &std::path::Path, base: u64, end: u64) -> SealedSegment {
         log: path.to_path_buf(),
         producer_snapshot: None,
         epochs: vec![(1, 0), (2, 50)],
+        aborted: Vec::new(),
     }
 }
 

@@ -109,6 +109,7 @@ impl Fixture {
             log: path,
             producer_snapshot: None,
             epochs: vec![(1, 0)],
+            aborted: Vec::new(),
         };
         self.uploader.upload(1, &seg).await.unwrap();
     }

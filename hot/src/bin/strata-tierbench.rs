@@ -111,6 +111,7 @@ async fn main() -> anyhow::Result<()> {
                 log,
                 producer_snapshot: None,
                 epochs: vec![(1, base)],
+                aborted: Vec::new(),
             });
             base = end;
         }

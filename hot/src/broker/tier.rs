@@ -686,6 +686,7 @@ mod tests {
                 leader_epoch: 1,
                 key,
                 compacted: None,
+                aborted: Vec::new(),
             };
             old.update(1, move |m| {
                 let mut next = m.clone();

@@ -304,7 +304,8 @@ fn read_all(
                     any_error |= error != codes::NONE;
                     // read_committed: the aborted transactions among the records answered,
                     // which the consumer drops (Kafka answers null for read_uncommitted)
-                    let aborted = committed.then(|| aborted_among(p, t.offset, &records));
+                    let aborted =
+                        committed.then(|| aborted_among(p, t.offset, &records, t.remote.as_ref()));
                     data.with_error_code(error)
                         .with_high_watermark(progress.high_watermark as i64)
                         .with_last_stable_offset(last_stable as i64)
@@ -321,16 +322,29 @@ fn read_all(
     (responses, total, any_error)
 }
 
-/// The aborted transactions that meet `records`, read from `offset`.
-fn aborted_among(p: &Partition, offset: i64, records: &Bytes) -> Vec<AbortedTransaction> {
+/// The aborted transactions that meet `records`, read from `offset`: from the local log's
+/// list, and for a tiered topic from the cold tier's manifest too (records read from the
+/// cold tier, whose local segments retention has deleted).
+fn aborted_among(
+    p: &Partition,
+    offset: i64,
+    records: &Bytes,
+    remote: Option<&(Arc<crate::broker::tier::ColdTier>, uuid::Uuid)>,
+) -> Vec<AbortedTransaction> {
     let Some(end) = strata_core::batch::BatchIter::new(records)
         .map_while(|b| b.ok().map(|(h, _)| h.last_offset()))
         .last()
     else {
         return Vec::new();
     };
-    p.aborted_between(offset.max(0) as u64, end as u64 + 1)
-        .into_iter()
+    let (from, to) = (offset.max(0) as u64, end as u64 + 1);
+    let mut all = p.aborted_between(from, to);
+    if let Some(m) = remote.and_then(|(cold, id)| cold.manifest(*id, p.index)) {
+        all.extend(m.aborted_between(from, to));
+        all.sort_by_key(|t| (t.first_offset, t.producer_id));
+        all.dedup();
+    }
+    all.into_iter()
         .map(|t| {
             AbortedTransaction::default()
                 .with_producer_id(kafka_protocol::messages::ProducerId(t.producer_id))

@@ -956,6 +956,7 @@ impl PartitionLog {
                     log: self.dir.join(fmt::file_name(w[0], LOG_SUFFIX)),
                     producer_snapshot: snapshot.exists().then_some(snapshot),
                     epochs: epochs.clone(),
+                    aborted: self.txns.aborted_in(w[0], w[1]),
                 }
             })
             .collect()
@@ -1039,14 +1040,8 @@ impl PartitionLog {
             self.prune_snapshots()?;
             self.epochs.truncate_from_start(self.start_offset());
             self.persist_epochs()?;
-            // A tiered topic's aborted transactions are kept for the cold tier's reads
-            // until DeleteRecords removes them.
-            let keep_from = if self.config.remote_storage {
-                self.deleted_below
-            } else {
-                self.start_offset()
-            };
-            self.txns.forget_before(keep_from)?;
+            // (a tiered topic's segments carry theirs to the cold tier's manifest)
+            self.txns.forget_before(self.start_offset())?;
         }
         Ok(deleted)
     }

@@ -23,38 +23,31 @@ use std::path::{Path, PathBuf};
 pub const ABORTED_FILE: &str = "aborted-transactions";
 const ENTRY_LEN: usize = 28;
 
-/// One aborted transaction in this partition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AbortedTxn {
-    pub producer_id: i64,
-    pub first_offset: u64,
-    /// The offset of its abort marker.
-    pub last_offset: u64,
+/// One aborted transaction in this partition (the manifest's type: segments carry their
+/// aborted transactions to the cold tier).
+pub use strata_cold::manifest::AbortedTxn;
+
+fn encode(t: &AbortedTxn) -> [u8; ENTRY_LEN] {
+    let mut out = [0u8; ENTRY_LEN];
+    out[..8].copy_from_slice(&t.producer_id.to_be_bytes());
+    out[8..16].copy_from_slice(&t.first_offset.to_be_bytes());
+    out[16..24].copy_from_slice(&t.last_offset.to_be_bytes());
+    let crc = crc32c::crc32c(&out[..24]);
+    out[24..].copy_from_slice(&crc.to_be_bytes());
+    out
 }
 
-impl AbortedTxn {
-    fn encode(&self) -> [u8; ENTRY_LEN] {
-        let mut out = [0u8; ENTRY_LEN];
-        out[..8].copy_from_slice(&self.producer_id.to_be_bytes());
-        out[8..16].copy_from_slice(&self.first_offset.to_be_bytes());
-        out[16..24].copy_from_slice(&self.last_offset.to_be_bytes());
-        let crc = crc32c::crc32c(&out[..24]);
-        out[24..].copy_from_slice(&crc.to_be_bytes());
-        out
+fn decode(b: &[u8]) -> Option<AbortedTxn> {
+    let crc = u32::from_be_bytes(b.get(24..28)?.try_into().ok()?);
+    if crc32c::crc32c(&b[..24]) != crc {
+        return None;
     }
-
-    fn decode(b: &[u8]) -> Option<Self> {
-        let crc = u32::from_be_bytes(b.get(24..28)?.try_into().ok()?);
-        if crc32c::crc32c(&b[..24]) != crc {
-            return None;
-        }
-        let n = |at: usize| u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"));
-        Some(AbortedTxn {
-            producer_id: n(0) as i64,
-            first_offset: n(8),
-            last_offset: n(16),
-        })
-    }
+    let n = |at: usize| u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    Some(AbortedTxn {
+        producer_id: n(0) as i64,
+        first_offset: n(8),
+        last_offset: n(16),
+    })
 }
 
 /// The ended transactions of one partition log.
@@ -82,7 +75,7 @@ impl TxnIndex {
         let mut aborted = BTreeMap::new();
         let mut good = 0;
         for chunk in bytes.chunks(ENTRY_LEN) {
-            let Some(t) = AbortedTxn::decode(chunk) else {
+            let Some(t) = decode(chunk) else {
                 break;
             };
             aborted.insert(t.last_offset, t);
@@ -120,7 +113,7 @@ impl TxnIndex {
             first_offset: first,
             last_offset: marker_offset,
         };
-        self.file.write_all(&t.encode())?;
+        self.file.write_all(&encode(&t))?;
         self.aborted.insert(marker_offset, t);
         self.dirty = true;
         Ok(())
@@ -193,7 +186,7 @@ impl TxnIndex {
     }
 
     fn rewrite(&mut self) -> io::Result<()> {
-        let bytes: Vec<u8> = self.aborted.values().flat_map(|t| t.encode()).collect();
+        let bytes: Vec<u8> = self.aborted.values().flat_map(encode).collect();
         let dir = self.path.parent().expect("a log directory");
         super::write_atomically(dir, ABORTED_FILE, &bytes)?;
         self.file = OpenOptions::new().append(true).open(&self.path)?;

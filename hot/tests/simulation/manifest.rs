@@ -257,6 +257,7 @@ impl World {
                                 leader_epoch: epoch,
                                 key: k.clone(),
                                 compacted: None,
+                                aborted: Vec::new(),
                             });
                             Ok(Some(next))
                         })

@@ -81,6 +81,7 @@ impl ColdTier {
             leader_epoch: epoch,
             key,
             compacted: None,
+            aborted: Vec::new(),
         });
         Some(format!("uploads [{base}, {end}) at epoch {epoch}"))
     }
