@@ -8,29 +8,27 @@ invocation). Keep these in step with the latest full run recorded in docs/kafka-
 # --set quick: passed every run against `strata dev` and take seconds each (about 3 minutes
 # together). Producer, consumer, groups (with the 3 s initial rebalance delay), ordered offset
 # commits (0030), commits across a rebalance (0118), admin metadata, compression, headers,
-# idempotence and the KIP-74 fetch limit (0082). Run in full: the runner's -Q quick mode
+# idempotence, the KIP-74 fetch limit (0082) and aborted-transaction filtering (0129). Run in full: the runner's -Q quick mode
 # skips sub-tests not marked quick, and some tests then pass having done nothing.
 QUICK = [
     "0001", "0002", "0003", "0005", "0007", "0008", "0012", "0013", "0014", "0017", "0019",
     "0021", "0022", "0030", "0031", "0034", "0035", "0036", "0039", "0040", "0041", "0042",
     "0044", "0048", "0054", "0056", "0057", "0063", "0064", "0065", "0067", "0070", "0073",
-    "0082", "0085", "0086", "0090", "0099", "0112", "0118",
+    "0082", "0085", "0086", "0090", "0099", "0112", "0118", "0129",
 ]
 
-# Not in --set full, with the reason: they need what Strata does not serve yet (issue 19's
-# transactions), the secure listener, or three brokers (the suite runs one node). They still
-# run with --set all or when named in --tests.
+# Not in --set full, with the reason: they need Kafka's Java client, the secure listener, or
+# three brokers (the suite runs one node). They still run with --set all or when named in
+# --tests.
 EXCLUDED = {
     "0097": "TLS: needs an SSL listener and a librdkafka built with OpenSSL",
-    "0098": "transactions (KIP-98) not served; also needs Kafka's Java client (KAFKA_PATH)",
+    "0098": "needs Kafka's Java client (KAFKA_PATH) to produce its transactions",
     "0101": "needs three brokers (replication factor 3) with racks (fetch from follower)",
-    "0103": "transactions (KIP-98) not served",
+    "0103": "needs three brokers: creates its topics with replication factor 3",
     "0107": "needs three brokers: creates its topics with replication factor 3",
     "0111": "needs three brokers: creates its topics with replication factor 3",
     "0126": "SASL/OAUTHBEARER with an OIDC token endpoint (needs libcurl and the secure listener)",
-    "0129": "transactions (KIP-98) not served (aborted-transaction filtering)",
     "0135": "SASL: needs the secure listener",
-    "0137": "transactions (KIP-98) not served",
     "0142": "SASL re-authentication: needs the secure listener",
 }
 
