@@ -308,6 +308,105 @@ def test_consume_transform_produce_is_exactly_once_across_aborts_and_a_sigkill(b
     assert out == want, f"missing {sorted(set(want) - set(out))[:5]}"
 
 
+def test_exactly_once_on_a_cluster_across_sigkills_of_the_processor_a_leader_and_the_coordinator(
+        tmp_path, request):
+    """The issue's exactly-once loop on 3 controllers + 3 brokers (RF=3, min.insync.replicas=2):
+    tests/eos_processor.py, its own process, reads `in` read_committed and writes each record
+    upper-cased to `out`, committing its group offsets in the same transaction. While it runs
+    it is SIGKILLed itself (its successor, with the same transactional id, fences it and
+    aborts what it left open), then the leader of one of `out`'s partitions, then the
+    transaction coordinator's broker. Checked record by record: every input record is in
+    `out` exactly once for a read_committed reader, and nothing else is."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from test_cluster import Cluster, attach_logs_on_failure
+
+    n, parts = 1800, 6
+    c = Cluster(__import__("conftest").strata_bin(), tmp_path)
+    procs = []
+    progress = tmp_path / "progress"
+    try:
+        c.start_all()
+        boot = ",".join(f"127.0.0.1:{c.broker_ports[i]}" for i in (1, 2, 3))
+        admin = AdminClient(rdkafka_conf({"bootstrap.servers": boot}))
+        topics = [NewTopic(t, num_partitions=parts, replication_factor=3, config={"min.insync.replicas": "2"})
+                  for t in ("in", "out")]
+        for f in admin.create_topics(topics, operation_timeout=20).values():
+            f.result(timeout=30)
+        src = Producer(rdkafka_conf({"bootstrap.servers": boot, "enable.idempotence": True}))
+        for i in range(n):
+            src.produce("in", value=f"order-{i}".encode(), partition=i % parts)
+        assert src.flush(60) == 0
+
+        def start_processor():
+            log = open(tmp_path / f"processor-{len(procs)}.log", "ab")
+            procs.append(subprocess.Popen(
+                [sys.executable, str(Path(__file__).parent / "eos_processor.py"), boot, "eos-cluster",
+                 "eos", "in", "out", str(progress), "--idle", "25", "--pause", "0.1"],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL))
+
+        def last():
+            lines = progress.read_text().splitlines() if progress.exists() else []
+            kind, count = lines[-1].split() if lines else ("C", "0")
+            return kind, int(count)
+
+        def wait_progress(k, timeout=120, open_txn=False):
+            """Until the running processor has committed k records (and, with `open_txn`,
+            holds its next transaction open with its records written)."""
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                kind, count = last()
+                if count >= k and (kind == "O" or not open_txn):
+                    return
+                assert procs[-1].poll() is None, f"the processor exited {procs[-1].returncode}"
+                time.sleep(0.01)
+            raise AssertionError(f"the processor did not reach {k} committed records")
+
+        start_processor()
+        wait_progress(300, open_txn=True)
+        procs[-1].kill()  # SIGKILL inside a transaction whose records are written
+        procs[-1].wait()
+        progress.unlink()
+        start_processor()
+        wait_progress(200, timeout=150)  # (its join waits for the dead member's session)
+
+        m = c.metadata()
+        state = m["topics"]["__transaction_state"]["partitions"]
+        coordinator = state[java_partition("eos-cluster", len(state))]["leader"]
+        out_leaders = {p["leader"] for p in m["topics"]["out"]["partitions"]}
+        victim = next(b for b in sorted(out_leaders) if b != coordinator)
+        c.kill(f"broker-{victim}")  # a partition leader of `out` (and maybe of `in`)
+        wait_progress(450)
+        c.start(f"broker-{victim}")
+        c.wait_for(lambda m: len([b for b in m["brokers"].values() if not b["fenced"]]) == 3, "3 live brokers")
+        wait_progress(600)
+        c.kill(f"broker-{coordinator}")  # the transaction coordinator
+        wait_progress(800)
+        c.start(f"broker-{coordinator}")
+
+        assert procs[-1].wait(timeout=300) == 0, "the processor failed; see processor-1.log"
+        out = values(read(boot, "out", parts, "read_committed", wait=15))
+        want = sorted(f"ORDER-{i}" for i in range(n))
+        dups = sorted({v for v in out if out.count(v) > 1})
+        assert not dups, f"{len(dups)} records written twice, e.g. {dups[:5]}"
+        assert out == want, (f"missing {sorted(set(want) - set(out))[:5]}, "
+                             f"extra {sorted(set(out) - set(want))[:5]}")
+        everything = values(read(boot, "out", parts, "read_uncommitted", wait=15))
+        assert len(everything) > len(out), "the killed processor's open transaction left no records"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        c.stop_all()
+        attach_logs_on_failure(request, c)
+
+
 def test_transactions_are_listed_and_described_to_admin_clients(broker):
     """kafka-python's admin: ListTransactions (with state and producer filters) and
     DescribeTransactions of an open and then a committed transaction; an unknown id is
