@@ -85,6 +85,10 @@ class Cluster:
         """What runs before the binary in node `name`'s command line."""
         return []
 
+    def cluster_extra(self, i):
+        """More lines for broker i's [cluster] section (a subclass gives each its rack)."""
+        return ""
+
     def _config(self, name):
         path = self.workdir / f"{name}.toml"
         voters = "\n".join(f'{i} = "{self.controller_addr(i)}"' for i in (1, 2, 3))
@@ -106,7 +110,7 @@ class Cluster:
                 f'[kafka]\nlisten = "{host}:{self.broker_ports[i]}"\n'
                 f'[grpc]\nlisten = "{host}:{self.grpc_ports[i]}"\n'
                 f'[metrics]\nlisten = "{host}:{self.metrics_ports[i]}"\n'
-                f"[cluster]\ncontrollers = [{controllers}]\n{self.broker_extra}"
+                f"[cluster]\ncontrollers = [{controllers}]\n{self.broker_extra}{self.cluster_extra(i)}"
             )
         path.write_text(text + self.tls_section(name))
         return path

@@ -171,6 +171,23 @@ pub struct ClusterSection {
         serialize_with = "show_duration"
     )]
     pub replica_open_timeout: Duration,
+    /// Which replica a consumer is told to fetch from (KIP-392, Kafka's
+    /// `replica.selector.class`): `"leader"` (the default, as Kafka's) or `"rack-aware"`,
+    /// an in-sync follower in the consumer's `client.rack` when the leader is elsewhere.
+    #[serde(default)]
+    pub replica_selector: ReplicaSelector,
+}
+
+/// Which replica a consumer fetches from (KIP-392).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReplicaSelector {
+    /// Always the leader (Kafka without `replica.selector.class`).
+    #[default]
+    Leader,
+    /// A follower in the consumer's rack, if one is in sync and the leader is not in that
+    /// rack (Kafka's `RackAwareReplicaSelector`).
+    RackAware,
 }
 
 fn default_replica_open_timeout() -> Duration {
@@ -783,6 +800,7 @@ impl ServerConfig {
                 cluster_id: default_cluster_id(),
                 replica_lag_time_max: default_replica_lag(),
                 replica_open_timeout: default_replica_open_timeout(),
+                replica_selector: ReplicaSelector::Leader,
             });
             config.validate()?;
         }
@@ -1075,6 +1093,10 @@ impl ServerConfig {
                 .cluster
                 .as_ref()
                 .map_or_else(default_replica_open_timeout, |c| c.replica_open_timeout),
+            replica_selector: self
+                .cluster
+                .as_ref()
+                .map_or(ReplicaSelector::Leader, |c| c.replica_selector),
             groups: self.groups.runtime(),
             tier: self.cold.as_ref().map(|c| c.runtime(&self.data_dir)),
             authorizer: self.authorizer(),

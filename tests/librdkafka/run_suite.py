@@ -278,19 +278,140 @@ class Strata:
         raise SetupError(f"`{' '.join(cmd)}` did not become ready within {START_TIMEOUT_S:.0f} s "
                          f"(exit code {self.proc.returncode}); its log:\n{tail}")
 
+    @property
+    def bootstrap(self):
+        return f"127.0.0.1:{self.port}"
+
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self):
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_proc(self.proc)
+
+
+def stop_proc(proc):
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class StrataCluster:
+    """3 controllers + 3 brokers (`strata server`), for the tests that need three brokers.
+
+    Broker i is in rack RACK<i> with the rack-aware replica selector (0101 aligns
+    `client.rack` with a follower's `broker.rack` in that form and expects to read from it);
+    auto-creation and the rebalance delay as for the single node."""
+
+    def __init__(self, binary, rundir: Path, scenario: str, rebalance_delay, ports):
+        self.binary, self.scenario, self.ports_taken = binary, scenario, ports
+        self.rebalance_delay = rebalance_delay
+        self.rundir = rundir
+        self.procs = {}
+        self.starts = 0
+
+    def _conf(self, d: Path, name: str, i: int) -> Path:
+        voters = "\n".join(f'{n} = "127.0.0.1:{p}"' for n, p in self.controller_ports.items())
+        controllers = ", ".join(f'"127.0.0.1:{p}"' for p in self.controller_ports.values())
+        if name.startswith("controller"):
+            text = (f'roles = ["controller"]\ndata_dir = "{d / name}"\n'
+                    f"[controller]\nnode_id = {i}\n"
+                    f'listen = "127.0.0.1:{self.controller_ports[i]}"\n'
+                    f"[controller.voters]\n{voters}\n"
+                    f'[metrics]\nlisten = "127.0.0.1:{free_port(self.ports_taken)}"\n')
+        else:
+            text = (f'roles = ["broker"]\nnode_id = {i}\ndata_dir = "{d / name}"\n'
+                    f'[kafka]\nlisten = "127.0.0.1:{self.broker_ports[i]}"\n'
+                    f'[grpc]\nlisten = "127.0.0.1:{free_port(self.ports_taken)}"\n'
+                    f'[metrics]\nlisten = "127.0.0.1:{free_port(self.ports_taken)}"\n'
+                    f'[cluster]\ncontrollers = [{controllers}]\nrack = "RACK{i}"\n'
+                    'replica_selector = "rack-aware"\n'
+                    "[topics]\n"
+                    f"auto_create = {'false' if self.scenario == 'noautocreate' else 'true'}\n"
+                    "default_partitions = 4\n")
+            if self.rebalance_delay is not None:
+                text += f'[groups]\ninitial_rebalance_delay = "{self.rebalance_delay}"\n'
+        conf = d / f"{name}.toml"
+        conf.write_text(text)
+        return conf
+
+    def start(self):
+        self.stop()
+        self.starts += 1
+        d = self.rundir / f"cluster-{self.scenario}-{self.starts}"
+        d.mkdir(parents=True)
+        self.dir = d
+        self.controller_ports = {i: free_port(self.ports_taken) for i in (1, 2, 3)}
+        self.broker_ports = {i: free_port(self.ports_taken) for i in (1, 2, 3)}
+        names = [f"controller-{i}" for i in (1, 2, 3)] + [f"broker-{i}" for i in (1, 2, 3)]
+        env = dict(os.environ, NO_COLOR="1")
+        for name in names:
+            i = int(name.split("-")[1])
+            with open(d / f"{name}.log", "w") as f:
+                self.procs[name] = subprocess.Popen(
+                    [self.binary, "server", "--config", str(self._conf(d, name, i))],
+                    stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                    start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S * 2
+        last = ""
+        while time.monotonic() < deadline:
+            dead = [n for n, p in self.procs.items() if p.poll() is not None]
+            if dead:
+                break
+            r = subprocess.run([self.binary, "quorum", "metadata", "--controller",
+                                f"127.0.0.1:{self.controller_ports[1]}"],
+                               capture_output=True, text=True, env=env)
+            if r.returncode == 0:
+                try:
+                    brokers = json.loads(r.stdout).get("brokers", {})
+                except ValueError:
+                    brokers = {}
+                live = [b for b in brokers.values() if not b.get("fenced")]
+                if len(live) == 3 and all(self._accepts(p) for p in self.broker_ports.values()):
+                    say(f"==> a 3 + 3 strata cluster ({self.scenario} scenario), brokers "
+                        f"{self.bootstrap}, data in {d}")
+                    return
+                last = f"{len(live)} of 3 brokers registered and unfenced"
+            else:
+                last = (r.stderr or r.stdout).strip()[-300:]
+            time.sleep(0.3)
+        logs = "\n".join(f"--- {n} (exit {p.poll()}):\n" + "\n".join(
+            (d / f"{n}.log").read_text(errors="replace").splitlines()[-10:])
+            for n, p in self.procs.items())
+        self.stop()
+        raise SetupError(f"the 3 + 3 cluster in {d} was not ready within "
+                         f"{START_TIMEOUT_S * 2:.0f} s ({last}); its logs:\n{logs}")
+
+    @staticmethod
+    def _accepts(port):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    @property
+    def bootstrap(self):
+        return ",".join(f"127.0.0.1:{p}" for p in self.broker_ports.values())
+
+    @property
+    def proc(self):
+        """The first process that exited (for its code), else any."""
+        dead = [p for p in self.procs.values() if p.poll() is not None]
+        return dead[0] if dead else next(iter(self.procs.values()), None)
+
+    def alive(self):
+        return bool(self.procs) and all(p.poll() is None for p in self.procs.values())
+
+    def stop(self):
+        # brokers first, while the controllers can still take their goodbyes
+        for name in sorted(self.procs, key=lambda n: not n.startswith("broker")):
+            stop_proc(self.procs[name])
+        self.procs = {}
 
 
 # --- running the tests ---------------------------------------------------------------------
@@ -300,7 +421,7 @@ def run_number(num, scenario, names, tdir: Path, logdir: Path, strata: Strata, a
     tag = num if scenario == "default" else f"{num}-{scenario}"
     log = logdir / f"{tag}.log"
     conf = logdir / f"{tag}.test.conf"
-    brokers = f"127.0.0.1:{strata.port}"
+    brokers = strata.bootstrap
     conf.write_text(f"metadata.broker.list={brokers}\n")
     env = dict(os.environ,
                TESTS=num, TEST_KAFKA_VERSION=KAFKA_VERSION, TEST_SCENARIO=scenario,
@@ -340,6 +461,11 @@ def run_number(num, scenario, names, tdir: Path, logdir: Path, strata: Strata, a
         state, secs, why = rows.get(name, (None, None, ""))
         if timed_out:
             res = ("TIMEOUT", elapsed, f"killed after {timeout} s (no summary)")
+        elif state == "PASSED" and any(w in text for w in suite_sets.FAILS_IF_LOGGED.get(num, [])):
+            said = next(l for l in text.splitlines()
+                        if any(w in l for w in suite_sets.FAILS_IF_LOGGED[num]))
+            res = ("FAIL", secs, "passed by the runner, but its test_assert said: "
+                   + said.split("] ", 1)[-1].strip())
         elif state == "PASSED":
             res = ("PASS", secs, "")
         elif state == "SKIPPED":
@@ -486,20 +612,24 @@ def main():
             f"{len(excluded_rows)} excluded; logs in {logdir}")
         ports = set()
         results = {}
-        by_scenario = {}
+        # one single node per scenario, and a 3 + 3 cluster for the tests that need three
+        # brokers (suite_sets.CLUSTER)
+        by_target = {}
         for t in to_run:
-            by_scenario.setdefault(scenario_of(t), []).append(t)
-        for scenario in sorted(by_scenario, key=lambda s: s != "default"):
-            node = Strata(os.path.abspath(args.strata_bin), rundir, scenario,
-                          args.rebalance_delay, ports)
+            key = (t["num"] in suite_sets.CLUSTER, scenario_of(t))
+            by_target.setdefault(key, []).append(t)
+        for cluster, scenario in sorted(by_target, key=lambda k: (k[0], k[1] != "default")):
+            kind = StrataCluster if cluster else Strata
+            node = kind(os.path.abspath(args.strata_bin), rundir, scenario,
+                        args.rebalance_delay, ports)
             strata_nodes.append(node)
             node.start()
             nums = {}
-            for t in by_scenario[scenario]:
+            for t in by_target[(cluster, scenario)]:
                 nums.setdefault(t["num"], []).append(t["name"])
             for num in sorted(nums):
                 if not node.alive():
-                    say(f"    strata exited (code {node.proc.returncode}); starting a new node")
+                    say(f"    strata exited (code {node.proc.returncode}); starting anew")
                     node.start()
                 res = run_number(num, scenario, nums[num], tdir, logdir, node, args)
                 for name, r in res.items():

@@ -64,6 +64,8 @@ pub struct BrokerConfig {
     /// A replica whose log takes longer than this to open (recover) is reported stuck and
     /// left unavailable until the open finishes.
     pub replica_open_timeout: Duration,
+    /// Which replica consumers are told to fetch from (KIP-392).
+    pub replica_selector: crate::config::ReplicaSelector,
     /// Consumer group coordination.
     pub groups: crate::group::manager::GroupsConfig,
     /// The cold tier (`None`: topics cannot enable `remote.storage.enable`).
@@ -719,6 +721,52 @@ impl Broker {
             }
             _ => Route::NotLeader,
         }
+    }
+
+    /// This broker's replica of a partition another broker leads, for a consumer fetching
+    /// from a follower (KIP-392): it serves what is below its own high watermark, which is
+    /// committed. `None` when the partition is not held here, or led here.
+    pub fn follower_replica(&self, topic: &str, index: i32) -> Option<Arc<Partition>> {
+        let t = self.topic(topic)?;
+        let i = usize::try_from(index).ok()?;
+        let layout = t.layout.get(i)?;
+        let me = self.config.node_id;
+        (layout.leader != Some(me) && layout.replicas.contains(&me))
+            .then(|| t.partitions.get(i)?.clone())
+            .flatten()
+    }
+
+    /// The replica a consumer in `rack` should fetch this partition from instead of this
+    /// broker, its leader (KIP-392): with the rack-aware selector, when this broker is not
+    /// in that rack, the lowest-numbered in-sync, unfenced follower that is. `None`: read
+    /// here.
+    pub fn preferred_read_replica(&self, topic: &str, index: i32, rack: &str) -> Option<i32> {
+        if rack.is_empty()
+            || self.config.replica_selector != crate::config::ReplicaSelector::RackAware
+        {
+            return None;
+        }
+        let link = self.cluster.as_ref()?;
+        let metadata = link.metadata().borrow().clone();
+        let me = self.config.node_id;
+        let rack_of = |id: i32| {
+            metadata
+                .brokers
+                .get(&id)
+                .filter(|b| !b.fenced)
+                .and_then(|b| b.rack.as_deref())
+        };
+        if rack_of(me) == Some(rack) {
+            return None;
+        }
+        let t = self.topic(topic)?;
+        let layout = t.layout.get(usize::try_from(index).ok()?)?;
+        layout
+            .isr
+            .iter()
+            .copied()
+            .filter(|&id| id != me && rack_of(id) == Some(rack))
+            .min()
     }
 
     /// Whether this broker may act as the leader of the partitions the metadata gives it:

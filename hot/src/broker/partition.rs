@@ -133,6 +133,8 @@ pub struct FollowerFetch {
     pub epoch: i32,
     pub offset: u64,
     pub deleted_below: u64,
+    /// Answer as soon as the high watermark is past this (the follower's), records or not.
+    pub wake_past_hw: Option<u64>,
 }
 
 /// A leader's answer to a replica fetch that was accepted.
@@ -306,6 +308,11 @@ impl Partition {
 
     fn role(&self) -> MutexGuard<'_, Role> {
         self.role.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether this replica leads now.
+    pub fn is_leader(&self) -> bool {
+        matches!(&*self.role(), Role::Leader { .. })
     }
 
     /// Bytes of this replica's local log segments.
@@ -742,7 +749,7 @@ impl Partition {
         max_bytes: usize,
         max_wait: Duration,
     ) -> Result<(bytes::Bytes, Progress), ReadError> {
-        self.read_until(offset, max_bytes, max_wait, |p| p.high_watermark)
+        self.read_until(offset, max_bytes, max_wait, |p| p.high_watermark, None)
             .await
     }
 
@@ -752,6 +759,7 @@ impl Partition {
         max_bytes: usize,
         max_wait: Duration,
         bound: impl Fn(&Progress) -> u64,
+        wake_past_hw: Option<u64>,
     ) -> Result<(bytes::Bytes, Progress), ReadError> {
         let deadline = tokio::time::Instant::now() + max_wait;
         let mut rx = self.progress.subscribe();
@@ -774,6 +782,10 @@ impl Partition {
                 if !bytes.is_empty() {
                     return Ok((bytes, progress));
                 }
+            }
+            if wake_past_hw.is_some_and(|hw| progress.high_watermark > hw) {
+                // No records, but the follower's readers (KIP-392) wait on this.
+                return Ok((bytes::Bytes::new(), progress));
             }
             if tokio::time::timeout_at(deadline, rx.changed())
                 .await
@@ -800,6 +812,7 @@ impl Partition {
             epoch,
             offset,
             deleted_below,
+            wake_past_hw,
         } = fetch;
         let hw = {
             let mut role = self.role();
@@ -829,7 +842,7 @@ impl Partition {
         };
         self.publish_hw(hw);
         Ok(self
-            .read_until(offset, max_bytes, max_wait, |p| p.log_end)
+            .read_until(offset, max_bytes, max_wait, |p| p.log_end, wake_past_hw)
             .await
             .map(|(records, progress)| ReplicaFetchAnswer { records, progress }))
     }
@@ -1367,6 +1380,7 @@ mod tests {
             epoch,
             offset,
             deleted_below: 0,
+            wake_past_hw: None,
         };
         p.replica_fetch(at, 1 << 20, Duration::ZERO, 0)
             .await
@@ -1472,6 +1486,63 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_follower_waiting_past_its_high_watermark_is_answered_when_it_moves() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = leader(dir.path());
+        let (a, _) = p.append(&records(3), -1, 0).unwrap();
+        let end = a.last_offset + 1;
+        fetch(&p, 2, 1, end).await.unwrap();
+        let caught_up = move |replica, wake_past_hw| FollowerFetch {
+            replica,
+            broker_epoch: 1,
+            epoch: 1,
+            offset: end,
+            deleted_below: 0,
+            wake_past_hw,
+        };
+        // Without it, a caught-up follower waits for records; with it, for the high
+        // watermark too, which follower 3's fetch moves.
+        let p2 = p.clone();
+        let plain = tokio::spawn(async move {
+            p2.replica_fetch(caught_up(2, None), 1 << 20, Duration::from_secs(2), 0)
+                .await
+        });
+        let p2 = p.clone();
+        let woken = tokio::spawn(async move {
+            p2.replica_fetch(caught_up(2, Some(0)), 1 << 20, Duration::from_secs(10), 0)
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !woken.is_finished(),
+            "answered before the high watermark moved"
+        );
+        fetch(&p, 3, 1, end).await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(1), woken)
+            .await
+            .expect("not woken by the high watermark")
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(answer.records.is_empty());
+        assert_eq!(answer.progress.high_watermark, end);
+        assert!(!plain.is_finished(), "woken without asking");
+        // Already past it: answered at once.
+        let at_once = p.replica_fetch(
+            caught_up(2, Some(end - 1)),
+            1 << 20,
+            Duration::from_secs(10),
+            0,
+        );
+        let answer = tokio::time::timeout(Duration::from_secs(1), at_once)
+            .await
+            .expect("waited though the high watermark is past")
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.progress.high_watermark, end);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn delete_records_is_answered_once_the_isr_has_deleted_them() {
         let dir = tempfile::tempdir().unwrap();
         let p = leader(dir.path());
@@ -1509,6 +1580,7 @@ mod tests {
             epoch: 1,
             offset: end,
             deleted_below: 4,
+            wake_past_hw: None,
         };
         p.replica_fetch(at, 1 << 20, Duration::ZERO, 0)
             .await
@@ -1525,6 +1597,7 @@ mod tests {
             epoch: 1,
             offset: end,
             deleted_below: 4,
+            wake_past_hw: None,
         };
         p.replica_fetch(at, 1 << 20, Duration::ZERO, 0)
             .await

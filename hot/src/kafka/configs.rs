@@ -35,6 +35,7 @@ const TYPE_INT: i8 = 3;
 const TYPE_LONG: i8 = 5;
 const TYPE_DOUBLE: i8 = 6;
 const TYPE_LIST: i8 = 7;
+const TYPE_CLASS: i8 = 8;
 const TYPE_PASSWORD: i8 = 9;
 
 /// IncrementalAlterConfigs operations (Kafka's numbers).
@@ -266,6 +267,14 @@ fn describe_broker(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, St
             rack,
             TYPE_STRING,
             "This broker's rack ([cluster] rack), for rack-aware placement",
+        ),
+        fixed(
+            "replica.selector.class",
+            (config.replica_selector == crate::config::ReplicaSelector::RackAware)
+                .then(|| "org.apache.kafka.common.replica.RackAwareReplicaSelector".to_string()),
+            TYPE_CLASS,
+            "Which replica consumers fetch from ([cluster] replica_selector): the leader, \
+             or with rack-aware an in-sync follower in the consumer's client.rack (KIP-392)",
         ),
         fixed(
             "advertised.listeners",

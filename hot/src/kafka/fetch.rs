@@ -34,28 +34,38 @@ struct Target {
     index: i32,
     offset: i64,
     max_bytes: usize,
-    /// The local leader replica, or the error code to answer with.
+    /// The local replica to read (the leader's, or with KIP-392 a follower's), or the
+    /// error code to answer with.
     partition: Result<Arc<Partition>, i16>,
+    /// The follower the leader tells the consumer to fetch from instead (KIP-392): the
+    /// partition is answered without records.
+    preferred: Option<i32>,
     /// The cold tier and the topic's id, for offsets below the local log start.
     remote: Option<(Arc<crate::broker::tier::ColdTier>, uuid::Uuid)>,
 }
 
-/// The local leader replica of a partition, or the error to answer with: not here, or the
-/// client's `current_leader_epoch` is stale or ahead of this broker's.
+/// The local replica of a partition to read, or the error to answer with: not here, or
+/// the client's `current_leader_epoch` is stale or ahead of this broker's. The leader's,
+/// or with `from_follower` (Fetch v11+, KIP-392) a follower's, bounded by its own high
+/// watermark.
 fn lookup_partition(
     broker: &crate::broker::Broker,
     topic: &str,
     index: i32,
     client_epoch: i32,
+    from_follower: bool,
 ) -> Result<Arc<Partition>, i16> {
-    match broker.route(topic, index) {
-        Route::Leader(p) => {
-            match codes::epoch(broker.leader_epoch_check(topic, index, client_epoch)) {
-                None => Ok(p),
-                Some(code) => Err(code),
-            }
-        }
-        other => Err(codes::route(&other).expect("not the leader route")),
+    let p = match broker.route(topic, index) {
+        Route::Leader(p) => p,
+        Route::NotLeader if from_follower => match broker.follower_replica(topic, index) {
+            Some(p) => p,
+            None => return Err(codes::NOT_LEADER_OR_FOLLOWER),
+        },
+        other => return Err(codes::route(&other).expect("not the leader route")),
+    };
+    match codes::epoch(broker.leader_epoch_check(topic, index, client_epoch)) {
+        None => Ok(p),
+        Some(code) => Err(code),
     }
 }
 
@@ -147,7 +157,13 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
     // nothing beyond the first batch KIP-74 always allows.
     let max_bytes = (req.max_bytes.max(0) as usize).min(limits.fetch_max_bytes);
     let min_bytes = req.min_bytes.max(0) as usize;
-    let topics = targets(&ctx, plan.partitions());
+    // v11+ may read from a follower, and names the consumer's rack (KIP-392)
+    let rack = if ctx.version >= 11 {
+        req.rack_id.as_str()
+    } else {
+        ""
+    };
+    let topics = targets(&ctx, plan.partitions(), rack);
     // (isolation_level exists from v4; 1 = read_committed)
     let committed = ctx.version >= 4 && req.isolation_level == 1;
     let Some(responses) = long_poll(topics, wait, max_bytes, min_bytes, committed).await else {
@@ -171,8 +187,10 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
 }
 
 /// What to read for `wanted`, grouped by topic (consecutive partitions of one topic share
-/// an entry, as a response lists them): the local leader replica, or the error to answer.
-fn targets(ctx: &Request, wanted: &[Wanted]) -> Arc<Vec<(TopicName, Vec<Target>)>> {
+/// an entry, as a response lists them): the local replica, or the error to answer; and for
+/// a consumer in `rack` (Fetch v11+), the follower to send it to instead, if any.
+fn targets(ctx: &Request, wanted: &[Wanted], rack: &str) -> Arc<Vec<(TopicName, Vec<Target>)>> {
+    let from_follower = ctx.version >= 11;
     let broker = ctx.broker();
     let mut topics: Vec<(TopicName, Vec<Target>)> = Vec::new();
     let mut access = None;
@@ -188,15 +206,27 @@ fn targets(ctx: &Request, wanted: &[Wanted]) -> Arc<Vec<(TopicName, Vec<Target>)
             topics.push((w.topic.clone(), Vec::new()));
         }
         let (name, may_read, remote) = access.as_ref().expect("set with the topic");
+        let partition = if *may_read {
+            lookup_partition(
+                broker,
+                name,
+                w.partition,
+                w.current_leader_epoch,
+                from_follower,
+            )
+        } else {
+            Err(codes::TOPIC_AUTHORIZATION_FAILED)
+        };
+        let preferred = match &partition {
+            Ok(p) if p.is_leader() => broker.preferred_read_replica(name, w.partition, rack),
+            _ => None,
+        };
         topics.last_mut().expect("just pushed").1.push(Target {
             index: w.partition,
             offset: w.fetch_offset,
             max_bytes: w.max_bytes.max(0) as usize,
-            partition: if *may_read {
-                lookup_partition(broker, name, w.partition, w.current_leader_epoch)
-            } else {
-                Err(codes::TOPIC_AUTHORIZATION_FAILED)
-            },
+            partition,
+            preferred,
             remote: remote.clone(),
         });
     }
@@ -284,6 +314,16 @@ fn read_all(
                             return data.with_error_code(*code);
                         }
                     };
+                    if let Some(id) = t.preferred {
+                        // Sent to a follower in its rack: where the log stands, no records.
+                        let progress = p.progress();
+                        return data
+                            .with_high_watermark(progress.high_watermark as i64)
+                            .with_last_stable_offset(p.last_stable_offset() as i64)
+                            .with_log_start_offset(log_start(&progress, t.remote.as_ref(), t.index))
+                            .with_preferred_read_replica(kafka_protocol::messages::BrokerId(id))
+                            .with_records(Some(Bytes::new()));
+                    }
                     let budget = t.max_bytes.min(max_bytes.saturating_sub(total));
                     let first = total == 0;
                     let Read {
@@ -504,14 +544,19 @@ pub(super) async fn list_offsets(ctx: Request, req: ListOffsetsRequest) -> ListO
                 partitions.push(resp.with_error_code(codes::TOPIC_AUTHORIZATION_FAILED));
                 continue;
             }
-            let part =
-                match lookup_partition(&broker, &name, p.partition_index, p.current_leader_epoch) {
-                    Ok(part) => part,
-                    Err(code) => {
-                        partitions.push(resp.with_error_code(code));
-                        continue;
-                    }
-                };
+            let part = match lookup_partition(
+                &broker,
+                &name,
+                p.partition_index,
+                p.current_leader_epoch,
+                false,
+            ) {
+                Ok(part) => part,
+                Err(code) => {
+                    partitions.push(resp.with_error_code(code));
+                    continue;
+                }
+            };
             // read_committed consumers' latest is the last stable offset
             if req.isolation_level == 1 && p.timestamp == -1 {
                 let lso = part.last_stable_offset() as i64;
@@ -572,12 +617,16 @@ pub(super) async fn offsets_for_leader_epoch(
                     if !may_describe {
                         return resp.with_error_code(codes::TOPIC_AUTHORIZATION_FAILED);
                     }
-                    let part =
-                        match lookup_partition(&broker, &name, p.partition, p.current_leader_epoch)
-                        {
-                            Ok(part) => part,
-                            Err(code) => return resp.with_error_code(code),
-                        };
+                    let part = match lookup_partition(
+                        &broker,
+                        &name,
+                        p.partition,
+                        p.current_leader_epoch,
+                        false,
+                    ) {
+                        Ok(part) => part,
+                        Err(code) => return resp.with_error_code(code),
+                    };
                     let found = part.lock().epoch_end_offset(p.leader_epoch);
                     match found {
                         Some((epoch, end)) => {

@@ -344,6 +344,7 @@ impl Cache {
                     let has_records = p.records.as_ref().is_some_and(|r| !r.is_empty());
                     let must = has_records
                         || p.error_code != codes::NONE
+                        || p.preferred_read_replica.0 >= 0
                         || c.high_watermark != p.high_watermark
                         || c.last_stable != p.last_stable_offset
                         || c.log_start != p.log_start_offset;

@@ -275,6 +275,7 @@ async fn fetch_loop(
             max_wait_ms: FETCH_WAIT.as_millis() as u32,
             broker_epoch: directory.broker_epoch().unwrap_or(0),
             deleted_below: partition.progress().deleted_below,
+            high_watermark: Some(partition.progress().high_watermark),
         });
         let resp = match tokio::time::timeout(FETCH_WAIT + CALL_TIMEOUT, call).await {
             Err(_) => return Restart::Backoff("fetch timed out".into()),

@@ -222,6 +222,12 @@ impl Replica for ReplicaService {
                     epoch: r.leader_epoch,
                     offset: r.fetch_offset,
                     deleted_below: r.deleted_below,
+                    // only when consumers may read from followers: otherwise a follower
+                    // need not learn the high watermark before the next records
+                    wake_past_hw: r.high_watermark.filter(|_| {
+                        self.broker.config().replica_selector
+                            == crate::config::ReplicaSelector::RackAware
+                    }),
                 },
                 max_bytes,
                 max_wait,

@@ -23,6 +23,7 @@ pub fn broker_config(dir: &Path) -> BrokerConfig {
         compaction_map_bytes: 128 << 20,
         replica_lag_time_max: Duration::from_secs(30),
         replica_open_timeout: Duration::from_secs(30),
+        replica_selector: strata_hot::config::ReplicaSelector::Leader,
         // Groups form at once (the initial rebalance delay has its own tests), so the
         // sweeps over every version of every group API do not wait 3 s a join.
         groups: strata_hot::group::manager::GroupsConfig {
