@@ -217,9 +217,12 @@ fn targets(ctx: &Request, wanted: &[Wanted], rack: &str) -> Arc<Vec<(TopicName, 
         } else {
             Err(codes::TOPIC_AUTHORIZATION_FAILED)
         };
+        // (the selector and the rack are checked first: a leader-only cluster pays nothing)
         let preferred = match &partition {
-            Ok(p) if p.is_leader() => broker.preferred_read_replica(name, w.partition, rack),
-            _ => None,
+            Ok(p) => broker
+                .preferred_read_replica(name, w.partition, rack)
+                .filter(|_| p.is_leader()),
+            Err(_) => None,
         };
         topics.last_mut().expect("just pushed").1.push(Target {
             index: w.partition,
