@@ -155,3 +155,68 @@ class KafkaWire:
             at += 4 + 2 + host_len + 4
             ids.append(node)
         return ids
+
+    def incremental_alter_configs(self, resource_type, name, ops, validate_only=False):
+        """IncrementalAlterConfigs v0 of one resource, any name ("" included, which Kafka's
+        admin clients do not let a test send); ops: (config, operation, value or None).
+        Returns (error code, error message)."""
+        def string(s):
+            b = s.encode()
+            return struct.pack(">h", len(b)) + b
+
+        body = struct.pack(">i", 1) + struct.pack(">b", resource_type) + string(name)
+        body += struct.pack(">i", len(ops))
+        for config, op, value in ops:
+            body += string(config) + struct.pack(">b", op)
+            body += struct.pack(">h", -1) if value is None else string(value)
+        body += struct.pack(">?", validate_only)
+        resp = self.call(44, 0, body)
+        (n,) = struct.unpack_from(">i", resp, 4)
+        assert n == 1
+        error, msg_len = struct.unpack_from(">hh", resp, 8)
+        msg = None if msg_len < 0 else resp[12:12 + msg_len].decode()
+        return error, msg
+
+    def describe_configs(self, resource_type, name):
+        """DescribeConfigs v1 of one resource (all its configs): (error code,
+        {config: (value, source)})."""
+        b = name.encode()
+        body = (struct.pack(">ibh", 1, resource_type, len(b)) + b + struct.pack(">i", -1)
+                + struct.pack(">?", False))
+        resp = self.call(32, 1, body)
+        at = 4
+        (n,) = struct.unpack_from(">i", resp, at)
+        assert n == 1
+        at += 4
+
+        def nullable_string():
+            nonlocal at
+            (length,) = struct.unpack_from(">h", resp, at)
+            at += 2
+            if length < 0:
+                return None
+            s = resp[at:at + length].decode()
+            at += length
+            return s
+
+        (error,) = struct.unpack_from(">h", resp, at)
+        at += 2
+        nullable_string()  # error message
+        at += 1  # resource type
+        nullable_string()  # resource name
+        (count,) = struct.unpack_from(">i", resp, at)
+        at += 4
+        configs = {}
+        for _ in range(count):
+            config = nullable_string()
+            value = nullable_string()
+            _read_only, source, _sensitive = struct.unpack_from(">?b?", resp, at)
+            at += 3
+            (synonyms,) = struct.unpack_from(">i", resp, at)
+            at += 4
+            for _ in range(synonyms):
+                nullable_string()
+                nullable_string()
+                at += 1
+            configs[config] = (value, source)
+        return error, configs

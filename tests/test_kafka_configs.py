@@ -1,6 +1,7 @@
 """Kafka's standard topic configs and the config APIs, with confluent-kafka's AdminClient
 (librdkafka 2.x) against a real strata process: CreateTopics with every standard config,
-DescribeConfigs of topics (sources, synonyms) and of the broker, the legacy AlterConfigs
+DescribeConfigs of topics (sources, synonyms) and of the broker, dynamic broker and group
+configs (set at run time, kept across a SIGKILL), the legacy AlterConfigs
 (API 33, `AdminClient.alter_configs`), IncrementalAlterConfigs APPEND / SUBTRACT, and the
 behaviour behind `message.timestamp.type=LogAppendTime`, the timestamp window and
 `compression.type` (the leader re-encodes batches, checked in the segment files)."""
@@ -29,6 +30,7 @@ from confluent_kafka.admin import (
 )
 
 from conftest import rdkafka_conf
+from kafka_wire import KafkaWire
 
 TIMEOUT = 20
 
@@ -190,13 +192,164 @@ def test_legacy_alter_configs_replaces_the_topics_configs(broker):
     assert error_code(e.value) == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
-def test_legacy_alter_configs_refuses_static_broker_configs(broker):
+def incremental(a: AdminClient, kind, name: str, ops: list, validate_only=False):
+    """IncrementalAlterConfigs of one resource; ops: (name, value, AlterConfigOpType)."""
+    res = ConfigResource(
+        kind,
+        name,
+        incremental_configs=[ConfigEntry(k, v, incremental_operation=op) for k, v, op in ops],
+    )
+    a.incremental_alter_configs(
+        [res], request_timeout=TIMEOUT, validate_only=validate_only
+    )[res].result(timeout=TIMEOUT)
+
+
+def produce_one(bootstrap: str, topic: str, size: int):
+    """Produces one record of `size` bytes; returns the delivery error (None: acknowledged)."""
+    p = Producer(rdkafka_conf({"bootstrap.servers": bootstrap, "acks": "all",
+                               "message.max.bytes": 2_000_000}))
+    got = []
+    p.produce(topic, value=b"x" * size, on_delivery=lambda err, _msg: got.append(err))
+    p.flush(TIMEOUT)
+    assert got, "no delivery report"
+    return got[0]
+
+
+# Kafka's DescribeConfigs sources (ConfigSource) for dynamic configs, the broker resource
+# type and IncrementalAlterConfigs' SET, for the raw wire requests.
+DYNAMIC_BROKER, DYNAMIC_DEFAULT, GROUP_CONFIG = 2, 3, 8
+RESOURCE_BROKER, OP_SET = 4, 0
+
+
+def test_dynamic_broker_configs_change_topic_defaults_at_run_time_and_survive_a_crash(broker):
     a = admin(broker)
-    res = ConfigResource(ResourceType.BROKER, "1", set_config={"log.retention.ms": "1000"})
-    with pytest.raises(KafkaException) as e:
-        a.alter_configs([res], request_timeout=TIMEOUT)[res].result(timeout=TIMEOUT)
-    assert error_code(e.value) == KafkaError.INVALID_REQUEST, e.value
-    assert "log.retention.ms" in str(e.value)
+    create(a, "dyn-default", {})
+    create(a, "dyn-own", {"max.message.bytes": "200000"})
+    assert produce_one(broker.bootstrap, "dyn-default", 50_000) is None
+
+    # message.max.bytes: the broker-level default of max.message.bytes, for this broker
+    incremental(a, ResourceType.BROKER, "1",
+                [("message.max.bytes", "10000", AlterConfigOpType.SET)])
+    t = describe(a, ResourceType.TOPIC, "dyn-default")["max.message.bytes"]
+    assert (t.value, t.source) == ("10000", DYNAMIC_BROKER), t
+    err = produce_one(broker.bootstrap, "dyn-default", 50_000)
+    assert err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE, err
+    # a topic's own value wins over the broker's
+    assert produce_one(broker.bootstrap, "dyn-own", 50_000) is None
+    b = describe(a, ResourceType.BROKER, "1")["message.max.bytes"]
+    assert (b.value, b.source, b.is_read_only) == ("10000", DYNAMIC_BROKER, False), b
+
+    # the cluster-wide default (the broker resource named "", which confluent-kafka will
+    # not send: kafka-configs.sh --entity-default does), below the broker's own
+    wire = KafkaWire(broker.port)
+    try:
+        assert wire.incremental_alter_configs(RESOURCE_BROKER, "", [
+            ("log.retention.ms", OP_SET, "3600000"),
+            ("message.max.bytes", OP_SET, "500000"),
+        ]) == (0, None)
+        # per-broker listener configs are not cluster-wide defaults
+        code, msg = wire.incremental_alter_configs(
+            RESOURCE_BROKER, "", [("sasl.kerberos.min.time.before.relogin", OP_SET, "58000")])
+        assert code == KafkaError.INVALID_CONFIG and "per broker" in msg, (code, msg)
+        code, cluster = wire.describe_configs(RESOURCE_BROKER, "")
+    finally:
+        wire.close()
+    assert code == 0
+    assert cluster == {"log.retention.ms": ("3600000", DYNAMIC_DEFAULT),
+                       "message.max.bytes": ("500000", DYNAMIC_DEFAULT)}, cluster
+    t = describe(a, ResourceType.TOPIC, "dyn-default")
+    assert (t["retention.ms"].value, t["retention.ms"].source) == ("3600000", DYNAMIC_DEFAULT)
+    assert t["max.message.bytes"].value == "10000"
+
+    # they live in the metadata log: a SIGKILL and restart keeps them
+    broker.kill()
+    broker.start()
+    a = admin(broker)
+    t = describe(a, ResourceType.TOPIC, "dyn-default")["max.message.bytes"]
+    assert (t.value, t.source) == ("10000", DYNAMIC_BROKER), t
+    err = produce_one(broker.bootstrap, "dyn-default", 50_000)
+    assert err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE, err
+
+    # deleting the broker's own value leaves the cluster default in force
+    incremental(a, ResourceType.BROKER, "1", [("message.max.bytes", "", AlterConfigOpType.DELETE)])
+    t = describe(a, ResourceType.TOPIC, "dyn-default")["max.message.bytes"]
+    assert (t.value, t.source) == ("500000", DYNAMIC_DEFAULT), t
+    assert produce_one(broker.bootstrap, "dyn-default", 50_000) is None
+
+
+def test_dynamic_broker_configs_refuse_what_cannot_change_and_bad_values(broker):
+    a = admin(broker)
+
+    def refused(kind, name, ops, validate_only=False):
+        with pytest.raises(KafkaException) as e:
+            incremental(a, kind, name, ops, validate_only)
+        return error_code(e.value), str(e.value)
+
+    SET = AlterConfigOpType.SET
+    # read from the config file at start: Kafka's INVALID_REQUEST
+    code, msg = refused(ResourceType.BROKER, "1", [("log.dirs", "/tmp/x", SET)])
+    assert code == KafkaError.INVALID_REQUEST and "log.dirs" in msg, msg
+    # bad values: INVALID_CONFIG, naming the config
+    code, msg = refused(ResourceType.BROKER, "1", [("log.retention.ms", "soon", SET)])
+    assert code == KafkaError.INVALID_CONFIG and "log.retention.ms" in msg, msg
+    code, msg = refused(ResourceType.BROKER, "1", [("background.threads", "0", SET)])
+    assert code == KafkaError.INVALID_CONFIG and "background.threads" in msg, msg
+    # another broker's id (Kafka's clients send that to broker 7 itself)
+    wire = KafkaWire(broker.port)
+    try:
+        code, msg = wire.incremental_alter_configs(
+            RESOURCE_BROKER, "7", [("background.threads", OP_SET, "9")])
+    finally:
+        wire.close()
+    assert code == KafkaError.INVALID_REQUEST and "expected 1" in msg, (code, msg)
+
+    # validate_only changes nothing
+    incremental(a, ResourceType.BROKER, "1", [("background.threads", "9", SET)],
+                validate_only=True)
+    assert describe(a, ResourceType.BROKER, "1")["background.threads"].value == "10"
+
+    # Kafka's stored-only dynamic configs (librdkafka's 0081_admin sets these)
+    incremental(a, ResourceType.BROKER, "1", [
+        ("sasl.kerberos.min.time.before.relogin", "58000", SET),
+        ("background.threads", "9", SET),
+        ("log.cleanup.policy", "compact", AlterConfigOpType.APPEND),
+    ])
+    d = describe(a, ResourceType.BROKER, "1")
+    assert d["sasl.kerberos.min.time.before.relogin"].value == "58000"
+    assert d["background.threads"].source == DYNAMIC_BROKER
+    assert d["log.cleanup.policy"].value == "delete,compact"
+
+    # the legacy AlterConfigs replaces the broker's dynamic configs whole
+    res = ConfigResource(ResourceType.BROKER, "1", set_config={"background.threads": "4"})
+    a.alter_configs([res], request_timeout=TIMEOUT)[res].result(timeout=TIMEOUT)
+    d = describe(a, ResourceType.BROKER, "1")
+    assert (d["background.threads"].value, d["background.threads"].source) == ("4", DYNAMIC_BROKER)
+    assert (d["log.cleanup.policy"].value, d["log.cleanup.policy"].source) == (
+        "delete", ConfigSource.DEFAULT_CONFIG.value)
+    assert d["sasl.kerberos.min.time.before.relogin"].value == "60000"
+
+
+def test_group_configs_are_stored_checked_and_described(broker):
+    a = admin(broker)
+    # a group that does not exist (yet) answers the defaults, as Kafka 4.0 does
+    d = describe(a, ResourceType.GROUP, "cfg-group")
+    assert d["consumer.session.timeout.ms"].value == "45000", d
+    assert d["consumer.heartbeat.interval.ms"].value == "5000", d
+
+    incremental(a, ResourceType.GROUP, "cfg-group",
+                [("consumer.session.timeout.ms", "50000", AlterConfigOpType.SET)])
+    s = describe(a, ResourceType.GROUP, "cfg-group")["consumer.session.timeout.ms"]
+    assert (s.value, s.source) == ("50000", GROUP_CONFIG), s
+
+    for key, value in (("consumer.session.timeout.ms", "1000"), ("no.such.config", "1")):
+        with pytest.raises(KafkaException) as e:
+            incremental(a, ResourceType.GROUP, "cfg-group", [(key, value, AlterConfigOpType.SET)])
+        assert error_code(e.value) == KafkaError.INVALID_CONFIG, e.value
+
+    incremental(a, ResourceType.GROUP, "cfg-group",
+                [("consumer.session.timeout.ms", "", AlterConfigOpType.DELETE)])
+    s = describe(a, ResourceType.GROUP, "cfg-group")["consumer.session.timeout.ms"]
+    assert (s.value, s.source) == ("45000", ConfigSource.DEFAULT_CONFIG.value), s
 
 
 def test_incremental_append_and_subtract_on_list_configs(broker):

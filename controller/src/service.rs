@@ -1295,6 +1295,41 @@ impl ControllerApi for ControllerService {
         }))
     }
 
+    async fn alter_dynamic_configs(
+        &self,
+        req: Request<AlterDynamicConfigsRequest>,
+    ) -> Result<Response<AlterDynamicConfigsResponse>, Status> {
+        use crate::metadata::dynamic::ConfigScope;
+        use strata_proto::v1::alter_dynamic_configs_request::Scope;
+        self.admit(&req, Caller::Admin)?;
+        if let Some(mut leader) = self.0.forward().await? {
+            return leader.alter_dynamic_configs(req.into_inner()).await;
+        }
+        let r = req.into_inner();
+        let scope = match r.scope {
+            Some(Scope::ClusterDefault(_)) => ConfigScope::ClusterDefault,
+            Some(Scope::Broker(id)) => ConfigScope::Broker(id),
+            Some(Scope::Group(g)) => ConfigScope::Group(g),
+            None => {
+                return Err(Status::invalid_argument(
+                    "a dynamic config change names its scope",
+                ))
+            }
+        };
+        let (set, remove) = (r.set.len(), r.remove.len());
+        self.0
+            .propose(Command::AlterDynamicConfigs {
+                scope: scope.clone(),
+                set: r.set.into_iter().collect(),
+                remove: r.remove,
+            })
+            .await?;
+        tracing::info!(scope = %scope.core(), set, remove, "dynamic configs altered");
+        Ok(Response::new(AlterDynamicConfigsResponse {
+            version: self.0.state.current().version,
+        }))
+    }
+
     async fn create_acls(
         &self,
         req: Request<CreateAclsRequest>,

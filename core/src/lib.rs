@@ -7,6 +7,7 @@ pub mod batch;
 pub mod codec;
 #[cfg(feature = "codecs")]
 pub mod compact;
+pub mod dynamic_config;
 pub mod segment;
 pub mod topic;
 pub mod topic_config;

@@ -13,12 +13,12 @@ use strata_proto::tls::GrpcTls;
 use strata_proto::v1::controller_client::ControllerClient;
 use strata_proto::v1::metadata_update;
 use strata_proto::v1::{
-    AllocateProducerIdsRequest, AlterClientQuotasRequest, AlterIsrRequest, AlterIsrResponse,
-    AlterScramCredentialsRequest, AlterTopicConfigsRequest, ControlledShutdownRequest,
-    CreateAclsRequest, CreatePartitionsRequest, CreateTopicRequest, CreateTopicResponse,
-    DeleteAclsRequest, DeleteTopicRequest, Endpoint, HeartbeatRequest, JoiningReplica,
-    MetadataUpdate, RegisterBrokerRequest, ScramDeletion, ScramUpsertion, SessionRequest,
-    WatchRequest,
+    AllocateProducerIdsRequest, AlterClientQuotasRequest, AlterDynamicConfigsRequest,
+    AlterIsrRequest, AlterIsrResponse, AlterScramCredentialsRequest, AlterTopicConfigsRequest,
+    ControlledShutdownRequest, CreateAclsRequest, CreatePartitionsRequest, CreateTopicRequest,
+    CreateTopicResponse, DeleteAclsRequest, DeleteTopicRequest, Endpoint, HeartbeatRequest,
+    JoiningReplica, MetadataUpdate, RegisterBrokerRequest, ScramDeletion, ScramUpsertion,
+    SessionRequest, WatchRequest,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -613,6 +613,33 @@ impl ClusterLink {
                 alterations_json: alterations_json.clone(),
             };
             async move { c.alter_client_quotas(req).await }
+        })
+        .await
+        .map(|r| r.version)
+    }
+
+    /// Removes, then sets, dynamic configs at `scope` through the controllers; returns a
+    /// metadata version that includes the change.
+    pub async fn alter_dynamic_configs(
+        &self,
+        scope: &strata_controller::metadata::dynamic::ConfigScope,
+        set: &std::collections::BTreeMap<String, String>,
+        remove: &[String],
+    ) -> Result<u64, tonic::Status> {
+        use strata_controller::metadata::dynamic::ConfigScope;
+        use strata_proto::v1::alter_dynamic_configs_request::Scope;
+        let req = AlterDynamicConfigsRequest {
+            scope: Some(match scope {
+                ConfigScope::ClusterDefault => Scope::ClusterDefault(true),
+                ConfigScope::Broker(id) => Scope::Broker(*id),
+                ConfigScope::Group(g) => Scope::Group(g.clone()),
+            }),
+            set: set.clone().into_iter().collect(),
+            remove: remove.to_vec(),
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.alter_dynamic_configs(req).await }
         })
         .await
         .map(|r| r.version)

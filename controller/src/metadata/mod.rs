@@ -7,6 +7,7 @@
 //! spec) is refused deterministically and changes nothing; the refusal is the entry's answer.
 
 pub mod acl;
+pub mod dynamic;
 pub mod leases;
 pub mod placement;
 pub mod quota;
@@ -134,6 +135,9 @@ pub struct ClusterMetadata {
     /// Client quotas (Kafka's model, [`quota`]).
     #[serde(default, skip_serializing_if = "quota::ClientQuotas::is_empty")]
     pub client_quotas: quota::ClientQuotas,
+    /// Dynamic broker and group configs (Kafka's BROKER and GROUP config resources).
+    #[serde(default, skip_serializing_if = "dynamic::DynamicConfigs::is_empty")]
+    pub dynamic_configs: dynamic::DynamicConfigs,
 }
 
 /// A SCRAM mechanism, by its SASL name.
@@ -295,6 +299,13 @@ pub enum Command {
     AlterClientQuotas {
         alterations: Vec<quota::QuotaAlteration>,
     },
+    /// Removes, then sets, dynamic configs of a broker, of every broker (the cluster-wide
+    /// default) or of a group; refused whole if the layer it leaves is invalid.
+    AlterDynamicConfigs {
+        scope: dynamic::ConfigScope,
+        set: BTreeMap<String, String>,
+        remove: Vec<String>,
+    },
 }
 
 /// What an applied command answers.
@@ -442,6 +453,9 @@ impl Command {
                 name, assignments, ..
             } => check_assignments(name, assignments, None),
             Command::AlterTopicConfigs { name, set, .. } => check_topic_configs(name, set),
+            Command::AlterDynamicConfigs { scope, set, .. } => {
+                dynamic::DynamicConfigs::check_change(scope, set)
+            }
             Command::AlterClientQuotas { alterations } => alterations
                 .iter()
                 .try_for_each(|a| a.validate())
@@ -941,6 +955,10 @@ impl ClusterMetadata {
                     .partition(|a| filters.iter().any(|f| f.matches(a)));
                 self.acls = kept;
                 Ok(Applied::AclsDeleted(deleted.into_iter().collect()))
+            }
+            Command::AlterDynamicConfigs { scope, set, remove } => {
+                self.dynamic_configs.alter(scope, set, remove)?;
+                Ok(Applied::Done)
             }
             Command::AlterClientQuotas { alterations } => {
                 self.client_quotas

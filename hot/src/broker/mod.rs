@@ -23,6 +23,8 @@ use uuid::Uuid;
 use crate::cluster::ClusterLink;
 use crate::log::{ConfigError, LogConfig, PartitionLog};
 pub use partition::{Partition, Progress, WaitError};
+use strata_controller::metadata::dynamic::ConfigScope;
+use strata_core::dynamic_config::DynamicConfigError;
 pub use topics::{validate_topic_name, TopicSpec, TopicStore};
 
 /// Wall-clock milliseconds, injected so tests can move time.
@@ -798,31 +800,114 @@ impl Broker {
             .join(format!("{topic}-{index}"))
     }
 
+    /// The dynamic configs this broker has in the metadata: its own and the cluster-wide
+    /// defaults (none without controllers).
+    pub fn dynamic_broker_configs(&self) -> (DynamicLayer, DynamicLayer) {
+        (
+            self.dynamic_layer(&ConfigScope::Broker(self.config.node_id)),
+            self.dynamic_layer(&ConfigScope::ClusterDefault),
+        )
+    }
+
+    /// The dynamic configs set at `scope` in this broker's metadata (none without
+    /// controllers).
+    pub fn dynamic_layer(&self, scope: &ConfigScope) -> DynamicLayer {
+        self.cluster
+            .as_ref()
+            .and_then(|link| {
+                link.metadata()
+                    .borrow()
+                    .dynamic_configs
+                    .layer(scope)
+                    .cloned()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The topic defaults on this broker, strongest first: its own dynamic ones, the
+    /// cluster's dynamic ones, the static `[topics.defaults]` (topic config names).
+    pub fn topic_default_layers(&self) -> [(ConfigSource, BTreeMap<String, String>); 3] {
+        use strata_core::dynamic_config::topic_defaults;
+        let (own, cluster) = self.dynamic_broker_configs();
+        [
+            (ConfigSource::DynamicBroker, topic_defaults(&own)),
+            (ConfigSource::DynamicDefault, topic_defaults(&cluster)),
+            (ConfigSource::Broker, self.config.topic_defaults.clone()),
+        ]
+    }
+
     /// The effective log config of a topic: its overrides over the broker defaults.
     pub fn log_config(
         &self,
         overrides: &BTreeMap<String, String>,
     ) -> Result<LogConfig, ConfigError> {
-        let mut merged = self.config.topic_defaults.clone();
+        let mut merged = BTreeMap::new();
+        for (_, layer) in self.topic_default_layers().into_iter().rev() {
+            merged.extend(layer);
+        }
         merged.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
         LogConfig::from_map(&merged)
     }
 
-    /// Every topic config with its effective value and whether it is the topic's own.
+    /// Every topic config with its effective value and where that comes from.
     pub fn describe_configs(&self, spec: &TopicSpec) -> Vec<(String, String, ConfigSource)> {
+        let layers = self.topic_default_layers();
         crate::log::config::TOPIC_CONFIG_KEYS
             .iter()
             .map(|(key, default)| {
-                let (value, source) = if let Some(v) = spec.configs.get(*key) {
-                    (v.clone(), ConfigSource::Topic)
-                } else if let Some(v) = self.config.topic_defaults.get(*key) {
-                    (v.clone(), ConfigSource::Broker)
-                } else {
-                    (default.to_string(), ConfigSource::Default)
-                };
+                let (value, source) = spec
+                    .configs
+                    .get(*key)
+                    .map(|v| (v.clone(), ConfigSource::Topic))
+                    .or_else(|| {
+                        layers
+                            .iter()
+                            .find_map(|(source, l)| Some((l.get(*key)?.clone(), *source)))
+                    })
+                    .unwrap_or_else(|| (default.to_string(), ConfigSource::Default));
                 (key.to_string(), value, source)
             })
             .collect()
+    }
+
+    /// Removes, then sets, dynamic configs at `scope` (Kafka's BROKER and GROUP config
+    /// resources), checked here first so a refusal names its reason exactly; waits until
+    /// this broker's metadata has the change.
+    pub async fn alter_dynamic_configs(
+        &self,
+        scope: &ConfigScope,
+        set: BTreeMap<String, String>,
+        remove: Vec<String>,
+        validate_only: bool,
+    ) -> Result<(), DynamicConfigError> {
+        let Some(link) = &self.cluster else {
+            return Err(DynamicConfigError::Invalid(
+                "dynamic configs live in the metadata log: this broker runs without \
+                 controllers"
+                    .into(),
+            ));
+        };
+        strata_core::dynamic_config::check_names(&scope.core(), &set)?;
+        let mut layer = self.dynamic_layer(scope);
+        for k in &remove {
+            layer.remove(k);
+        }
+        layer.extend(set.clone());
+        strata_core::dynamic_config::check_layer(&scope.core(), &layer)?;
+        if validate_only {
+            return Ok(());
+        }
+        let version = link
+            .alter_dynamic_configs(scope, &set, &remove)
+            .await
+            .map_err(|e| {
+                DynamicConfigError::Invalid(format!(
+                    "the controllers refused the change: {}",
+                    e.message()
+                ))
+            })?;
+        self.wait_for_metadata(version).await;
+        Ok(())
     }
 
     async fn open_topic(&self, spec: TopicSpec) -> io::Result<Arc<Topic>> {
@@ -1500,9 +1585,17 @@ fn controller_error(topic: &str, e: tonic::Status) -> AdminError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigSource {
     Topic,
+    /// This broker's dynamic config (metadata log).
+    DynamicBroker,
+    /// The cluster-wide dynamic default (metadata log).
+    DynamicDefault,
+    /// The static `[topics.defaults]` of the config file.
     Broker,
     Default,
 }
+
+/// One scope's dynamic configs, under Kafka's broker-level names.
+pub type DynamicLayer = BTreeMap<String, String>;
 
 fn remove_deleted_dirs(logs: &Path) -> io::Result<()> {
     for entry in fs::read_dir(logs)? {

@@ -18,15 +18,24 @@ use strata_controller::metadata::acl::Operation;
 use super::{codes, s, Request};
 use crate::broker::ConfigSource;
 use crate::log::config::{LIST_CONFIGS, TOPIC_CONFIG_KEYS};
+use strata_controller::metadata::dynamic::ConfigScope;
+use strata_core::dynamic_config::{
+    self, broker_name_of, BrokerConfig, DynamicConfigError, GROUP_CONFIGS,
+    STORED_ONLY_BROKER_CONFIGS,
+};
 
 /// Resource types (Kafka's numbers).
 const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
+const RESOURCE_GROUP: i8 = 32;
 
 /// DescribeConfigs config sources (Kafka's numbers).
 pub(super) const SOURCE_TOPIC: i8 = 1;
+const SOURCE_DYNAMIC_BROKER: i8 = 2;
+const SOURCE_DYNAMIC_DEFAULT: i8 = 3;
 pub(super) const SOURCE_STATIC_BROKER: i8 = 4;
 pub(super) const SOURCE_DEFAULT: i8 = 5;
+const SOURCE_GROUP: i8 = 8;
 
 /// DescribeConfigs config types (Kafka's numbers).
 const TYPE_BOOLEAN: i8 = 1;
@@ -45,7 +54,8 @@ const OP_APPEND: i8 = 2;
 const OP_SUBTRACT: i8 = 3;
 
 /// What DescribeConfigs says about a topic config: its type, the broker-level config Kafka
-/// names as its synonym, and what it does in Strata.
+/// names as its synonym (strata-core's `dynamic_config::BROKER_SYNONYMS`), and what it does
+/// in Strata.
 pub(super) struct TopicConfigInfo {
     pub config_type: i8,
     pub broker_synonym: Option<&'static str>,
@@ -54,48 +64,48 @@ pub(super) struct TopicConfigInfo {
 
 /// Every key of [`TOPIC_CONFIG_KEYS`] (a unit test holds the two lists together).
 pub(super) fn topic_config_info(key: &str) -> Option<TopicConfigInfo> {
-    let (config_type, broker_synonym, doc) = match key {
-        "cleanup.policy" => (TYPE_LIST, Some("log.cleanup.policy"), "delete, compact or both. Compacted by the brokers, or in the cold tier (strata-compactor) when tiered"),
-        "compression.gzip.level" => (TYPE_INT, Some("compression.gzip.level"), "The level the leader re-encodes batches at when compression.type names this codec (KIP-390)"),
-        "compression.lz4.level" => (TYPE_INT, Some("compression.lz4.level"), "The level the leader re-encodes batches at when compression.type names this codec (KIP-390)"),
-        "compression.type" => (TYPE_STRING, Some("compression.type"), "The codec batches are stored in: 'producer' keeps the producer's, a codec name makes the leader re-encode batches in any other"),
-        "compression.zstd.level" => (TYPE_INT, Some("compression.zstd.level"), "The level the leader re-encodes batches at when compression.type names this codec (KIP-390)"),
-        "delete.retention.ms" => (TYPE_LONG, Some("log.cleaner.delete.retention.ms"), "Compacted topics: how long a tombstone stays after its batch's timestamp"),
-        "file.delete.delay.ms" => (TYPE_LONG, Some("log.segment.delete.delay.ms"), "Accepted and stored; Strata deletes a segment's files when retention removes it (readers keep open files readable), so no effect"),
-        "flush.messages" => (TYPE_LONG, Some("log.flush.interval.messages"), "1: fsync every append before acks=all and before consumers see it; N: every N messages; 9223372036854775807: the OS"),
-        "flush.ms" => (TYPE_LONG, Some("log.flush.interval.ms"), "Accepted and stored; Strata flushes by flush.messages only (by default every append), so no effect"),
-        "follower.replication.throttled.replicas" => (TYPE_LIST, None, "Accepted and stored; Strata has no replication throttle, so no effect"),
-        "index.interval.bytes" => (TYPE_INT, Some("log.index.interval.bytes"), "Bytes between offset-index entries"),
-        "leader.replication.throttled.replicas" => (TYPE_LIST, None, "Accepted and stored; Strata has no replication throttle, so no effect"),
-        "local.retention.bytes" => (TYPE_LONG, Some("log.local.retention.bytes"), "Tiered topics: bytes kept on local disk once uploaded (-2: retention.bytes)"),
-        "local.retention.ms" => (TYPE_LONG, Some("log.local.retention.ms"), "Tiered topics: how long uploaded segments stay on local disk (-2: retention.ms)"),
-        "max.compaction.lag.ms" => (TYPE_LONG, Some("log.cleaner.max.compaction.lag.ms"), "Compacted topics: strata-compactor compacts a partition whose oldest uncompacted segment is older than this, whatever its dirty ratio"),
-        "max.message.bytes" => (TYPE_INT, Some("message.max.bytes"), "Largest batch accepted (MESSAGE_TOO_LARGE above)"),
-        "message.downconversion.enable" => (TYPE_BOOLEAN, Some("log.message.downconversion.enable"), "Accepted and stored; Strata serves only RecordBatch v2 (Fetch v4+) and never down-converts, so no effect"),
-        "message.format.version" => (TYPE_STRING, Some("log.message.format.version"), "Deprecated in Kafka 3.0; accepted and stored, Strata always writes RecordBatch v2, so no effect"),
-        "message.timestamp.after.max.ms" => (TYPE_LONG, Some("log.message.timestamp.after.max.ms"), "CreateTime: records more than this ahead of the broker's clock are refused (INVALID_TIMESTAMP)"),
-        "message.timestamp.before.max.ms" => (TYPE_LONG, Some("log.message.timestamp.before.max.ms"), "CreateTime: records more than this behind the broker's clock are refused (INVALID_TIMESTAMP)"),
-        "message.timestamp.difference.max.ms" => (TYPE_LONG, Some("log.message.timestamp.difference.max.ms"), "Deprecated (KIP-937): before.max.ms and after.max.ms take this value when left at their defaults"),
-        "message.timestamp.type" => (TYPE_STRING, Some("log.message.timestamp.type"), "CreateTime keeps the producer's timestamps; LogAppendTime stamps each batch with the leader's append time"),
-        "min.acks" => (TYPE_STRING, None, "Strata's own: the weakest acks a producer may use (0, 1 or all); weaker ones get INVALID_REQUIRED_ACKS"),
-        "transactions.required" => (TYPE_BOOLEAN, None, "Strata's own: only transactional producers may write; other batches get INVALID_RECORD"),
-        "min.cleanable.dirty.ratio" => (TYPE_DOUBLE, Some("log.cleaner.min.cleanable.ratio"), "Compacted topics: the share of uncompacted bytes that makes a partition due"),
-        "min.compaction.lag.ms" => (TYPE_LONG, Some("log.cleaner.min.compaction.lag.ms"), "Compacted topics: how old records must be before they are compacted"),
-        "min.insync.replicas" => (TYPE_INT, Some("min.insync.replicas"), "In-sync replicas an acks=all produce needs"),
-        "preallocate" => (TYPE_BOOLEAN, Some("log.preallocate"), "Accepted and stored; Strata does not preallocate segment files, so no effect"),
-        "remote.storage.enable" => (TYPE_BOOLEAN, None, "Upload sealed segments to the cold tier"),
-        "retention.bytes" => (TYPE_LONG, Some("log.retention.bytes"), "Delete oldest sealed segments while the partition is larger (-1: no limit)"),
-        "retention.ms" => (TYPE_LONG, Some("log.retention.ms"), "Delete sealed segments whose newest record is older (-1: keep forever)"),
-        "segment.bytes" => (TYPE_INT, Some("log.segment.bytes"), "Roll the active segment at this size"),
-        "segment.index.bytes" => (TYPE_INT, Some("log.index.size.max.bytes"), "Accepted and stored; Strata's indexes grow with their segment, so no effect"),
-        "segment.jitter.ms" => (TYPE_LONG, Some("log.roll.jitter.ms"), "Accepted and stored; Strata rolls at segment.ms exactly, so no effect"),
-        "segment.ms" => (TYPE_LONG, Some("log.roll.ms"), "Roll the active segment at this age"),
-        "unclean.leader.election.enable" => (TYPE_BOOLEAN, Some("unclean.leader.election.enable"), "Let an out-of-sync replica lead when no in-sync one is alive"),
+    let (config_type, doc) = match key {
+        "cleanup.policy" => (TYPE_LIST, "delete, compact or both. Compacted by the brokers, or in the cold tier (strata-compactor) when tiered"),
+        "compression.gzip.level" => (TYPE_INT, "The level the leader re-encodes batches at when compression.type names this codec (KIP-390)"),
+        "compression.lz4.level" => (TYPE_INT, "The level the leader re-encodes batches at when compression.type names this codec (KIP-390)"),
+        "compression.type" => (TYPE_STRING, "The codec batches are stored in: 'producer' keeps the producer's, a codec name makes the leader re-encode batches in any other"),
+        "compression.zstd.level" => (TYPE_INT, "The level the leader re-encodes batches at when compression.type names this codec (KIP-390)"),
+        "delete.retention.ms" => (TYPE_LONG, "Compacted topics: how long a tombstone stays after its batch's timestamp"),
+        "file.delete.delay.ms" => (TYPE_LONG, "Accepted and stored; Strata deletes a segment's files when retention removes it (readers keep open files readable), so no effect"),
+        "flush.messages" => (TYPE_LONG, "1: fsync every append before acks=all and before consumers see it; N: every N messages; 9223372036854775807: the OS"),
+        "flush.ms" => (TYPE_LONG, "Accepted and stored; Strata flushes by flush.messages only (by default every append), so no effect"),
+        "follower.replication.throttled.replicas" => (TYPE_LIST, "Accepted and stored; Strata has no replication throttle, so no effect"),
+        "index.interval.bytes" => (TYPE_INT, "Bytes between offset-index entries"),
+        "leader.replication.throttled.replicas" => (TYPE_LIST, "Accepted and stored; Strata has no replication throttle, so no effect"),
+        "local.retention.bytes" => (TYPE_LONG, "Tiered topics: bytes kept on local disk once uploaded (-2: retention.bytes)"),
+        "local.retention.ms" => (TYPE_LONG, "Tiered topics: how long uploaded segments stay on local disk (-2: retention.ms)"),
+        "max.compaction.lag.ms" => (TYPE_LONG, "Compacted topics: strata-compactor compacts a partition whose oldest uncompacted segment is older than this, whatever its dirty ratio"),
+        "max.message.bytes" => (TYPE_INT, "Largest batch accepted (MESSAGE_TOO_LARGE above)"),
+        "message.downconversion.enable" => (TYPE_BOOLEAN, "Accepted and stored; Strata serves only RecordBatch v2 (Fetch v4+) and never down-converts, so no effect"),
+        "message.format.version" => (TYPE_STRING, "Deprecated in Kafka 3.0; accepted and stored, Strata always writes RecordBatch v2, so no effect"),
+        "message.timestamp.after.max.ms" => (TYPE_LONG, "CreateTime: records more than this ahead of the broker's clock are refused (INVALID_TIMESTAMP)"),
+        "message.timestamp.before.max.ms" => (TYPE_LONG, "CreateTime: records more than this behind the broker's clock are refused (INVALID_TIMESTAMP)"),
+        "message.timestamp.difference.max.ms" => (TYPE_LONG, "Deprecated (KIP-937): before.max.ms and after.max.ms take this value when left at their defaults"),
+        "message.timestamp.type" => (TYPE_STRING, "CreateTime keeps the producer's timestamps; LogAppendTime stamps each batch with the leader's append time"),
+        "min.acks" => (TYPE_STRING, "Strata's own: the weakest acks a producer may use (0, 1 or all); weaker ones get INVALID_REQUIRED_ACKS"),
+        "transactions.required" => (TYPE_BOOLEAN, "Strata's own: only transactional producers may write; other batches get INVALID_RECORD"),
+        "min.cleanable.dirty.ratio" => (TYPE_DOUBLE, "Compacted topics: the share of uncompacted bytes that makes a partition due"),
+        "min.compaction.lag.ms" => (TYPE_LONG, "Compacted topics: how old records must be before they are compacted"),
+        "min.insync.replicas" => (TYPE_INT, "In-sync replicas an acks=all produce needs"),
+        "preallocate" => (TYPE_BOOLEAN, "Accepted and stored; Strata does not preallocate segment files, so no effect"),
+        "remote.storage.enable" => (TYPE_BOOLEAN, "Upload sealed segments to the cold tier"),
+        "retention.bytes" => (TYPE_LONG, "Delete oldest sealed segments while the partition is larger (-1: no limit)"),
+        "retention.ms" => (TYPE_LONG, "Delete sealed segments whose newest record is older (-1: keep forever)"),
+        "segment.bytes" => (TYPE_INT, "Roll the active segment at this size"),
+        "segment.index.bytes" => (TYPE_INT, "Accepted and stored; Strata's indexes grow with their segment, so no effect"),
+        "segment.jitter.ms" => (TYPE_LONG, "Accepted and stored; Strata rolls at segment.ms exactly, so no effect"),
+        "segment.ms" => (TYPE_LONG, "Roll the active segment at this age"),
+        "unclean.leader.election.enable" => (TYPE_BOOLEAN, "Let an out-of-sync replica lead when no in-sync one is alive"),
         _ => return None,
     };
     Some(TopicConfigInfo {
         config_type,
-        broker_synonym,
+        broker_synonym: broker_name_of(key),
         doc,
     })
 }
@@ -103,6 +113,8 @@ pub(super) fn topic_config_info(key: &str) -> Option<TopicConfigInfo> {
 pub(super) fn source_code(source: ConfigSource) -> i8 {
     match source {
         ConfigSource::Topic => SOURCE_TOPIC,
+        ConfigSource::DynamicBroker => SOURCE_DYNAMIC_BROKER,
+        ConfigSource::DynamicDefault => SOURCE_DYNAMIC_DEFAULT,
         ConfigSource::Broker => SOURCE_STATIC_BROKER,
         ConfigSource::Default => SOURCE_DEFAULT,
     }
@@ -168,28 +180,20 @@ fn describe_topic(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, Str
             format!("topic '{name}' does not exist"),
         ));
     };
-    let defaults = &broker.config().topic_defaults;
+    let layers = broker.topic_default_layers();
     Ok(broker
         .describe_configs(&topic.spec)
         .into_iter()
         .map(|(key, value, source)| {
             let info = topic_config_info(&key);
-            let (config_type, synonym, doc) = info
-                .map(|i| (i.config_type, i.broker_synonym, i.doc))
-                .unwrap_or((TYPE_STRING, None, ""));
+            let (config_type, doc) = info
+                .map(|i| (i.config_type, i.doc))
+                .unwrap_or((TYPE_STRING, ""));
             let mut synonyms = Vec::new();
             if let Some(v) = topic.spec.configs.get(&key) {
                 synonyms.push((key.clone(), Some(v.clone()), SOURCE_TOPIC));
             }
-            let broker_name = synonym.unwrap_or(&key).to_string();
-            if let Some(v) = defaults.get(&key) {
-                synonyms.push((broker_name.clone(), Some(v.clone()), SOURCE_STATIC_BROKER));
-            }
-            let built_in = TOPIC_CONFIG_KEYS
-                .iter()
-                .find(|(k, _)| *k == key)
-                .map(|(_, v)| v.to_string());
-            synonyms.push((broker_name, built_in, SOURCE_DEFAULT));
+            synonyms.extend(default_synonyms(&layers, &key));
             Described {
                 name: key,
                 value: Some(value),
@@ -204,6 +208,28 @@ fn describe_topic(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, Str
         .collect())
 }
 
+/// The broker-level synonyms of topic config `key`, strongest first: each default layer
+/// that sets it (under Kafka's broker-level name), then the built-in default.
+fn default_synonyms(
+    layers: &[(ConfigSource, BTreeMap<String, String>)],
+    key: &str,
+) -> Vec<(String, Option<String>, i8)> {
+    let broker_name = broker_name_of(key).unwrap_or(key).to_string();
+    let mut out: Vec<_> = layers
+        .iter()
+        .filter_map(|(source, l)| {
+            let v = l.get(key)?;
+            Some((broker_name.clone(), Some(v.clone()), source_code(*source)))
+        })
+        .collect();
+    let built_in = TOPIC_CONFIG_KEYS
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v.to_string());
+    out.push((broker_name, built_in, SOURCE_DEFAULT));
+    out
+}
+
 /// This broker's settings, as Kafka names them. All read-only (Strata reads them from its
 /// config file at start); the topic defaults under their broker-level names.
 fn describe_broker(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, String)> {
@@ -216,9 +242,13 @@ fn describe_broker(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, St
             format!("{} may not describe broker configs", ctx.principal),
         ));
     }
+    let (own, cluster) = broker.dynamic_broker_configs();
     if name.is_empty() {
-        // the cluster-wide dynamic defaults: Strata has none
-        return Ok(Vec::new());
+        // the cluster-wide dynamic defaults, as Kafka answers for the resource ""
+        return Ok(cluster
+            .iter()
+            .map(|(k, v)| dynamic_described(k, v.clone(), SOURCE_DYNAMIC_DEFAULT))
+            .collect());
     }
     if name != me.to_string() {
         return Err((
@@ -414,8 +444,36 @@ fn describe_broker(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, St
             synonyms: Vec::new(),
         });
     }
-    // The topic defaults, under Kafka's broker-level names.
-    for (key, default) in TOPIC_CONFIG_KEYS {
+    // Kafka's other dynamic broker configs: set here, for the cluster, or Kafka's default.
+    for c in STORED_ONLY_BROKER_CONFIGS {
+        let mut synonyms = Vec::new();
+        if let Some(v) = own.get(c.name) {
+            synonyms.push((c.name.to_string(), Some(v.clone()), SOURCE_DYNAMIC_BROKER));
+        }
+        if let Some(v) = cluster.get(c.name) {
+            synonyms.push((c.name.to_string(), Some(v.clone()), SOURCE_DYNAMIC_DEFAULT));
+        }
+        synonyms.push((
+            c.name.to_string(),
+            c.default.map(str::to_string),
+            SOURCE_DEFAULT,
+        ));
+        let (_, value, source) = synonyms[0].clone();
+        out.push(Described {
+            name: c.name.to_string(),
+            value,
+            source,
+            read_only: false,
+            sensitive: false,
+            config_type: value_type_code(c.value_type),
+            doc: c.doc,
+            synonyms,
+        });
+    }
+    // The topic defaults, under Kafka's broker-level names; dynamic but for
+    // log.message.format.version.
+    let layers = broker.topic_default_layers();
+    for (key, _) in TOPIC_CONFIG_KEYS {
         let Some(info) = topic_config_info(key) else {
             continue;
         };
@@ -425,20 +483,13 @@ fn describe_broker(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, St
         if out.iter().any(|d| d.name == name) {
             continue;
         }
-        let (value, source) = match config.topic_defaults.get(*key) {
-            Some(v) => (v.clone(), SOURCE_STATIC_BROKER),
-            None => (default.to_string(), SOURCE_DEFAULT),
-        };
-        let mut synonyms = Vec::new();
-        if source == SOURCE_STATIC_BROKER {
-            synonyms.push((name.to_string(), Some(value.clone()), SOURCE_STATIC_BROKER));
-        }
-        synonyms.push((name.to_string(), Some(default.to_string()), SOURCE_DEFAULT));
+        let synonyms = default_synonyms(&layers, key);
+        let (_, value, source) = synonyms[0].clone();
         out.push(Described {
             name: name.to_string(),
-            value: Some(value),
+            value,
             source,
-            read_only: true,
+            read_only: dynamic_config::broker_config(name).is_none(),
             sensitive: false,
             config_type: info.config_type,
             doc: info.doc,
@@ -446,6 +497,81 @@ fn describe_broker(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, St
         });
     }
     Ok(out)
+}
+
+/// Kafka's config type of a stored-only dynamic config.
+fn value_type_code(t: dynamic_config::ValueType) -> i8 {
+    match t {
+        dynamic_config::ValueType::Int { max, .. } if max > i32::MAX as i64 => TYPE_LONG,
+        dynamic_config::ValueType::Int { .. } => TYPE_INT,
+        dynamic_config::ValueType::Double { .. } => TYPE_DOUBLE,
+        dynamic_config::ValueType::Text => TYPE_STRING,
+    }
+}
+
+/// A dynamic broker config as set at one scope, with what it does here.
+fn dynamic_described(name: &str, value: String, source: i8) -> Described {
+    let (config_type, doc) = match dynamic_config::broker_config(name) {
+        Some(BrokerConfig::StoredOnly(c)) => (value_type_code(c.value_type), c.doc),
+        Some(BrokerConfig::TopicDefault(t)) => topic_config_info(t)
+            .map(|i| (i.config_type, i.doc))
+            .unwrap_or((TYPE_STRING, "")),
+        None => (TYPE_STRING, ""),
+    };
+    Described {
+        name: name.to_string(),
+        synonyms: vec![(name.to_string(), Some(value.clone()), source)],
+        value: Some(value),
+        source,
+        read_only: false,
+        sensitive: false,
+        config_type,
+        doc,
+    }
+}
+
+/// A consumer group's configs (KIP-848): each set one (GROUP_CONFIG) or its default. A
+/// group that does not exist answers the defaults, as Kafka does.
+fn describe_group(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, String)> {
+    if !ctx.may_group(Operation::DescribeConfigs, name) {
+        return Err((
+            codes::GROUP_AUTHORIZATION_FAILED,
+            format!(
+                "{} may not describe the configs of group {name}",
+                ctx.principal
+            ),
+        ));
+    }
+    let set = ctx.broker().cluster().and_then(|link| {
+        link.metadata()
+            .borrow()
+            .dynamic_configs
+            .groups
+            .get(name)
+            .cloned()
+    });
+    Ok(GROUP_CONFIGS
+        .iter()
+        .map(|g| {
+            let default = g.default.to_string();
+            let mut synonyms = Vec::new();
+            if let Some(v) = set.as_ref().and_then(|l| l.get(g.name)) {
+                synonyms.push((g.name.to_string(), Some(v.clone()), SOURCE_GROUP));
+            }
+            synonyms.push((g.name.to_string(), Some(default), SOURCE_DEFAULT));
+            let (_, value, source) = synonyms[0].clone();
+            Described {
+                name: g.name.to_string(),
+                value,
+                source,
+                read_only: false,
+                sensitive: false,
+                config_type: TYPE_INT,
+                doc: g.doc,
+                synonyms,
+            }
+        })
+        .collect())
 }
 
 pub(super) fn describe_configs(
@@ -465,9 +591,12 @@ pub(super) fn describe_configs(
             let described = match r.resource_type {
                 RESOURCE_TOPIC => describe_topic(ctx, name),
                 RESOURCE_BROKER => describe_broker(ctx, name),
+                RESOURCE_GROUP => describe_group(ctx, name),
                 other => Err((
                     codes::INVALID_REQUEST,
-                    format!("resource type {other} is not supported (topics and brokers are)"),
+                    format!(
+                        "resource type {other} is not supported (topics, brokers and groups are)"
+                    ),
                 )),
             };
             match described {
@@ -523,34 +652,112 @@ fn may_alter_topic(ctx: &Request, name: &str, keys: &[&str]) -> Result<(), (i16,
     ))
 }
 
-/// A broker resource: AlterConfigs on the cluster, then Kafka's refusal of every config that
-/// cannot change at runtime (all of them here; an empty change succeeds).
-fn alter_broker(ctx: &Request, name: &str, keys: &[&str]) -> Result<(), (i16, String)> {
-    if !ctx.may_cluster(Operation::AlterConfigs) {
+/// A broker resource's scope ("": the cluster-wide default, this broker's id: its own),
+/// once the principal may alter it: AlterConfigs on the cluster, and Alter too for the
+/// durability and retention defaults, as for topics.
+fn broker_scope(ctx: &Request, name: &str, keys: &[&str]) -> Result<ConfigScope, codes::Coded> {
+    let durability = keys.iter().any(|k| {
+        matches!(dynamic_config::broker_config(k),
+            Some(BrokerConfig::TopicDefault(t)) if guards_durability(t))
+    });
+    if !ctx.may_cluster(Operation::AlterConfigs)
+        || (durability && !ctx.may_cluster(Operation::Alter))
+    {
         return Err((
             codes::CLUSTER_AUTHORIZATION_FAILED,
-            format!("{} may not alter broker configs", ctx.principal),
+            format!(
+                "{} may not alter these broker configs{}",
+                ctx.principal,
+                if durability {
+                    " (durability and retention defaults need Alter on the cluster too)"
+                } else {
+                    ""
+                }
+            ),
         ));
     }
     let me = ctx.broker().config().node_id;
-    if !name.is_empty() && name != me.to_string() {
-        return Err((
+    if name.is_empty() {
+        Ok(ConfigScope::ClusterDefault)
+    } else if name == me.to_string() {
+        Ok(ConfigScope::Broker(me))
+    } else {
+        Err((
             codes::INVALID_REQUEST,
             format!("Unexpected broker id, expected {me} or empty string, but received {name}"),
+        ))
+    }
+}
+
+/// A group resource's scope, once the principal may alter its configs.
+fn group_scope(ctx: &Request, name: &str) -> Result<ConfigScope, codes::Coded> {
+    if !ctx.may_group(Operation::AlterConfigs, name) {
+        return Err((
+            codes::GROUP_AUTHORIZATION_FAILED,
+            format!(
+                "{} may not alter the configs of group {name}",
+                ctx.principal
+            ),
         ));
     }
-    if keys.is_empty() {
-        return Ok(());
+    if let Some(why) = crate::group::invalid_group_id(name) {
+        return Err((codes::INVALID_REQUEST, why));
     }
-    Err((
-        codes::INVALID_REQUEST,
-        format!(
-            "Invalid config value for resource ConfigResource(type=BROKER, name='{name}'): \
-             Cannot update these configs dynamically: {}; Strata reads broker configs from its \
-             config file at start",
-            keys.join(", ")
-        ),
-    ))
+    Ok(ConfigScope::Group(name.to_string()))
+}
+
+/// Sets and removes dynamic configs at `scope`, answering Kafka's codes: INVALID_REQUEST
+/// for a config that cannot change at run time, INVALID_CONFIG for a bad value.
+async fn alter_dynamic(
+    ctx: &Request,
+    scope: &ConfigScope,
+    set: BTreeMap<String, String>,
+    remove: Vec<String>,
+    validate_only: bool,
+) -> Result<(), codes::Coded> {
+    ctx.broker()
+        .alter_dynamic_configs(scope, set, remove, validate_only)
+        .await
+        .map_err(|e| match e {
+            DynamicConfigError::NotDynamic(_) => (
+                codes::INVALID_REQUEST,
+                format!(
+                    "Invalid config value for {}: {e}; Strata reads its other settings from its \
+                     config file at start",
+                    scope.core()
+                ),
+            ),
+            DynamicConfigError::Invalid(msg) => (codes::INVALID_CONFIG, msg),
+        })
+}
+
+/// The value a dynamic config has at `scope` before a change: set there, else (brokers)
+/// the cluster's dynamic default, the static `[topics.defaults]`, the built-in default.
+fn current_dynamic(ctx: &Request, scope: &ConfigScope, name: &str) -> String {
+    let broker = ctx.broker();
+    if let Some(v) = broker.dynamic_layer(scope).get(name) {
+        return v.clone();
+    }
+    if let ConfigScope::Broker(_) = scope {
+        if let Some(v) = broker.dynamic_layer(&ConfigScope::ClusterDefault).get(name) {
+            return v.clone();
+        }
+    }
+    match dynamic_config::broker_config(name) {
+        Some(BrokerConfig::TopicDefault(t)) => broker
+            .config()
+            .topic_defaults
+            .get(t)
+            .cloned()
+            .or_else(|| {
+                TOPIC_CONFIG_KEYS
+                    .iter()
+                    .find(|(k, _)| *k == t)
+                    .map(|(_, v)| v.to_string())
+            })
+            .unwrap_or_default(),
+        _ => String::new(),
+    }
 }
 
 /// The names a resource's configs use, or the INVALID_REQUEST for one named twice (Kafka's).
@@ -587,7 +794,7 @@ fn topic_to_alter(
 fn unalterable(resource_type: i8) -> codes::Coded {
     (
         codes::INVALID_REQUEST,
-        format!("resource type {resource_type} cannot be altered (topics and brokers can)"),
+        format!("resource type {resource_type} cannot be altered (topics, brokers and groups can)"),
     )
 }
 
@@ -640,13 +847,43 @@ pub(super) async fn alter_configs_legacy(
                         .await
                         .map_err(|e| codes::admin(&e))
                 }
-                RESOURCE_BROKER => alter_broker(&ctx, name, &keys),
+                RESOURCE_BROKER | RESOURCE_GROUP => {
+                    let set: BTreeMap<String, String> = r
+                        .configs
+                        .iter()
+                        .filter_map(|c| {
+                            c.value
+                                .as_ref()
+                                .map(|v| (c.name.to_string(), v.to_string()))
+                        })
+                        .collect();
+                    let scope = if r.resource_type == RESOURCE_BROKER {
+                        broker_scope(&ctx, name, &keys)?
+                    } else {
+                        group_scope(&ctx, name)?
+                    };
+                    // the layer becomes exactly what is given: the others are removed
+                    let remove: Vec<String> = broker
+                        .dynamic_layer(&scope)
+                        .into_keys()
+                        .filter(|k| !set.contains_key(k))
+                        .collect();
+                    if r.resource_type == RESOURCE_BROKER {
+                        let touched: Vec<&str> = keys
+                            .iter()
+                            .copied()
+                            .chain(remove.iter().map(String::as_str))
+                            .collect();
+                        broker_scope(&ctx, name, &touched)?;
+                    }
+                    alter_dynamic(&ctx, &scope, set, remove, req.validate_only).await
+                }
                 other => Err(unalterable(other)),
             }
         }
         .await;
         responses.push(match outcome {
-            Ok(()) => resp,
+            Ok(()) => resp.with_error_message(None),
             Err((code, msg)) => resp.with_error_code(code).with_error_message(Some(s(msg))),
         });
     }
@@ -750,13 +987,49 @@ pub(super) async fn incremental_alter_configs(
                         .await
                         .map_err(|e| codes::admin(&e))
                 }
-                RESOURCE_BROKER => alter_broker(&ctx, name, &keys),
+                RESOURCE_BROKER | RESOURCE_GROUP => {
+                    let scope = if r.resource_type == RESOURCE_BROKER {
+                        broker_scope(&ctx, name, &keys)?
+                    } else {
+                        group_scope(&ctx, name)?
+                    };
+                    let mut set = BTreeMap::new();
+                    let mut remove = Vec::new();
+                    for c in &r.configs {
+                        let key = c.name.to_string();
+                        let value = c.value.as_ref().map(|v| v.to_string()).unwrap_or_default();
+                        match c.config_operation {
+                            OP_SET => {
+                                set.insert(key, value);
+                            }
+                            OP_DELETE => remove.push(key),
+                            op => {
+                                let is_list = matches!(dynamic_config::broker_config(&key),
+                                    Some(BrokerConfig::TopicDefault(t)) if LIST_CONFIGS.contains(&t));
+                                if !is_list {
+                                    let what = if op == OP_APPEND { "append" } else { "subtract" };
+                                    return Err((
+                                        codes::INVALID_CONFIG,
+                                        format!(
+                                            "Config value {what} is not allowed for config key: {key} \
+                                             (only list configs such as log.cleanup.policy)"
+                                        ),
+                                    ));
+                                }
+                                let current = current_dynamic(&ctx, &scope, &key);
+                                let new = list_op(&current, &value, op == OP_APPEND);
+                                set.insert(key, new);
+                            }
+                        }
+                    }
+                    alter_dynamic(&ctx, &scope, set, remove, req.validate_only).await
+                }
                 other => Err(unalterable(other)),
             }
         }
         .await;
         responses.push(match outcome {
-            Ok(()) => resp,
+            Ok(()) => resp.with_error_message(None),
             Err((code, msg)) => resp.with_error_code(code).with_error_message(Some(s(msg))),
         });
     }

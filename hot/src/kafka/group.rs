@@ -588,6 +588,15 @@ pub(super) fn list_groups(ctx: &Request, req: ListGroupsRequest) -> ListGroupsRe
         .iter()
         .map(|s| s.to_ascii_lowercase())
         .collect();
+    // v5 (KIP-848): every group here speaks the classic protocol
+    let classic_wanted = req.types_filter.is_empty()
+        || req
+            .types_filter
+            .iter()
+            .any(|t| t.eq_ignore_ascii_case("classic"));
+    if !classic_wanted {
+        return ListGroupsResponse::default();
+    }
     let mut groups = Vec::new();
     for c in ctx.broker().groups().coordinators() {
         for (id, protocol_type, state) in c.list() {
@@ -610,7 +619,13 @@ pub(super) fn list_groups(ctx: &Request, req: ListGroupsRequest) -> ListGroupsRe
 }
 
 /// KIP-430: the operations a group's authorized operations are computed over.
-const GROUP_OPERATIONS: [Operation; 3] = [Operation::Read, Operation::Describe, Operation::Delete];
+const GROUP_OPERATIONS: [Operation; 5] = [
+    Operation::Read,
+    Operation::Describe,
+    Operation::Delete,
+    Operation::DescribeConfigs,
+    Operation::AlterConfigs,
+];
 
 pub(super) fn describe_groups(ctx: &Request, req: DescribeGroupsRequest) -> DescribeGroupsResponse {
     let with_operations = req.include_authorized_operations;

@@ -85,7 +85,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::LeaveGroup, 0, 5),
     (ApiKey::OffsetCommit, 2, 8),
     (ApiKey::OffsetFetch, 1, 8),
-    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::ListGroups, 0, 5),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::OffsetDelete, 0, 0),
