@@ -40,7 +40,7 @@ APT_PACKAGES = [("gcc", "gcc"), ("g++", "g++"), ("make", "make"), ("pkg-config",
                 # 0053, 0098, 0101 and 0110 check JSON (statistics, the Java helper's output)
                 # with RapidJSON and skip themselves without it
                 ("rapidjson-dev", "/usr/include/rapidjson/document.h")]
-KAFKA_VERSION = "3.0.0"  # TEST_KAFKA_VERSION: the runner treats the broker as a modern Kafka
+KAFKA_VERSION = "4.0.0"  # TEST_KAFKA_VERSION: Strata serves what Kafka 4.0 serves (Produce v3+, KIP-896)
 START_TIMEOUT_S = 30.0
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -238,7 +238,8 @@ class Strata:
 
     def start(self):
         self.starts += 1
-        d = self.rundir / f"strata-{self.scenario}-{self.starts}"
+        delay = f"-delay{self.rebalance_delay}" if self.rebalance_delay is not None else ""
+        d = self.rundir / f"strata-{self.scenario}{delay}-{self.starts}"
         d.mkdir(parents=True)
         self.port = free_port(self.ports_taken)
         conf = d / "strata.toml"
@@ -612,20 +613,23 @@ def main():
             f"{len(excluded_rows)} excluded; logs in {logdir}")
         ports = set()
         results = {}
-        # one single node per scenario, and a 3 + 3 cluster for the tests that need three
-        # brokers (suite_sets.CLUSTER)
+        # one single node per scenario (and initial rebalance delay, suite_sets.
+        # REBALANCE_DELAYS), and a 3 + 3 cluster for the tests that need three brokers
+        # (suite_sets.CLUSTER)
         by_target = {}
         for t in to_run:
-            key = (t["num"] in suite_sets.CLUSTER, scenario_of(t))
+            delay = suite_sets.REBALANCE_DELAYS.get(t["num"], args.rebalance_delay)
+            key = (t["num"] in suite_sets.CLUSTER, scenario_of(t), delay or "")
             by_target.setdefault(key, []).append(t)
-        for cluster, scenario in sorted(by_target, key=lambda k: (k[0], k[1] != "default")):
+        for target in sorted(by_target, key=lambda k: (k[0], k[1] != "default", k[2])):
+            cluster, scenario, delay = target
             kind = StrataCluster if cluster else Strata
             node = kind(os.path.abspath(args.strata_bin), rundir, scenario,
-                        args.rebalance_delay, ports)
+                        delay or None, ports)
             strata_nodes.append(node)
             node.start()
             nums = {}
-            for t in by_target[(cluster, scenario)]:
+            for t in by_target[target]:
                 nums.setdefault(t["num"], []).append(t["name"])
             for num in sorted(nums):
                 if not node.alive():
