@@ -519,4 +519,6 @@ def test_broker_describe_configs(broker):
                 "log.message.timestamp.type"):
         assert key in d, (key, sorted(d))
     assert d["log.retention.ms"].value == "604800000"
+    # KIP-368: 0 while re-authentication is off (librdkafka's 0142 reads it)
+    assert d["connections.max.reauth.ms"].value == "0"
     assert str(broker.port) in d["advertised.listeners"].value

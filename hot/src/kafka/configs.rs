@@ -395,6 +395,13 @@ fn describe_broker(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, St
             "Idle connections are closed after this (kafka.idle_timeout)",
         ),
         fixed(
+            "connections.max.reauth.ms",
+            Some(listener.max_reauth.map_or(0, |d| d.as_millis()).to_string()),
+            TYPE_LONG,
+            "How long a SASL session lasts before the client must re-authenticate (KIP-368; \
+             [kafka.sasl] connections_max_reauth); 0: never",
+        ),
+        fixed(
             "fetch.max.bytes",
             Some(listener.fetch_max_bytes.to_string()),
             TYPE_INT,
