@@ -1,11 +1,15 @@
 """One consumer group member as its own process, for tests/test_groups.py.
 
     group_member.py LIB BOOTSTRAP GROUP TOPIC OUT [--assignor NAME] [--delay SECONDS]
+                    [--protocol classic|consumer]
 
 LIB is `confluent` (librdkafka) or `kafka-python`. Every record consumed is written to OUT
 as `R <partition> <offset> <value>` and flushed before its offset is committed (synchronously,
 after each poll), so the file is what the member processed and the commits never run ahead
-of it: at-least-once. Every new assignment is written as `A <unix time> <p,p,...>`. SIGTERM
+of it: at-least-once. Every new assignment is written as `A <unix time> <p,p,...>`. With
+`--protocol consumer` (librdkafka only) the member speaks KIP-848's consumer protocol: the
+coordinator assigns (`--assignor` names its server-side assignor, uniform or range), and
+assignments change incrementally. SIGTERM
 closes the consumer cleanly (leaving the group); SIGKILL is what the tests use for crashes.
 """
 
@@ -34,6 +38,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--assignor", default="roundrobin")
     ap.add_argument("--delay", type=float, default=0.0, help="seconds of work per record")
+    ap.add_argument("--protocol", choices=["classic", "consumer"], default="classic")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, on_term)
     out = open(args.out, "a", buffering=1)
@@ -46,19 +51,25 @@ def main():
     if args.lib == "confluent":
         from confluent_kafka import Consumer
 
-        c = Consumer({
+        conf = {
             "bootstrap.servers": args.bootstrap,
             "group.id": args.group,
             "client.id": f"member-{args.out.rsplit('/', 1)[-1]}",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
-            "session.timeout.ms": SESSION_TIMEOUT_MS,
-            "heartbeat.interval.ms": HEARTBEAT_MS,
-            "partition.assignment.strategy": args.assignor,
-        })
+        }
+        if args.protocol == "consumer":
+            # timeouts and the assignor are the coordinator's (group configs)
+            conf.update({"group.protocol": "consumer", "group.remote.assignor": args.assignor})
+        else:
+            conf.update({"session.timeout.ms": SESSION_TIMEOUT_MS,
+                         "heartbeat.interval.ms": HEARTBEAT_MS,
+                         "partition.assignment.strategy": args.assignor})
+        c = Consumer(conf)
+        incremental = args.assignor == "cooperative-sticky" or args.protocol == "consumer"
 
         def on_assign(consumer, partitions):
-            if args.assignor == "cooperative-sticky":
+            if incremental:
                 assigned.update(p.partition for p in partitions)
                 consumer.incremental_assign(partitions)
             else:
@@ -67,9 +78,10 @@ def main():
             note_assignment(assigned)
 
         def on_revoke(consumer, partitions):
-            if args.assignor == "cooperative-sticky":
+            if incremental:
                 assigned.difference_update(p.partition for p in partitions)
                 consumer.incremental_unassign(partitions)
+                note_assignment(assigned)
 
         c.subscribe([args.topic], on_assign=on_assign, on_revoke=on_revoke)
         while not stop:

@@ -26,10 +26,11 @@ use kafka_protocol::messages::offset_fetch_request::{
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
 use kafka_protocol::messages::{
-    ApiKey, ConsumerProtocolAssignment, CreateTopicsRequest, DeleteGroupsRequest,
-    DeleteTopicsRequest, DescribeGroupsRequest, FindCoordinatorRequest, GroupId, HeartbeatRequest,
-    JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest, OffsetCommitRequest,
-    OffsetDeleteRequest, OffsetFetchRequest, ProduceRequest, SyncGroupRequest, TopicName,
+    ApiKey, ConsumerGroupHeartbeatRequest, ConsumerProtocolAssignment, CreateTopicsRequest,
+    DeleteGroupsRequest, DeleteTopicsRequest, DescribeGroupsRequest, FindCoordinatorRequest,
+    GroupId, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
+    OffsetCommitRequest, OffsetDeleteRequest, OffsetFetchRequest, ProduceRequest, SyncGroupRequest,
+    TopicName,
 };
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use strata_client::{Admin, Connection};
@@ -239,6 +240,7 @@ async fn every_group_api_answers_at_every_served_version() {
         ApiKey::DescribeGroups,
         ApiKey::DeleteGroups,
         ApiKey::OffsetDelete,
+        ApiKey::ConsumerGroupHeartbeat,
     ];
     for &(key, min, max) in SUPPORTED_APIS
         .iter()
@@ -453,6 +455,81 @@ async fn every_group_api_answers_at_every_served_version() {
                         "v{v}: deleted, NON_EMPTY_GROUP, GROUP_ID_NOT_FOUND"
                     );
                     assert_eq!(fetched(&mut conn, &g).await, vec![-1; 4], "v{v}");
+                }
+                ApiKey::ConsumerGroupHeartbeat => {
+                    // v0: the coordinator names the member; v1 (KIP-1082): the client does
+                    let named = if v == 0 { "" } else { "client-made-id" };
+                    let r = conn
+                        .send(
+                            &ConsumerGroupHeartbeatRequest::default()
+                                .with_group_id(gid(&g))
+                                .with_member_id(s(named))
+                                .with_member_epoch(0)
+                                .with_rebalance_timeout_ms(30_000)
+                                .with_subscribed_topic_names(Some(vec![TopicName(s("orders"))]))
+                                .with_topic_partitions(Some(Vec::new())),
+                            v,
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(r.error_code, 0, "v{v}: {:?}", r.error_message);
+                    let member = r.member_id.expect("the member id").to_string();
+                    assert!(!member.is_empty() && (v == 0 || member == named), "v{v}");
+                    assert!(
+                        r.member_epoch > 0 && r.heartbeat_interval_ms == 5_000,
+                        "v{v}"
+                    );
+                    let given = &r.assignment.expect("a joining member's assignment");
+                    assert_eq!(given.topic_partitions[0].partitions.len(), 4, "v{v}");
+                    // OffsetCommit v9: the generation is the member epoch
+                    let epoch = r.member_epoch;
+                    for (at, code) in [(epoch, 0), (epoch - 1, 113)] {
+                        let c = conn
+                            .send(&commit_request(&g, &member, at, &[(0, 5)]), 9)
+                            .await
+                            .unwrap();
+                        assert_eq!(
+                            c.topics[0].partitions[0].error_code, code,
+                            "v{v} epoch {at}"
+                        );
+                    }
+                    // a classic JoinGroup cannot take the group while it has members
+                    let j = conn
+                        .send(
+                            &JoinGroupRequest::default()
+                                .with_group_id(gid(&g))
+                                .with_session_timeout_ms(10_000)
+                                .with_rebalance_timeout_ms(10_000)
+                                .with_protocol_type(s("consumer"))
+                                .with_protocols(vec![JoinGroupRequestProtocol::default()
+                                    .with_name(s("range"))
+                                    .with_metadata(Bytes::new())]),
+                            5,
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(j.error_code, 23, "v{v}: INCONSISTENT_GROUP_PROTOCOL");
+                    // nor does DescribeGroups describe it, as Kafka 4.0 answers
+                    let d = conn
+                        .send(
+                            &DescribeGroupsRequest::default().with_groups(vec![gid(&g)]),
+                            5,
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(d.groups[0].error_code, 69, "v{v}: GROUP_ID_NOT_FOUND");
+                    // leaving empties the group
+                    let l = conn
+                        .send(
+                            &ConsumerGroupHeartbeatRequest::default()
+                                .with_group_id(gid(&g))
+                                .with_member_id(s(&member))
+                                .with_member_epoch(-1),
+                            v,
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!((l.error_code, l.member_epoch), (0, -1), "v{v}");
                 }
                 ApiKey::OffsetDelete => {
                     assert_eq!(

@@ -16,6 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use super::consumer::{self, ConsumerGroup, ConsumerGroupConfig, Heartbeat, HeartbeatReply};
 use super::records::{CommittedOffset, PendingTxn, RecordKey, Replayed};
 use super::state::{
     codes, Group, GroupConfig, GroupState, GroupView, Join, JoinReply, Replies, Reply, SyncReply,
@@ -74,6 +75,8 @@ struct Groups {
     persisted: HashMap<String, Bytes>,
     /// Offsets committed in open transactions, by producer id (see [`PendingTxn`]).
     txn_pending: HashMap<i64, PendingTxn>,
+    /// Groups on KIP-848's consumer protocol, with the configs of their last heartbeat.
+    consumer: HashMap<String, (ConsumerGroup, ConsumerGroupConfig)>,
 }
 
 pub struct Coordinator {
@@ -262,6 +265,7 @@ impl Coordinator {
         s.pending.clear();
         s.offsets.clear();
         s.txn_pending.clear();
+        s.consumer.clear();
     }
 
     /// Writes a group's state when it became empty, so a new coordinator does not bring
@@ -322,6 +326,13 @@ impl Coordinator {
         let caller = j.member_id.clone();
         let rx = {
             let mut s = self.lock();
+            if s.consumer.get(group).is_some_and(|(g, _)| !g.is_empty()) {
+                // its members speak the consumer protocol (KIP-848)
+                return JoinReply {
+                    error: codes::INCONSISTENT_GROUP_PROTOCOL,
+                    ..join_failed(&j.member_id)
+                };
+            }
             let config = self.config;
             let g = s
                 .groups
@@ -591,6 +602,10 @@ impl Coordinator {
             return NOT_COORDINATOR;
         }
         let s = self.lock();
+        if let Some((g, _)) = s.consumer.get(group).filter(|(g, _)| !g.is_empty()) {
+            // KIP-848: the generation is the member's epoch
+            return g.may_commit(member, generation).unwrap_or(codes::NONE);
+        }
         match s.groups.get(group) {
             Some(g) if g.state() == GroupState::Dead => NOT_COORDINATOR,
             Some(g) if g.state() != GroupState::Empty || generation >= 0 => {
@@ -652,10 +667,75 @@ impl Coordinator {
         out.into_iter().map(|(id, (t, st))| (id, t, st)).collect()
     }
 
+    /// The groups on the consumer protocol (KIP-848) with members: (id, state).
+    pub fn list_consumer_groups(&self) -> Vec<(String, &'static str)> {
+        self.lock()
+            .consumer
+            .iter()
+            .filter(|(_, (g, _))| !g.is_empty())
+            .map(|(id, (g, _))| (id.clone(), g.state()))
+            .collect()
+    }
+
+    /// A consumer-protocol group's view, if it has members.
+    pub fn describe_consumer_group(&self, group: &str) -> Option<consumer::ConsumerGroupView> {
+        self.lock()
+            .consumer
+            .get(group)
+            .filter(|(g, _)| !g.is_empty())
+            .map(|(g, _)| g.view())
+    }
+
+    /// ConsumerGroupHeartbeat (KIP-848). `topics`: the topics the member may be given.
+    pub fn consumer_heartbeat(
+        &self,
+        group: &str,
+        hb: Heartbeat,
+        client: &consumer::Client,
+        topics: &consumer::Topics,
+        config: ConsumerGroupConfig,
+    ) -> HeartbeatReply {
+        let refused = |code: i16, message: String| HeartbeatReply {
+            error: code,
+            message: Some(message),
+            member_id: hb.member_id.clone(),
+            member_epoch: hb.member_epoch,
+            heartbeat_interval_ms: 0,
+            assignment: None,
+        };
+        if self.is_closed() {
+            return refused(NOT_COORDINATOR, "the coordinator moved".into());
+        }
+        let mut s = self.lock();
+        if s.groups
+            .get(group)
+            .is_some_and(|g| g.state() != GroupState::Empty)
+        {
+            return refused(
+                GROUP_ID_NOT_FOUND,
+                format!("group {group} is a classic group with members, not a consumer group"),
+            );
+        }
+        let now = self.clock.now_ms();
+        let entry = s
+            .consumer
+            .entry(group.to_string())
+            .or_insert_with(|| (ConsumerGroup::new(group), config));
+        entry.1 = config;
+        let r = entry.0.heartbeat(hb, client, topics, config, now);
+        if entry.0.is_empty() {
+            s.consumer.remove(group);
+        }
+        r
+    }
+
     /// DescribeGroups: `None` for a group this coordinator does not know (Kafka answers
     /// it as Dead with no members).
     pub fn describe(&self, group: &str) -> Option<GroupView> {
         let s = self.lock();
+        if s.consumer.get(group).is_some_and(|(g, _)| !g.is_empty()) {
+            return None;
+        }
         match s.groups.get(group) {
             Some(g) => Some(g.view()),
             None if s.offsets.contains_key(group) => Some(Group::new(group, self.config).view()),
@@ -672,6 +752,9 @@ impl Coordinator {
         {
             let s = self.lock();
             let known = s.offsets.contains_key(group) || s.groups.contains_key(group);
+            if s.consumer.get(group).is_some_and(|(g, _)| !g.is_empty()) {
+                return NON_EMPTY_GROUP;
+            }
             match s.groups.get(group) {
                 _ if !known => return GROUP_ID_NOT_FOUND,
                 Some(g) if g.state() != GroupState::Empty => return NON_EMPTY_GROUP,
@@ -805,6 +888,12 @@ impl Coordinator {
             .filter(|(_, g)| g.next_deadline().is_some_and(|d| d <= now))
             .map(|(id, _)| id.clone())
             .collect();
+        s.consumer.retain(|id, (g, config)| {
+            for member in g.tick(*config, now) {
+                tracing::info!(group = %id, member, "consumer group member removed: no heartbeat within its session, or partitions not given up within its rebalance timeout");
+            }
+            !g.is_empty()
+        });
         for id in due {
             let replies = match s.groups.get_mut(&id) {
                 Some(g) => {

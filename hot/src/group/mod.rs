@@ -5,6 +5,7 @@
 //! APIs are in `crate::kafka::group`; see docs/consumer-groups.md.
 
 pub mod assign;
+pub mod consumer;
 pub mod coordinator;
 pub mod manager;
 pub mod native;

@@ -1,7 +1,13 @@
-//! The classic consumer group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
+//! The consumer group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
 //! LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups and DeleteGroups.
-//! They translate between Kafka's messages and the coordinator (`crate::group`).
+//! They translate between Kafka's messages and the coordinator (`crate::group`). Also
+//! KIP-848's ConsumerGroupHeartbeat, whose groups the coordinator assigns itself.
 
+use std::collections::BTreeMap;
+
+use kafka_protocol::messages::consumer_group_heartbeat_response::{
+    Assignment, TopicPartitions as HeartbeatTopicPartitions,
+};
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
 use kafka_protocol::messages::find_coordinator_response::Coordinator as FoundCoordinator;
@@ -29,14 +35,18 @@ use kafka_protocol::messages::{
     OffsetCommitResponse, OffsetDeleteRequest, OffsetDeleteResponse, OffsetFetchRequest,
     OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
 };
+use kafka_protocol::messages::{ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse};
 use kafka_protocol::messages::{TxnOffsetCommitRequest, TxnOffsetCommitResponse};
 use kafka_protocol::protocol::StrBytes;
 use strata_controller::metadata::acl::{Operation, ResourceType};
+use strata_controller::metadata::dynamic::ConfigScope;
+use strata_core::dynamic_config::GROUP_CONFIGS;
 
 use super::{codes, s, Request};
+use crate::group::consumer::{Client as ConsumerClient, ConsumerGroupConfig, Heartbeat, Topics};
 use crate::group::coordinator::{Commit, Coordinator, GROUP_ID_NOT_FOUND};
 use crate::group::invalid_group_id;
-use crate::group::manager::INVALID_GROUP_ID;
+use crate::group::manager::{is_internal, INVALID_GROUP_ID};
 use crate::group::state::{codes as group_codes, GroupState, Join};
 
 /// Kafka's OFFSET_METADATA_TOO_LARGE.
@@ -248,6 +258,115 @@ pub(super) fn heartbeat(ctx: &Request, req: HeartbeatRequest) -> HeartbeatRespon
         Err(code) => code,
     };
     HeartbeatResponse::default().with_error_code(code)
+}
+
+/// The consumer protocol's configs of `group` (KIP-848 group configs, else their defaults)
+/// and this broker's group size limit.
+fn consumer_group_config(ctx: &Request, group: &str) -> ConsumerGroupConfig {
+    let broker = ctx.broker();
+    let layer = broker.dynamic_layer(&ConfigScope::Group(group.to_string()));
+    let value = |name: &str| -> i64 {
+        let default = GROUP_CONFIGS
+            .iter()
+            .find(|g| g.name == name)
+            .map_or(0, |g| g.default);
+        layer
+            .get(name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    ConsumerGroupConfig {
+        session_timeout_ms: value("consumer.session.timeout.ms"),
+        heartbeat_interval_ms: value("consumer.heartbeat.interval.ms") as i32,
+        max_size: broker.config().groups.group.max_size,
+    }
+}
+
+/// ConsumerGroupHeartbeat (KIP-848): the coordinator assigns partitions itself; see
+/// `crate::group::consumer`. Needs Read on the group, and Describe on every topic named.
+pub(super) fn consumer_group_heartbeat(
+    ctx: &Request,
+    req: ConsumerGroupHeartbeatRequest,
+) -> ConsumerGroupHeartbeatResponse {
+    let failed = |code: i16, message: String| {
+        ConsumerGroupHeartbeatResponse::default()
+            .with_error_code(code)
+            .with_error_message(Some(s(message)))
+            .with_member_id(Some(req.member_id.clone()))
+            .with_member_epoch(req.member_epoch)
+    };
+    let group = req.group_id.0.to_string();
+    let c = match coordinator(ctx, &group, Operation::Read) {
+        Ok(c) => c,
+        Err(code) => return failed(code, format!("cannot coordinate group '{group}' here")),
+    };
+    let names: Option<Vec<String>> = req
+        .subscribed_topic_names
+        .as_ref()
+        .map(|n| n.iter().map(|t| t.0.to_string()).collect());
+    if let Some(denied) = names
+        .iter()
+        .flatten()
+        .find(|t| !ctx.may_topic(Operation::Describe, t))
+    {
+        return failed(
+            codes::TOPIC_AUTHORIZATION_FAILED,
+            format!("{} may not describe topic {denied}", ctx.principal),
+        );
+    }
+    // what the member may be given: topics it may describe (internal ones only by name)
+    let topics: Topics = ctx
+        .broker()
+        .topics()
+        .into_iter()
+        .filter(|t| ctx.may_topic(Operation::Describe, &t.spec.name))
+        .filter(|t| !is_internal(&t.spec.name) || names.iter().flatten().any(|n| *n == t.spec.name))
+        .map(|t| (t.spec.name.clone(), (t.spec.id, t.spec.partitions)))
+        .collect();
+    let member_id = if req.member_id.is_empty() && req.member_epoch == 0 && ctx.version == 0 {
+        // v0: the coordinator names new members (v1: the client does, KIP-1082)
+        uuid::Uuid::new_v4().to_string()
+    } else {
+        req.member_id.to_string()
+    };
+    let hb = Heartbeat {
+        member_id,
+        member_epoch: req.member_epoch,
+        instance_id: req.instance_id.as_ref().map(|i| i.to_string()),
+        rack_id: req.rack_id.as_ref().map(|r| r.to_string()),
+        rebalance_timeout_ms: req.rebalance_timeout_ms,
+        subscribed_topic_names: names,
+        subscribed_topic_regex: req.subscribed_topic_regex.as_ref().map(|r| r.to_string()),
+        server_assignor: req.server_assignor.as_ref().map(|a| a.to_string()),
+        owned: req.topic_partitions.as_ref().map(|tps| {
+            tps.iter()
+                .map(|tp| (tp.topic_id, tp.partitions.iter().copied().collect()))
+                .collect()
+        }),
+    };
+    let client = ConsumerClient {
+        id: ctx.client_id.clone(),
+        host: format!("/{}", ctx.peer.ip()),
+    };
+    let config = consumer_group_config(ctx, &group);
+    let r = c.consumer_heartbeat(&group, hb, &client, &topics, config);
+    ConsumerGroupHeartbeatResponse::default()
+        .with_error_code(r.error)
+        .with_error_message(r.message.map(s))
+        .with_member_id(Some(s(r.member_id)))
+        .with_member_epoch(r.member_epoch)
+        .with_heartbeat_interval_ms(r.heartbeat_interval_ms)
+        .with_assignment(r.assignment.map(|a| {
+            Assignment::default().with_topic_partitions(
+                a.into_iter()
+                    .map(|(topic, ps)| {
+                        HeartbeatTopicPartitions::default()
+                            .with_topic_id(topic)
+                            .with_partitions(ps.into_iter().collect())
+                    })
+                    .collect(),
+            )
+        }))
 }
 
 pub(super) fn leave(ctx: &Request, req: LeaveGroupRequest) -> LeaveGroupResponse {
@@ -588,19 +707,28 @@ pub(super) fn list_groups(ctx: &Request, req: ListGroupsRequest) -> ListGroupsRe
         .iter()
         .map(|s| s.to_ascii_lowercase())
         .collect();
-    // v5 (KIP-848): every group here speaks the classic protocol
-    let classic_wanted = req.types_filter.is_empty()
-        || req
-            .types_filter
-            .iter()
-            .any(|t| t.eq_ignore_ascii_case("classic"));
-    if !classic_wanted {
-        return ListGroupsResponse::default();
-    }
+    // v5 (KIP-848): "classic" or "consumer" (the protocol its members speak)
+    let types: Vec<String> = req
+        .types_filter
+        .iter()
+        .map(|t| t.to_ascii_lowercase())
+        .collect();
     let mut groups = Vec::new();
     for c in ctx.broker().groups().coordinators() {
-        for (id, protocol_type, state) in c.list() {
-            if !wanted.is_empty() && !wanted.contains(&state.name().to_ascii_lowercase()) {
+        // id -> (protocol type, state, group type)
+        let mut found: BTreeMap<String, (String, String, &str)> = c
+            .list()
+            .into_iter()
+            .map(|(id, t, state)| (id, (t, state.name().to_string(), "classic")))
+            .collect();
+        for (id, state) in c.list_consumer_groups() {
+            found.insert(id, ("consumer".into(), state.to_string(), "consumer"));
+        }
+        for (id, (protocol_type, state, group_type)) in found {
+            if !wanted.is_empty() && !wanted.contains(&state.to_ascii_lowercase()) {
+                continue;
+            }
+            if !types.is_empty() && !types.iter().any(|t| t == group_type) {
                 continue;
             }
             if !ctx.permits(Operation::Describe, ResourceType::Group, &id) {
@@ -610,8 +738,8 @@ pub(super) fn list_groups(ctx: &Request, req: ListGroupsRequest) -> ListGroupsRe
                 ListedGroup::default()
                     .with_group_id(GroupId(s(id)))
                     .with_protocol_type(s(protocol_type))
-                    .with_group_state(s(state.name()))
-                    .with_group_type(s("classic")),
+                    .with_group_state(s(state))
+                    .with_group_type(s(group_type)),
             );
         }
     }
@@ -642,6 +770,12 @@ pub(super) fn describe_groups(ctx: &Request, req: DescribeGroupsRequest) -> Desc
                         .with_error_code(code)
                 }
             };
+            if c.describe_consumer_group(&name).is_some() {
+                // Kafka 4.0: not a classic group (ConsumerGroupDescribe describes it)
+                return DescribedGroup::default()
+                    .with_group_id(id)
+                    .with_error_code(GROUP_ID_NOT_FOUND);
+            }
             let Some(view) = c.describe(&name) else {
                 // Kafka describes an unknown group as Dead with no members.
                 return DescribedGroup::default()

@@ -82,9 +82,10 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::JoinGroup, 0, 9),
     (ApiKey::SyncGroup, 0, 5),
     (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::ConsumerGroupHeartbeat, 0, 1),
     (ApiKey::LeaveGroup, 0, 5),
-    (ApiKey::OffsetCommit, 2, 8),
-    (ApiKey::OffsetFetch, 1, 8),
+    (ApiKey::OffsetCommit, 2, 9),
+    (ApiKey::OffsetFetch, 1, 9),
     (ApiKey::ListGroups, 0, 5),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
@@ -735,6 +736,9 @@ impl KafkaServer {
             Body::JoinGroup(req) => ctx.later(group::join(ctx.clone(), req)),
             Body::SyncGroup(req) => ctx.later(group::sync(ctx.clone(), req)),
             Body::Heartbeat(req) => ctx.respond_now(&group::heartbeat(&ctx, req)),
+            Body::ConsumerGroupHeartbeat(req) => {
+                ctx.respond_now(&group::consumer_group_heartbeat(&ctx, req))
+            }
             Body::LeaveGroup(req) => ctx.respond_now(&group::leave(&ctx, req)),
             Body::OffsetCommit(req) => ctx.later(
                 turns
@@ -855,6 +859,7 @@ pub enum Body {
     JoinGroup(JoinGroupRequest),
     SyncGroup(SyncGroupRequest),
     Heartbeat(HeartbeatRequest),
+    ConsumerGroupHeartbeat(kafka_protocol::messages::ConsumerGroupHeartbeatRequest),
     LeaveGroup(LeaveGroupRequest),
     OffsetCommit(OffsetCommitRequest),
     OffsetFetch(OffsetFetchRequest),
@@ -958,6 +963,9 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::JoinGroup => Body::JoinGroup(decode_body(&mut frame, version)?),
         ApiKey::SyncGroup => Body::SyncGroup(decode_body(&mut frame, version)?),
         ApiKey::Heartbeat => Body::Heartbeat(decode_body(&mut frame, version)?),
+        ApiKey::ConsumerGroupHeartbeat => {
+            Body::ConsumerGroupHeartbeat(decode_body(&mut frame, version)?)
+        }
         ApiKey::LeaveGroup => Body::LeaveGroup(decode_body(&mut frame, version)?),
         ApiKey::OffsetCommit => Body::OffsetCommit(decode_body(&mut frame, version)?),
         ApiKey::OffsetFetch => Body::OffsetFetch(decode_body(&mut frame, version)?),

@@ -1,0 +1,843 @@
+//! One group on KIP-848's consumer protocol (ConsumerGroupHeartbeat): the coordinator
+//! assigns partitions itself and walks each member to its target assignment one heartbeat
+//! at a time. Pure logic with an injected clock: heartbeats and ticks in, answers out.
+//!
+//! - The group epoch grows whenever membership, a subscription or a subscribed topic's
+//!   partition count changes; a new target assignment is computed for it (a sticky,
+//!   balanced assignor: Kafka's `uniform`, or `range` when a member asks for it).
+//! - A member reaches a new epoch only once it gave up every partition its target moved
+//!   away (it is told its assignment without them and reports what it still owns); a
+//!   partition is handed to its new owner only once no other member holds it. So no
+//!   partition is ever owned by two members at once.
+//! - Each member must heartbeat within the session timeout and finish a revocation within
+//!   its rebalance timeout, or it is removed and its partitions are freed.
+//! - Epochs fence zombies: a heartbeat at an older epoch is FENCED_MEMBER_EPOCH (the
+//!   member rejoins with epoch 0), an unknown member is UNKNOWN_MEMBER_ID.
+//!
+//! Membership is kept in memory: a new coordinator (after a failover) does not know the
+//! members, which then rejoin (committed offsets are in `__consumer_offsets` as always).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use uuid::Uuid;
+
+/// Kafka's error codes the consumer protocol answers with.
+pub mod codes {
+    pub const NONE: i16 = 0;
+    pub const INVALID_REQUEST: i16 = 42;
+    pub const UNKNOWN_MEMBER_ID: i16 = 25;
+    pub const GROUP_MAX_SIZE_REACHED: i16 = 81;
+    pub const FENCED_INSTANCE_ID: i16 = 82;
+    pub const UNRELEASED_INSTANCE_ID: i16 = 111;
+    pub const FENCED_MEMBER_EPOCH: i16 = 110;
+    pub const UNSUPPORTED_ASSIGNOR: i16 = 112;
+    pub const INVALID_REGULAR_EXPRESSION: i16 = 130;
+}
+
+/// Member epoch -1: the member leaves the group.
+pub const LEAVE_EPOCH: i32 = -1;
+/// Member epoch -2: a static member leaves for now (its instance keeps its place).
+pub const STATIC_LEAVE_EPOCH: i32 = -2;
+
+/// Longest subscription regex taken (it is compiled and matched against every topic).
+pub const MAX_REGEX_BYTES: usize = 1024;
+
+/// Partitions by topic id.
+pub type Assignment = BTreeMap<Uuid, BTreeSet<i32>>;
+
+/// The topics a group can be assigned: name -> (id, partition count).
+pub type Topics = BTreeMap<String, (Uuid, u32)>;
+
+/// Limits of the coordinator and the group's own configs (KIP-848 group configs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerGroupConfig {
+    pub session_timeout_ms: i64,
+    pub heartbeat_interval_ms: i32,
+    pub max_size: usize,
+}
+
+impl Default for ConsumerGroupConfig {
+    fn default() -> Self {
+        ConsumerGroupConfig {
+            session_timeout_ms: 45_000,
+            heartbeat_interval_ms: 5_000,
+            max_size: 1_000,
+        }
+    }
+}
+
+/// The server-side assignors a member may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assignor {
+    Uniform,
+    Range,
+}
+
+impl Assignor {
+    pub fn from_name(name: &str) -> Option<Assignor> {
+        match name {
+            "uniform" => Some(Assignor::Uniform),
+            "range" => Some(Assignor::Range),
+            _ => None,
+        }
+    }
+}
+
+/// A ConsumerGroupHeartbeat, with the fields a member left null as `None` (unchanged).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub member_id: String,
+    pub member_epoch: i32,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    pub rebalance_timeout_ms: i32,
+    pub subscribed_topic_names: Option<Vec<String>>,
+    pub subscribed_topic_regex: Option<String>,
+    pub server_assignor: Option<String>,
+    /// What the member owns now (`None`: unchanged since its last heartbeat).
+    pub owned: Option<Assignment>,
+}
+
+/// The answer to a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatReply {
+    pub error: i16,
+    pub message: Option<String>,
+    pub member_id: String,
+    pub member_epoch: i32,
+    pub heartbeat_interval_ms: i32,
+    /// The member's assignment, when it changed or the member sent what it owns.
+    pub assignment: Option<Assignment>,
+}
+
+/// Where a member is on its way to its target assignment (Kafka's member states).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    Stable,
+    /// It must give up partitions first.
+    UnrevokedPartitions,
+    /// At the group's epoch, waiting for partitions other members still hold.
+    UnreleasedPartitions,
+}
+
+impl MemberState {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberState::Stable => "stable",
+            MemberState::UnrevokedPartitions => "unrevoked_partitions",
+            MemberState::UnreleasedPartitions => "unreleased_partitions",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub id: String,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub epoch: i32,
+    pub previous_epoch: i32,
+    pub state: MemberState,
+    pub rebalance_timeout_ms: i64,
+    pub topic_names: Vec<String>,
+    pub regex: Option<String>,
+    pub assignor: Option<Assignor>,
+    /// What it is told it owns.
+    pub assigned: Assignment,
+    /// What it must give up before its next epoch.
+    pub revoking: Assignment,
+    pub last_heard_ms: i64,
+    /// When it must have given up `revoking`.
+    pub revoke_by_ms: Option<i64>,
+    /// A static member that left for now (epoch -2): kept until its session times out.
+    pub away: bool,
+    /// The assignment last sent, to tell when to send it again.
+    sent: Option<Assignment>,
+}
+
+/// The group as DescribeGroups / ConsumerGroupDescribe and ListGroups see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerGroupView {
+    pub state: &'static str,
+    pub epoch: i32,
+    pub assignment_epoch: i32,
+    pub assignor: &'static str,
+    pub members: Vec<(Member, Assignment)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerGroup {
+    id: String,
+    epoch: i32,
+    assignment_epoch: i32,
+    members: BTreeMap<String, Member>,
+    /// The target assignment of `assignment_epoch`, by member.
+    target: BTreeMap<String, Assignment>,
+    /// The subscribed topics with their partition counts when the target was computed.
+    subscribed: BTreeMap<String, (Uuid, u32)>,
+}
+
+/// Who sent a heartbeat (kept for the operator's view).
+#[derive(Debug, Clone, Default)]
+pub struct Client {
+    pub id: String,
+    pub host: String,
+}
+
+fn count(a: &Assignment) -> usize {
+    a.values().map(BTreeSet::len).sum()
+}
+
+fn minus(a: &Assignment, b: &Assignment) -> Assignment {
+    let mut out = Assignment::new();
+    for (t, ps) in a {
+        let rest: BTreeSet<i32> = match b.get(t) {
+            Some(bs) => ps.difference(bs).copied().collect(),
+            None => ps.clone(),
+        };
+        if !rest.is_empty() {
+            out.insert(*t, rest);
+        }
+    }
+    out
+}
+
+fn intersect(a: &Assignment, b: &Assignment) -> Assignment {
+    let mut out = Assignment::new();
+    for (t, ps) in a {
+        if let Some(bs) = b.get(t) {
+            let both: BTreeSet<i32> = ps.intersection(bs).copied().collect();
+            if !both.is_empty() {
+                out.insert(*t, both);
+            }
+        }
+    }
+    out
+}
+
+fn holds(a: &Assignment, topic: &Uuid, partition: i32) -> bool {
+    a.get(topic).is_some_and(|ps| ps.contains(&partition))
+}
+
+fn add(a: &mut Assignment, topic: Uuid, partition: i32) {
+    a.entry(topic).or_default().insert(partition);
+}
+
+fn reply(error: i16, message: impl Into<String>, member_id: &str, epoch: i32) -> HeartbeatReply {
+    HeartbeatReply {
+        error,
+        message: Some(message.into()),
+        member_id: member_id.to_string(),
+        member_epoch: epoch,
+        heartbeat_interval_ms: 0,
+        assignment: None,
+    }
+}
+
+impl ConsumerGroup {
+    pub fn new(id: &str) -> ConsumerGroup {
+        ConsumerGroup {
+            id: id.to_string(),
+            epoch: 0,
+            assignment_epoch: 0,
+            members: BTreeMap::new(),
+            target: BTreeMap::new(),
+            subscribed: BTreeMap::new(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    pub fn has_member(&self, id: &str) -> bool {
+        self.members.contains_key(id)
+    }
+
+    /// A member's epoch, for OffsetCommit / OffsetFetch (`None`: not a member).
+    pub fn member_epoch(&self, id: &str) -> Option<i32> {
+        self.members.get(id).map(|m| m.epoch)
+    }
+
+    /// Kafka's group states for this protocol.
+    pub fn state(&self) -> &'static str {
+        if self.members.is_empty() {
+            "Empty"
+        } else if self.assignment_epoch < self.epoch {
+            "Assigning"
+        } else if self
+            .members
+            .values()
+            .any(|m| m.epoch != self.assignment_epoch || m.state != MemberState::Stable)
+        {
+            "Reconciling"
+        } else {
+            "Stable"
+        }
+    }
+
+    pub fn view(&self) -> ConsumerGroupView {
+        ConsumerGroupView {
+            state: self.state(),
+            epoch: self.epoch,
+            assignment_epoch: self.assignment_epoch,
+            assignor: match self.preferred_assignor() {
+                Assignor::Uniform => "uniform",
+                Assignor::Range => "range",
+            },
+            members: self
+                .members
+                .values()
+                .map(|m| {
+                    (
+                        m.clone(),
+                        self.target.get(&m.id).cloned().unwrap_or_default(),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// The assignor most members ask for (ties and none: uniform).
+    fn preferred_assignor(&self) -> Assignor {
+        let range = self
+            .members
+            .values()
+            .filter(|m| m.assignor == Some(Assignor::Range))
+            .count();
+        let uniform = self
+            .members
+            .values()
+            .filter(|m| m.assignor == Some(Assignor::Uniform))
+            .count();
+        if range > uniform {
+            Assignor::Range
+        } else {
+            Assignor::Uniform
+        }
+    }
+
+    /// One heartbeat from a member. `topics`: every topic the cluster has now.
+    pub fn heartbeat(
+        &mut self,
+        hb: Heartbeat,
+        client: &Client,
+        topics: &Topics,
+        config: ConsumerGroupConfig,
+        now: i64,
+    ) -> HeartbeatReply {
+        if let Err(r) = Self::check(&hb) {
+            return r;
+        }
+        match hb.member_epoch {
+            LEAVE_EPOCH | STATIC_LEAVE_EPOCH => return self.leave(&hb, now),
+            0 => {
+                if let Err(r) = self.join(&hb, client, config, now) {
+                    return r;
+                }
+            }
+            epoch => {
+                let Some(m) = self.members.get(&hb.member_id) else {
+                    return reply(
+                        codes::UNKNOWN_MEMBER_ID,
+                        format!("member {} is not in group {}", hb.member_id, self.id),
+                        &hb.member_id,
+                        epoch,
+                    );
+                };
+                let owned_ok = hb
+                    .owned
+                    .as_ref()
+                    .is_some_and(|o| minus(o, &m.assigned).is_empty());
+                if epoch != m.epoch && !(epoch == m.previous_epoch && owned_ok) {
+                    return reply(
+                        codes::FENCED_MEMBER_EPOCH,
+                        format!(
+                            "member epoch {epoch} is stale (the member is at {}); rejoin with epoch 0",
+                            m.epoch
+                        ),
+                        &hb.member_id,
+                        epoch,
+                    );
+                }
+            }
+        }
+        let id = hb.member_id.clone();
+        let changed = {
+            let m = self.members.get_mut(&id).expect("joined or checked above");
+            m.last_heard_ms = now;
+            m.away = false;
+            m.client_id.clone_from(&client.id);
+            m.client_host.clone_from(&client.host);
+            if hb.rebalance_timeout_ms > 0 {
+                m.rebalance_timeout_ms = hb.rebalance_timeout_ms as i64;
+            }
+            if let Some(r) = &hb.rack_id {
+                m.rack_id = Some(r.clone());
+            }
+            let mut changed = false;
+            if let Some(names) = hb.subscribed_topic_names {
+                let mut names = names;
+                names.sort();
+                names.dedup();
+                changed |= names != m.topic_names;
+                m.topic_names = names;
+            }
+            if let Some(regex) = hb.subscribed_topic_regex {
+                let regex = (!regex.is_empty()).then_some(regex);
+                changed |= regex != m.regex;
+                m.regex = regex;
+            }
+            if let Some(a) = &hb.server_assignor {
+                let assignor = Assignor::from_name(a);
+                changed |= assignor != m.assignor;
+                m.assignor = assignor;
+            }
+            changed
+        };
+        if changed {
+            self.epoch += 1;
+        }
+        self.refresh_subscriptions(topics);
+        if self.assignment_epoch < self.epoch {
+            self.compute_target(topics);
+        }
+        self.reconcile(&id, hb.owned.as_ref(), now);
+        let m = self.members.get_mut(&id).expect("still a member");
+        let full = hb.owned.is_some() || hb.member_epoch == 0;
+        let assignment = (full || m.sent.as_ref() != Some(&m.assigned)).then(|| {
+            m.sent = Some(m.assigned.clone());
+            m.assigned.clone()
+        });
+        HeartbeatReply {
+            error: codes::NONE,
+            message: None,
+            member_id: id,
+            member_epoch: m.epoch,
+            heartbeat_interval_ms: config.heartbeat_interval_ms,
+            assignment,
+        }
+    }
+
+    /// Request checks that need no state (Kafka's INVALID_REQUEST cases).
+    fn check(hb: &Heartbeat) -> Result<(), HeartbeatReply> {
+        let bad = |why: &str| {
+            Err(reply(
+                codes::INVALID_REQUEST,
+                why,
+                &hb.member_id,
+                hb.member_epoch,
+            ))
+        };
+        if hb.member_id.is_empty() || hb.member_id.len() > 255 {
+            return bad(
+                "a member id of 1 to 255 bytes is required (the client makes it, KIP-1082)",
+            );
+        }
+        if hb.member_epoch < STATIC_LEAVE_EPOCH {
+            return bad("the member epoch is invalid");
+        }
+        if hb.member_epoch == STATIC_LEAVE_EPOCH && hb.instance_id.is_none() {
+            return bad("epoch -2 (a static member leaving) needs an instance id");
+        }
+        if hb.member_epoch == 0 {
+            if hb.rebalance_timeout_ms <= 0 {
+                return bad("joining needs a positive rebalance timeout");
+            }
+            if hb.subscribed_topic_names.is_none() && hb.subscribed_topic_regex.is_none() {
+                return bad("joining needs subscribed topic names or a regex");
+            }
+        }
+        if let Some(regex) = &hb.subscribed_topic_regex {
+            if regex.len() > MAX_REGEX_BYTES {
+                return Err(reply(
+                    codes::INVALID_REGULAR_EXPRESSION,
+                    format!("the subscription regex is longer than {MAX_REGEX_BYTES} bytes"),
+                    &hb.member_id,
+                    hb.member_epoch,
+                ));
+            }
+            if !regex.is_empty() && regex::Regex::new(regex).is_err() {
+                return Err(reply(
+                    codes::INVALID_REGULAR_EXPRESSION,
+                    format!("'{regex}' is not a valid regular expression"),
+                    &hb.member_id,
+                    hb.member_epoch,
+                ));
+            }
+        }
+        if let Some(a) = &hb.server_assignor {
+            if Assignor::from_name(a).is_none() {
+                return Err(reply(
+                    codes::UNSUPPORTED_ASSIGNOR,
+                    format!("assignor '{a}' is not served (uniform, range)"),
+                    &hb.member_id,
+                    hb.member_epoch,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn join(
+        &mut self,
+        hb: &Heartbeat,
+        client: &Client,
+        config: ConsumerGroupConfig,
+        now: i64,
+    ) -> Result<(), HeartbeatReply> {
+        // A static member coming back takes its instance's place (and assignment).
+        if let Some(instance) = &hb.instance_id {
+            let old = self
+                .members
+                .values()
+                .find(|m| m.instance_id.as_deref() == Some(instance.as_str()))
+                .map(|m| (m.id.clone(), m.away));
+            if let Some((old_id, away)) = old {
+                if old_id != hb.member_id {
+                    if !away {
+                        return Err(reply(
+                            codes::UNRELEASED_INSTANCE_ID,
+                            format!("instance {instance} is still held by member {old_id}"),
+                            &hb.member_id,
+                            0,
+                        ));
+                    }
+                    let mut m = self.members.remove(&old_id).expect("found above");
+                    let target = self.target.remove(&old_id);
+                    m.id = hb.member_id.clone();
+                    m.sent = None;
+                    self.members.insert(m.id.clone(), m);
+                    if let Some(t) = target {
+                        self.target.insert(hb.member_id.clone(), t);
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        if let Some(m) = self.members.get_mut(&hb.member_id) {
+            // The same member joining again (it lost its state): it starts over, owning
+            // nothing, at the group's epoch.
+            m.assigned.clear();
+            m.revoking.clear();
+            m.revoke_by_ms = None;
+            m.epoch = 0;
+            m.sent = None;
+            return Ok(());
+        }
+        if self.members.len() >= config.max_size {
+            return Err(reply(
+                codes::GROUP_MAX_SIZE_REACHED,
+                format!("group {} has {} members already", self.id, config.max_size),
+                &hb.member_id,
+                0,
+            ));
+        }
+        self.members.insert(
+            hb.member_id.clone(),
+            Member {
+                id: hb.member_id.clone(),
+                instance_id: hb.instance_id.clone(),
+                rack_id: hb.rack_id.clone(),
+                client_id: client.id.clone(),
+                client_host: client.host.clone(),
+                epoch: 0,
+                previous_epoch: 0,
+                state: MemberState::Stable,
+                rebalance_timeout_ms: hb.rebalance_timeout_ms.max(1) as i64,
+                topic_names: Vec::new(),
+                regex: None,
+                assignor: None,
+                assigned: Assignment::new(),
+                revoking: Assignment::new(),
+                last_heard_ms: now,
+                revoke_by_ms: None,
+                away: false,
+                sent: None,
+            },
+        );
+        self.epoch += 1;
+        Ok(())
+    }
+
+    fn leave(&mut self, hb: &Heartbeat, now: i64) -> HeartbeatReply {
+        let Some(m) = self.members.get_mut(&hb.member_id) else {
+            return reply(
+                codes::UNKNOWN_MEMBER_ID,
+                format!("member {} is not in group {}", hb.member_id, self.id),
+                &hb.member_id,
+                hb.member_epoch,
+            );
+        };
+        if hb.member_epoch == STATIC_LEAVE_EPOCH {
+            // It gives its partitions up, but keeps its place until its session ends.
+            m.away = true;
+            m.last_heard_ms = now;
+        } else {
+            self.remove(&hb.member_id);
+        }
+        HeartbeatReply {
+            error: codes::NONE,
+            message: None,
+            member_id: hb.member_id.clone(),
+            member_epoch: hb.member_epoch,
+            heartbeat_interval_ms: 0,
+            assignment: None,
+        }
+    }
+
+    /// Drops a member: its partitions are free, and the group moves to a new epoch.
+    fn remove(&mut self, id: &str) {
+        if self.members.remove(id).is_some() {
+            self.target.remove(id);
+            self.epoch += 1;
+        }
+    }
+
+    /// The topics a member subscribes to, by name, among those that exist.
+    fn subscription(m: &Member, topics: &Topics) -> BTreeSet<String> {
+        let regex = m.regex.as_deref().and_then(|r| regex::Regex::new(r).ok());
+        topics
+            .keys()
+            .filter(|t| {
+                m.topic_names.iter().any(|n| n == *t)
+                    || regex.as_ref().is_some_and(|r| r.is_match(t))
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Bumps the epoch when the subscribed topics (or their partition counts) changed.
+    fn refresh_subscriptions(&mut self, topics: &Topics) {
+        let mut now = BTreeMap::new();
+        for m in self.members.values() {
+            for t in Self::subscription(m, topics) {
+                now.insert(t.clone(), topics[&t]);
+            }
+        }
+        if now != self.subscribed {
+            self.subscribed = now;
+            self.epoch += 1;
+        }
+    }
+
+    /// The target assignment of the current epoch: balanced over the members subscribed to
+    /// each partition, keeping partitions where they are whenever balance allows.
+    fn compute_target(&mut self, topics: &Topics) {
+        let subs: BTreeMap<String, BTreeSet<String>> = self
+            .members
+            .values()
+            .map(|m| (m.id.clone(), Self::subscription(m, topics)))
+            .collect();
+        let target = match self.preferred_assignor() {
+            Assignor::Uniform => uniform(&subs, topics, &self.target),
+            Assignor::Range => range(&subs, topics),
+        };
+        self.target = target;
+        self.assignment_epoch = self.epoch;
+    }
+
+    /// Whether a member other than `me` holds the partition (assigned or still revoking).
+    fn held_by_other(&self, me: &str, topic: &Uuid, partition: i32) -> bool {
+        self.members.values().any(|m| {
+            m.id != me
+                && (holds(&m.assigned, topic, partition) || holds(&m.revoking, topic, partition))
+        })
+    }
+
+    /// Moves a member one step toward its target assignment (Kafka's
+    /// CurrentAssignmentBuilder). `owned`: what the member says it owns (`None`: as before).
+    fn reconcile(&mut self, id: &str, owned: Option<&Assignment>, now: i64) {
+        let m = &self.members[id];
+        match m.state {
+            // it must confirm it gave the partitions up; without its owned partitions we
+            // cannot tell, and wait
+            MemberState::UnrevokedPartitions
+                if owned.is_none_or(|o| !intersect(o, &m.revoking).is_empty()) => {}
+            MemberState::Stable if m.epoch == self.assignment_epoch => {}
+            _ => self.next_assignment(id, now),
+        }
+    }
+
+    fn next_assignment(&mut self, id: &str, now: i64) {
+        let target = self.target.get(id).cloned().unwrap_or_default();
+        let current = self.members[id].assigned.clone();
+        let kept = intersect(&current, &target);
+        let revoking = minus(&current, &target);
+        let mut assigning = Assignment::new();
+        let mut unreleased = false;
+        for (t, ps) in minus(&target, &current) {
+            for p in ps {
+                if self.held_by_other(id, &t, p) {
+                    unreleased = true;
+                } else {
+                    add(&mut assigning, t, p);
+                }
+            }
+        }
+        let assignment_epoch = self.assignment_epoch;
+        let m = self.members.get_mut(id).expect("a member");
+        if !revoking.is_empty() {
+            // it gives these up first, at its current epoch
+            m.assigned = kept;
+            m.revoking = revoking;
+            m.state = MemberState::UnrevokedPartitions;
+            m.revoke_by_ms = Some(now + m.rebalance_timeout_ms);
+            return;
+        }
+        if m.epoch != assignment_epoch {
+            m.previous_epoch = m.epoch;
+            m.epoch = assignment_epoch;
+        }
+        m.revoking.clear();
+        m.revoke_by_ms = None;
+        m.assigned = kept;
+        for (t, ps) in assigning {
+            m.assigned.entry(t).or_default().extend(ps);
+        }
+        m.state = if unreleased {
+            MemberState::UnreleasedPartitions
+        } else {
+            MemberState::Stable
+        };
+    }
+
+    /// Removes members past their session timeout, and members that did not give up their
+    /// partitions within their rebalance timeout. Returns the ids removed.
+    pub fn tick(&mut self, config: ConsumerGroupConfig, now: i64) -> Vec<String> {
+        let gone: Vec<String> = self
+            .members
+            .values()
+            .filter(|m| {
+                now - m.last_heard_ms > config.session_timeout_ms
+                    || m.revoke_by_ms.is_some_and(|t| now > t)
+            })
+            .map(|m| m.id.clone())
+            .collect();
+        for id in &gone {
+            self.remove(id);
+        }
+        gone
+    }
+
+    /// Members' ids, for DescribeGroups and deletions.
+    pub fn member_ids(&self) -> Vec<String> {
+        self.members.keys().cloned().collect()
+    }
+
+    /// Whether `member` may commit these partitions' offsets at `epoch` (None: yes;
+    /// Some(code): Kafka's refusal).
+    pub fn may_commit(&self, member: &str, epoch: i32) -> Option<i16> {
+        match self.members.get(member) {
+            None => Some(codes::UNKNOWN_MEMBER_ID),
+            Some(m) if m.epoch != epoch => Some(STALE_MEMBER_EPOCH),
+            Some(_) => None,
+        }
+    }
+}
+
+/// Kafka's STALE_MEMBER_EPOCH: an OffsetCommit at an epoch the member left behind.
+pub const STALE_MEMBER_EPOCH: i16 = 113;
+
+/// Every partition of the topics, by (topic name, id).
+fn partitions_of(names: &BTreeSet<String>, topics: &Topics) -> Vec<(String, Uuid, i32)> {
+    names
+        .iter()
+        .filter_map(|n| topics.get(n).map(|(id, count)| (n, *id, *count)))
+        .flat_map(|(n, id, count)| (0..count as i32).map(move |p| (n.clone(), id, p)))
+        .collect()
+}
+
+/// Kafka's `uniform` assignor, sticky: each partition goes to one of the members subscribed
+/// to its topic, as evenly as their subscriptions allow; a partition stays with its
+/// previous owner while that owner is below its fair share.
+fn uniform(
+    subs: &BTreeMap<String, BTreeSet<String>>,
+    topics: &Topics,
+    previous: &BTreeMap<String, Assignment>,
+) -> BTreeMap<String, Assignment> {
+    let mut out: BTreeMap<String, Assignment> = subs
+        .keys()
+        .map(|m| (m.clone(), Assignment::new()))
+        .collect();
+    let all: BTreeSet<String> = subs.values().flatten().cloned().collect();
+    let parts = partitions_of(&all, topics);
+    let eligible = |topic: &str| -> Vec<&String> {
+        subs.iter()
+            .filter(|(_, s)| s.contains(topic))
+            .map(|(m, _)| m)
+            .collect()
+    };
+    // Fair shares: `base` each, one more for `extra` of the members.
+    let members = subs.len().max(1);
+    let (base, mut extra) = (parts.len() / members, parts.len() % members);
+    let mut unassigned = Vec::new();
+    for (name, id, p) in &parts {
+        let keeper = previous
+            .iter()
+            .find(|(m, a)| holds(a, id, *p) && subs.get(*m).is_some_and(|s| s.contains(name)))
+            .map(|(m, _)| m.clone());
+        let room = keeper.as_ref().is_some_and(|m| {
+            let n = count(&out[m]);
+            n < base || (n == base && extra > 0)
+        });
+        match keeper {
+            Some(m) if room => {
+                if count(&out[&m]) == base {
+                    extra -= 1;
+                }
+                add(out.get_mut(&m).expect("a member"), *id, *p);
+            }
+            _ => unassigned.push((name.clone(), *id, *p)),
+        }
+    }
+    for (name, id, p) in unassigned {
+        let best = eligible(&name)
+            .into_iter()
+            .min_by_key(|m| (count(&out[*m]), (*m).clone()));
+        if let Some(m) = best {
+            let m = m.clone();
+            add(out.get_mut(&m).expect("a member"), id, p);
+        }
+    }
+    out
+}
+
+/// Kafka's `range` assignor: each topic's partitions in ranges over its subscribers, in
+/// member id order.
+fn range(
+    subs: &BTreeMap<String, BTreeSet<String>>,
+    topics: &Topics,
+) -> BTreeMap<String, Assignment> {
+    let mut out: BTreeMap<String, Assignment> = subs
+        .keys()
+        .map(|m| (m.clone(), Assignment::new()))
+        .collect();
+    let all: BTreeSet<String> = subs.values().flatten().cloned().collect();
+    for name in &all {
+        let Some((id, partitions)) = topics.get(name) else {
+            continue;
+        };
+        let members: Vec<&String> = subs
+            .iter()
+            .filter(|(_, s)| s.contains(name))
+            .map(|(m, _)| m)
+            .collect();
+        let n = members.len() as u32;
+        let (each, extra) = (partitions / n, partitions % n);
+        let mut next = 0;
+        for (i, m) in members.iter().enumerate() {
+            let take = each + u32::from((i as u32) < extra);
+            for p in next..next + take {
+                add(out.get_mut(*m).expect("a member"), *id, p as i32);
+            }
+            next += take;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
