@@ -827,15 +827,7 @@ pub(super) async fn alter_configs_legacy(
                     may_alter_topic(&ctx, name, &keys)?;
                     let topic = topic_to_alter(&broker, name)?;
                     // a null value sets nothing (the config is left at its default)
-                    let set: BTreeMap<String, String> = r
-                        .configs
-                        .iter()
-                        .filter_map(|c| {
-                            c.value
-                                .as_ref()
-                                .map(|v| (c.name.to_string(), v.to_string()))
-                        })
-                        .collect();
+                    let set = values_given(&r.configs);
                     let remove: Vec<String> = topic
                         .spec
                         .configs
@@ -855,15 +847,7 @@ pub(super) async fn alter_configs_legacy(
                         .map_err(|e| codes::admin(&e))
                 }
                 RESOURCE_BROKER | RESOURCE_GROUP => {
-                    let set: BTreeMap<String, String> = r
-                        .configs
-                        .iter()
-                        .filter_map(|c| {
-                            c.value
-                                .as_ref()
-                                .map(|v| (c.name.to_string(), v.to_string()))
-                        })
-                        .collect();
+                    let set = values_given(&r.configs);
                     let scope = if r.resource_type == RESOURCE_BROKER {
                         broker_scope(&ctx, name, &keys)?
                     } else {
@@ -917,6 +901,63 @@ fn list_op(current: &str, items: &str, append: bool) -> String {
     list.join(",")
 }
 
+/// The values a legacy AlterConfigs gives (a null value sets nothing: the config is left
+/// at its default).
+fn values_given(
+    configs: &[kafka_protocol::messages::alter_configs_request::AlterableConfig],
+) -> BTreeMap<String, String> {
+    configs
+        .iter()
+        .filter_map(|c| {
+            c.value
+                .as_ref()
+                .map(|v| (c.name.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// One resource's IncrementalAlterConfigs operations as (set, remove): SET and DELETE as
+/// given, APPEND / SUBTRACT applied to `current` of the configs `is_list` takes (others are
+/// INVALID_CONFIG, as Kafka answers).
+fn incremental_ops(
+    configs: &[kafka_protocol::messages::incremental_alter_configs_request::AlterableConfig],
+    is_list: impl Fn(&str) -> bool,
+    current: impl Fn(&str) -> String,
+) -> Result<(BTreeMap<String, String>, Vec<String>), codes::Coded> {
+    let mut set = BTreeMap::new();
+    let mut remove = Vec::new();
+    for c in configs {
+        let key = c.name.to_string();
+        let value = c.value.as_ref().map(|v| v.to_string()).unwrap_or_default();
+        match c.config_operation {
+            OP_SET => {
+                set.insert(key, value);
+            }
+            OP_DELETE => remove.push(key),
+            op => {
+                if !is_list(&key) {
+                    let what = if op == OP_APPEND {
+                        "append"
+                    } else {
+                        "subtract"
+                    };
+                    return Err((
+                        codes::INVALID_CONFIG,
+                        format!(
+                            "Config value {what} is not allowed for config key: {key} (only \
+                             list configs: {}, and their broker-level names)",
+                            LIST_CONFIGS.join(", ")
+                        ),
+                    ));
+                }
+                let new = list_op(&current(&key), &value, op == OP_APPEND);
+                set.insert(key, new);
+            }
+        }
+    }
+    Ok((set, remove))
+}
+
 /// IncrementalAlterConfigs: SET, DELETE, and APPEND / SUBTRACT on list configs (applied to
 /// the config's effective value: the topic's own, else the broker default, else Kafka's).
 pub(super) async fn incremental_alter_configs(
@@ -961,34 +1002,11 @@ pub(super) async fn incremental_alter_configs(
                         .into_iter()
                         .map(|(k, v, _)| (k, v))
                         .collect();
-                    let mut set = BTreeMap::new();
-                    let mut remove = Vec::new();
-                    for c in &r.configs {
-                        let key = c.name.to_string();
-                        let value = c.value.as_ref().map(|v| v.to_string()).unwrap_or_default();
-                        match c.config_operation {
-                            OP_SET => {
-                                set.insert(key, value);
-                            }
-                            OP_DELETE => remove.push(key),
-                            op => {
-                                if !LIST_CONFIGS.contains(&key.as_str()) {
-                                    let what = if op == OP_APPEND { "append" } else { "subtract" };
-                                    return Err((
-                                        codes::INVALID_CONFIG,
-                                        format!(
-                                            "Config value {what} is not allowed for config key: {key} \
-                                             (only list configs: {})",
-                                            LIST_CONFIGS.join(", ")
-                                        ),
-                                    ));
-                                }
-                                let current = effective.get(&key).map_or("", String::as_str);
-                                let new = list_op(current, &value, op == OP_APPEND);
-                                set.insert(key, new);
-                            }
-                        }
-                    }
+                    let (set, remove) = incremental_ops(
+                        &r.configs,
+                        |key| LIST_CONFIGS.contains(&key),
+                        |key| effective.get(key).cloned().unwrap_or_default(),
+                    )?;
                     broker
                         .alter_topic_configs(name, set, remove, req.validate_only)
                         .await
@@ -1000,35 +1018,14 @@ pub(super) async fn incremental_alter_configs(
                     } else {
                         group_scope(&ctx, name)?
                     };
-                    let mut set = BTreeMap::new();
-                    let mut remove = Vec::new();
-                    for c in &r.configs {
-                        let key = c.name.to_string();
-                        let value = c.value.as_ref().map(|v| v.to_string()).unwrap_or_default();
-                        match c.config_operation {
-                            OP_SET => {
-                                set.insert(key, value);
-                            }
-                            OP_DELETE => remove.push(key),
-                            op => {
-                                let is_list = matches!(dynamic_config::broker_config(&key),
-                                    Some(BrokerConfig::TopicDefault(t)) if LIST_CONFIGS.contains(&t));
-                                if !is_list {
-                                    let what = if op == OP_APPEND { "append" } else { "subtract" };
-                                    return Err((
-                                        codes::INVALID_CONFIG,
-                                        format!(
-                                            "Config value {what} is not allowed for config key: {key} \
-                                             (only list configs such as log.cleanup.policy)"
-                                        ),
-                                    ));
-                                }
-                                let current = current_dynamic(&ctx, &scope, &key);
-                                let new = list_op(&current, &value, op == OP_APPEND);
-                                set.insert(key, new);
-                            }
-                        }
-                    }
+                    let (set, remove) = incremental_ops(
+                        &r.configs,
+                        |key| {
+                            matches!(dynamic_config::broker_config(key),
+                                Some(BrokerConfig::TopicDefault(t)) if LIST_CONFIGS.contains(&t))
+                        },
+                        |key| current_dynamic(&ctx, &scope, key),
+                    )?;
                     alter_dynamic(&ctx, &scope, set, remove, req.validate_only).await
                 }
                 other => Err(unalterable(other)),
