@@ -2,10 +2,13 @@
 """librdkafka's own integration suite against a `strata dev` node.
 
 Fetches librdkafka's source through cargo (the rdkafka-sys crate bundles it, tests/ included),
-builds the library and its test runner once (cached under --work-dir), starts Strata on free
-ports, runs the selected broker tests one test number at a time with a timeout each, and prints
-a pass/fail/skip table. Exit status 1 if any selected test failed or timed out, 2 on a setup
-error (the message says what to do). Called by scripts/librdkafka-suite.sh; stdlib only.
+builds the library and its test runner once (cached under --work-dir; a second build with
+OpenSSL for the security tests), starts Strata on free ports (with SSL and SASL_SSL listeners
+for the security tests, suite_sets.SECURE), runs the selected broker tests one test number at
+a time with a timeout each, and prints a pass/fail/skip table. Exit status 1 if any selected
+test failed or timed out, 2 on a setup error (the message says what to do). Called by
+scripts/librdkafka-suite.sh; stdlib only (tests/librdkafka/secure.py, run with the shim
+python, makes the certificates and the SCRAM user).
 """
 
 import argparse
@@ -29,17 +32,25 @@ import suite_sets  # noqa: E402
 CRATE = "rdkafka-sys"
 CRATE_VERSION = "4.10.0+2.12.1"
 LIBRDKAFKA_VERSION = "2.12.1"
-# No SSL, SASL/GSSAPI or libcurl (OIDC): the tests that need them need Strata's secure
-# listener and are excluded (suite_sets.EXCLUDED). --no-download: mklove must not fetch its
-# modules from GitHub (they are all in the tarball).
+# No SSL, SASL/GSSAPI or libcurl (OIDC): the tests that need SSL or SASL run with the second
+# build below (suite_sets.SECURE). --no-download: mklove must not fetch its modules from
+# GitHub (they are all in the tarball).
 CONFIGURE_FLAGS = ["--no-download", "--disable-ssl", "--disable-gssapi", "--disable-curl",
                    "--enable-zlib", "--enable-zstd"]
+# The second build, for the tests with a secure profile (suite_sets.SECURE): OpenSSL (SSL,
+# SASL SCRAM) in a build directory of its own (build-secure/), so the plaintext build above
+# and its cache stamp stay as they are. GSSAPI (Kerberos) stays off; so does libcurl (0126's
+# OIDC token endpoint is not served, suite_sets.EXCLUDED).
+SECURE_CONFIGURE_FLAGS = ["--no-download", "--enable-ssl", "--disable-gssapi", "--disable-curl",
+                          "--enable-zlib", "--enable-zstd"]
 # Debian packages the build needs: (package, file or command that shows it is installed).
 APT_PACKAGES = [("gcc", "gcc"), ("g++", "g++"), ("make", "make"), ("pkg-config", "pkg-config"),
                 ("zlib1g-dev", "/usr/include/zlib.h"), ("libzstd-dev", "/usr/include/zstd.h"),
                 # 0053, 0098, 0101 and 0110 check JSON (statistics, the Java helper's output)
                 # with RapidJSON and skip themselves without it
                 ("rapidjson-dev", "/usr/include/rapidjson/document.h")]
+# and, for the secure build, OpenSSL's headers
+SECURE_APT_PACKAGES = APT_PACKAGES + [("libssl-dev", "/usr/include/openssl/ssl.h")]
 KAFKA_VERSION = "4.0.0"  # TEST_KAFKA_VERSION: Strata serves what Kafka 4.0 serves (Produce v3+, KIP-896)
 START_TIMEOUT_S = 30.0
 
@@ -74,8 +85,8 @@ def run(cmd, log=None, **kw):
 
 # --- build prerequisites -------------------------------------------------------------------
 
-def ensure_packages(install: bool):
-    missing = [pkg for pkg, probe in APT_PACKAGES
+def ensure_packages(install: bool, packages=APT_PACKAGES):
+    missing = [pkg for pkg, probe in packages
                if not (Path(probe).exists() if probe.startswith("/") else shutil.which(probe))]
     if not missing:
         return
@@ -128,22 +139,26 @@ def fetch_source(work: Path) -> Path:
     raise SetupError(f"cargo fetched, but `cargo metadata` lists no {CRATE} {CRATE_VERSION}")
 
 
-def build(work: Path, install: bool, rebuild: bool) -> Path:
-    """librdkafka and tests/test-runner, built once; returns the tests directory."""
-    bdir = work / "build"
+def build(work: Path, install: bool, rebuild: bool, secure: bool = False) -> Path:
+    """librdkafka and tests/test-runner, built once; returns the tests directory. secure: the
+    build with OpenSSL (SECURE_CONFIGURE_FLAGS), in build-secure/."""
+    bdir = work / ("build-secure" if secure else "build")
+    flags = SECURE_CONFIGURE_FLAGS if secure else CONFIGURE_FLAGS
+    packages = SECURE_APT_PACKAGES if secure else APT_PACKAGES
+    what = "with OpenSSL " if secure else ""
     tree = bdir / f"librdkafka-{LIBRDKAFKA_VERSION}"
     stamp = tree / ".strata-suite-stamp"
-    want = json.dumps({"crate": CRATE_VERSION, "configure": CONFIGURE_FLAGS,
-                       "packages": [p for p, _ in APT_PACKAGES]})
+    want = json.dumps({"crate": CRATE_VERSION, "configure": flags,
+                       "packages": [p for p, _ in packages]})
     runner = tree / "tests" / "test-runner"
     if not rebuild and runner.is_file() and stamp.is_file() and stamp.read_text() == want:
-        say(f"==> librdkafka {LIBRDKAFKA_VERSION} and its test runner: cached in {tree}")
+        say(f"==> librdkafka {LIBRDKAFKA_VERSION} {what}and its test runner: cached in {tree}")
         return tree / "tests"
-    ensure_packages(install)
+    ensure_packages(install, packages)
     t0 = time.monotonic()
     say(f"==> fetching librdkafka {LIBRDKAFKA_VERSION} ({CRATE} {CRATE_VERSION} from crates.io)")
     src = fetch_source(work)
-    say(f"==> building librdkafka and its test runner in {tree} (logs in {bdir})")
+    say(f"==> building librdkafka {what}and its test runner in {tree} (logs in {bdir})")
     if tree.exists():
         shutil.rmtree(tree)
     bdir.mkdir(parents=True, exist_ok=True)
@@ -152,7 +167,7 @@ def build(work: Path, install: bool, rebuild: bool) -> Path:
         if not p.is_symlink():
             p.chmod(p.stat().st_mode | 0o200)
     jobs = os.environ.get("LRK_JOBS", "2")
-    run(["./configure", *CONFIGURE_FLAGS], log=bdir / "configure.log", cwd=tree)
+    run(["./configure", *flags], log=bdir / "configure.log", cwd=tree)
     run(["make", f"-j{jobs}", "libs"], log=bdir / "make-libs.log", cwd=tree)
     run(["make", f"-j{jobs}", "-C", "tests", "build"], log=bdir / "make-tests.log", cwd=tree)
     if not runner.is_file():
@@ -239,7 +254,7 @@ class Strata:
     def start(self):
         self.starts += 1
         delay = f"-delay{self.rebalance_delay}" if self.rebalance_delay is not None else ""
-        d = self.rundir / f"strata-{self.scenario}{delay}-{self.starts}"
+        d = self.rundir / f"strata-{self.kind}{self.scenario}{delay}-{self.starts}"
         d.mkdir(parents=True)
         self.port = free_port(self.ports_taken)
         conf = d / "strata.toml"
@@ -250,6 +265,7 @@ class Strata:
                  "default_partitions = 4"]
         if self.rebalance_delay is not None:
             lines += ["[groups]", f'initial_rebalance_delay = "{self.rebalance_delay}"']
+        lines += self.extra_config()
         conf.write_text("\n".join(lines) + "\n")
         self.log = d / "strata.log"
         cmd = [self.binary, "dev", "--data-dir", str(d / "data"),
@@ -260,7 +276,7 @@ class Strata:
                "--config", str(conf)]
         with open(self.log, "w") as f:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=pin(self.cpus))
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -268,8 +284,8 @@ class Strata:
             if "strata is ready" in self.log.read_text(errors="replace"):
                 try:
                     socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                    say(f"==> strata dev ({self.scenario} scenario) on 127.0.0.1:{self.port}, "
-                        f"data in {d}")
+                    say(f"==> strata dev ({self.kind}{self.scenario} scenario) on "
+                        f"127.0.0.1:{self.port}, data in {d}")
                     return
                 except OSError:
                     pass
@@ -278,6 +294,14 @@ class Strata:
         self.stop()
         raise SetupError(f"`{' '.join(cmd)}` did not become ready within {START_TIMEOUT_S:.0f} s "
                          f"(exit code {self.proc.returncode}); its log:\n{tail}")
+
+    kind = ""  # "secure-" for SecureStrata
+    cpus = None  # the CPUs the node runs on (SecureStrata), None: any
+    runner_cpus = None  # and its tests' runners
+
+    def extra_config(self):
+        """More lines for strata.toml (SecureStrata: listeners, TLS, SASL)."""
+        return []
 
     @property
     def bootstrap(self):
@@ -288,6 +312,141 @@ class Strata:
 
     def stop(self):
         stop_proc(self.proc)
+
+
+# The security tests' profiles (suite_sets.SECURE): the listener a test's client bootstraps
+# from, what its test.conf says besides metadata.broker.list, and its environment.
+SECURE_USER, SECURE_PASSWORD = "librdkafka-suite", "suite-password-1"
+SSL_KEY_PASSWORD = "suite-key-password"  # the client key's, and its PKCS#12 file's
+SECURE_REAUTH = "5s"  # [kafka.sasl] connections_max_reauth: 0142 budgets 9 x this + 30 s
+
+
+def _ssl_conf(c):
+    return {"security.protocol": "SSL", "ssl.ca.location": c["ca"],
+            "ssl.certificate.location": c["client_cert"], "ssl.key.location": c["client_key"],
+            "ssl.key.password": SSL_KEY_PASSWORD}
+
+
+def _sasl_conf(mechanism):
+    return lambda c: {"security.protocol": "SASL_SSL", "sasl.mechanism": mechanism,
+                      "sasl.username": SECURE_USER, "sasl.password": SECURE_PASSWORD,
+                      "ssl.ca.location": c["ca"]}
+
+
+SECURE_PROFILES = {
+    # SSL with a client certificate, on the listener with client_auth = "required"
+    "ssl": {"listener": "SSL", "conf": _ssl_conf, "env": {"SSL_client_auth": "required"}},
+    # the same on the listener with client_auth = "requested" (trivup's ssl_client_auth =
+    # requested): a client without a trusted certificate gets in as User:ANONYMOUS
+    "ssl-requested": {"listener": "SSL_REQUESTED", "conf": _ssl_conf,
+                      "env": {"SSL_client_auth": "requested"}},
+    "sasl": {"listener": "SASL_SSL", "conf": _sasl_conf("SCRAM-SHA-256")},
+    "sasl-plain": {"listener": "SASL_SSL", "conf": _sasl_conf("PLAIN")},
+}
+
+# The listeners of a secure node: (name, protocol, client_auth). PLAINTEXT is the harness's
+# (readiness, the SCRAM user); the tests use the others through their profile.
+SECURE_LISTENERS = [("PLAINTEXT", "PLAINTEXT", None), ("SSL", "SSL", "required"),
+                    ("SSL_REQUESTED", "SSL", "requested"), ("SASL_SSL", "SASL_SSL", None)]
+
+
+class SecureFixtures:
+    """What the secure nodes share: the certificates (tests/librdkafka/secure.py certs, made
+    once per run in certs/ of the run directory), the config lines for the listeners, TLS and
+    SASL, and the SCRAM user."""
+
+    def __init__(self, rundir: Path, shim_python):
+        self.shim_python = shim_python
+        out = rundir / "certs"
+        made_file = out / "made.json"
+        if made_file.is_file():
+            made = json.loads(made_file.read_text())
+        else:
+            made = run([shim_python, str(HERE / "secure.py"), "certs", str(out),
+                        SSL_KEY_PASSWORD])
+            made = json.loads(made.strip().splitlines()[-1])
+            made_file.write_text(json.dumps(made))
+        self.cert_env, self.certs = made["env"], made["files"]
+
+    def config(self, ports):
+        """strata.toml lines for a broker whose listeners are on ports ({name: port})."""
+        c = self.certs
+        lines = ["# librdkafka's security tests (suite_sets.SECURE): ACLs open to everyone (the",
+                 "# default turns closed once a listener authenticates)",
+                 "[auth]", "allow_everyone_if_no_acl_found = true"]
+        for name, protocol, auth in SECURE_LISTENERS:
+            lines += ["[[kafka.listeners]]", f'name = "{name}"',
+                      f'listen = "127.0.0.1:{ports[name]}"', f'protocol = "{protocol}"']
+            lines += [f'client_auth = "{auth}"'] if auth else []
+        lines += ["[kafka.tls]", f'cert = "{c["server_cert"]}"', f'key = "{c["server_key"]}"',
+                  f'client_ca = "{c["ca"]}"',
+                  # as librdkafka's own test clusters (trivup: ssl.enabled.protocols=TLSv1.2,
+                  # ...): 0097 expects a refused client certificate to fail the handshake
+                  # (ERR__SSL); with TLS 1.3 the client has finished its handshake before the
+                  # broker refuses it, and sees a receive failure (ERR__TRANSPORT) instead
+                  'protocols = ["TLSv1.2"]',
+                  "[kafka.sasl]", 'mechanisms = ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]',
+                  f'connections_max_reauth = "{SECURE_REAUTH}"']
+        return lines
+
+    def make_user(self, plaintext_bootstrap, sasl_bootstrap):
+        say("    " + run([self.shim_python, str(HERE / "secure.py"), "user",
+                          plaintext_bootstrap, sasl_bootstrap, self.certs["ca"],
+                          SECURE_USER, SECURE_PASSWORD]).strip().splitlines()[-1])
+
+    def profile(self, name, bootstraps):
+        """(bootstrap, test.conf settings, environment) for a test of this profile;
+        bootstraps: {listener name: bootstrap list}."""
+        prof = SECURE_PROFILES[name]
+        return (bootstraps[prof["listener"]], prof["conf"](self.certs),
+                dict(self.cert_env, **prof.get("env", {})))
+
+
+class SecureStrata(Strata):
+    """`strata dev` with secure listeners (SecureFixtures): besides the PLAINTEXT listener the
+    harness uses, SSL with client_auth "required", SSL with "requested" and SASL_SSL
+    (SCRAM-SHA-256, SCRAM-SHA-512, PLAIN; sessions of SECURE_REAUTH), and the SCRAM user
+    SECURE_USER made after each start."""
+
+    kind = "secure-"
+
+    def __init__(self, binary, rundir: Path, scenario: str, rebalance_delay, ports, shim_python):
+        super().__init__(binary, rundir, scenario, rebalance_delay, ports)
+        # The node on one CPU, the test runner on the others. 0097 counts on the broker's
+        # first TLS flight not arriving while the client is still inside its first
+        # SSL_connect() call (which reports a failure there as ERR__TRANSPORT, not ERR__SSL);
+        # on a busy machine the broker woken by the ClientHello can preempt the client on its
+        # own CPU and answer within that call. Apart, the client reads before the answer.
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) >= 2:
+            self.cpus, self.runner_cpus = {cpus[-1]}, set(cpus[:-1])
+        self.fixtures = SecureFixtures(rundir, shim_python)
+
+    def extra_config(self):
+        self.listener_ports = {name: free_port(self.ports_taken)
+                               for name, _, _ in SECURE_LISTENERS[1:]}
+        self.listener_ports["PLAINTEXT"] = self.port
+        return self.fixtures.config(self.listener_ports)
+
+    def start(self):
+        super().start()
+        try:
+            self.fixtures.make_user(self.bootstrap,
+                                    f"127.0.0.1:{self.listener_ports['SASL_SSL']}")
+        except SetupError:
+            self.stop()
+            raise
+
+    def profile(self, name):
+        return self.fixtures.profile(name, {n: f"127.0.0.1:{p}"
+                                            for n, p in self.listener_ports.items()})
+
+
+def pin(cpus):
+    """A preexec_fn that keeps the child (and its threads) on cpus; None when cpus is None."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
 
 
 def stop_proc(proc):
@@ -336,6 +495,7 @@ class StrataCluster:
                     "default_partitions = 4\n")
             if self.rebalance_delay is not None:
                 text += f'[groups]\ninitial_rebalance_delay = "{self.rebalance_delay}"\n'
+            text += "".join(f"{line}\n" for line in self.extra_broker_config(i))
         conf = d / f"{name}.toml"
         conf.write_text(text)
         return conf
@@ -343,7 +503,7 @@ class StrataCluster:
     def start(self):
         self.stop()
         self.starts += 1
-        d = self.rundir / f"cluster-{self.scenario}-{self.starts}"
+        d = self.rundir / f"cluster-{self.kind}{self.scenario}-{self.starts}"
         d.mkdir(parents=True)
         self.dir = d
         self.controller_ports = {i: free_port(self.ports_taken) for i in (1, 2, 3)}
@@ -373,7 +533,7 @@ class StrataCluster:
                     brokers = {}
                 live = [b for b in brokers.values() if not b.get("fenced")]
                 if len(live) == 3 and all(self._accepts(p) for p in self.broker_ports.values()):
-                    say(f"==> a 3 + 3 strata cluster ({self.scenario} scenario), brokers "
+                    say(f"==> a 3 + 3 strata cluster ({self.kind}{self.scenario} scenario), brokers "
                         f"{self.bootstrap}, data in {d}")
                     return
                 last = f"{len(live)} of 3 brokers registered and unfenced"
@@ -386,6 +546,12 @@ class StrataCluster:
         self.stop()
         raise SetupError(f"the 3 + 3 cluster in {d} was not ready within "
                          f"{START_TIMEOUT_S * 2:.0f} s ({last}); its logs:\n{logs}")
+
+    kind = ""  # "secure-" for SecureStrataCluster
+
+    def extra_broker_config(self, i):
+        """More lines for broker i's config (SecureStrataCluster: listeners, TLS, SASL)."""
+        return []
 
     @staticmethod
     def _accepts(port):
@@ -415,16 +581,56 @@ class StrataCluster:
         self.procs = {}
 
 
+class SecureStrataCluster(StrataCluster):
+    """The 3 + 3 cluster with SecureStrata's listeners on every broker (the same names, so a
+    client that bootstraps from one is told the other brokers' endpoints of that listener),
+    for the security tests that create topics with replication factor 3 (0142)."""
+
+    kind = "secure-"
+
+    def __init__(self, binary, rundir: Path, scenario: str, rebalance_delay, ports, shim_python):
+        super().__init__(binary, rundir, scenario, rebalance_delay, ports)
+        self.fixtures = SecureFixtures(rundir, shim_python)
+        self.listener_ports = {}
+
+    def extra_broker_config(self, i):
+        ports = {name: free_port(self.ports_taken) for name, _, _ in SECURE_LISTENERS[1:]}
+        ports["PLAINTEXT"] = self.broker_ports[i]
+        self.listener_ports[i] = ports
+        return self.fixtures.config(ports)
+
+    def listener_bootstraps(self):
+        return {name: ",".join(f"127.0.0.1:{self.listener_ports[i][name]}"
+                               for i in sorted(self.listener_ports))
+                for name, _, _ in SECURE_LISTENERS}
+
+    def start(self):
+        super().start()
+        try:
+            self.fixtures.make_user(self.bootstrap, self.listener_bootstraps()["SASL_SSL"])
+        except SetupError:
+            self.stop()
+            raise
+
+    def profile(self, name):
+        return self.fixtures.profile(name, self.listener_bootstraps())
+
+
 # --- running the tests ---------------------------------------------------------------------
 
-def run_number(num, scenario, names, tdir: Path, logdir: Path, strata: Strata, args):
-    """One test-runner invocation for test number num; returns {name: result}."""
+def run_number(num, scenario, names, tdir: Path, logdir: Path, strata: Strata, args,
+               profile=None):
+    """One test-runner invocation for test number num; returns {name: result}. profile: the
+    test's secure profile (SECURE_PROFILES; strata is then a SecureStrata)."""
     tag = num if scenario == "default" else f"{num}-{scenario}"
     log = logdir / f"{tag}.log"
     conf = logdir / f"{tag}.test.conf"
-    brokers = strata.bootstrap
-    conf.write_text(f"metadata.broker.list={brokers}\n")
-    env = dict(os.environ,
+    brokers, settings, extra_env = strata.bootstrap, {}, {}
+    if profile:
+        brokers, settings, extra_env = strata.profile(profile)
+    conf.write_text(f"metadata.broker.list={brokers}\n"
+                    + "".join(f"{k}={v}\n" for k, v in settings.items()))
+    env = dict(os.environ, **extra_env,
                TESTS=num, TEST_KAFKA_VERSION=KAFKA_VERSION, TEST_SCENARIO=scenario,
                RDKAFKA_TEST_CONF=str(conf), KAFKA_PATH=str(HERE), BROKERS=brokers,
                LRK_SHIM_PYTHON=args.shim_python,
@@ -440,10 +646,12 @@ def run_number(num, scenario, names, tdir: Path, logdir: Path, strata: Strata, a
     timed_out = False
     with open(log, "w") as f:
         f.write(f"# {' '.join(cmd)} with TESTS={num} TEST_KAFKA_VERSION={KAFKA_VERSION} "
-                f"KAFKA_PATH={HERE} BROKERS={brokers}\n")
+                f"KAFKA_PATH={HERE} BROKERS={brokers}"
+                + (f" (secure profile {profile}, test.conf {conf.name})" if profile else "")
+                + "\n")
         f.flush()
         p = subprocess.Popen(cmd, cwd=tdir, env=env, stdout=f, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=pin(getattr(strata, "runner_cpus", None)))
         try:
             p.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -555,6 +763,9 @@ def main():
     ap.add_argument("--rebalance-delay", default=None,
                     help="[groups] initial_rebalance_delay for the node, e.g. 0s (default: "
                     "Strata's, 3 s as Kafka's group.initial.rebalance.delay.ms)")
+    ap.add_argument("--secure-profile", action="append", default=[], metavar="NUM=PROFILE",
+                    help="run test NUM with this secure profile instead of suite_sets.SECURE's "
+                    f"({', '.join(SECURE_PROFILES)}), e.g. 0097=ssl; repeatable")
     ap.add_argument("--rebuild", action="store_true", help="rebuild librdkafka even if cached")
     ap.add_argument("--no-install", action="store_true",
                     help="never apt-get install missing build packages; fail instead")
@@ -562,6 +773,12 @@ def main():
     ap.add_argument("--markdown", help="also write the table as Markdown to this file")
     args = ap.parse_args()
 
+    for spec in args.secure_profile:
+        num, _, prof = spec.partition("=")
+        if prof not in SECURE_PROFILES:
+            ap.error(f"--secure-profile {spec}: the profiles are {', '.join(SECURE_PROFILES)}")
+        suite_sets.SECURE[num.strip()] = prof
+        suite_sets.EXCLUDED.pop(num.strip(), None)
     venv = Path(os.environ.get("STRATA_TEST_VENV", REPO / ".venv"))
     args.shim_python = os.environ.get("LRK_SHIM_PYTHON", str(venv / "bin" / "python"))
     work = Path(args.work_dir).resolve()
@@ -593,10 +810,28 @@ def main():
                 to_run.append(t)
         if args.list:
             say(table({t["name"]: {"status": "selected", "secs": None,
-                                   "why": f"scenario {scenario_of(t)}"} for t in to_run},
+                                   "why": f"scenario {scenario_of(t)}" + (
+                                       f", secure profile {suite_sets.SECURE[t['num']]}"
+                                       if t["num"] in suite_sets.SECURE else "")}
+                   for t in to_run},
                       excluded_rows))
             return 0
+        secure_nums = sorted({t["num"] for t in to_run} & set(suite_sets.SECURE))
+        secure_tdir = None
+        if secure_nums:
+            # the tests with a secure profile run with the OpenSSL build's runner
+            secure_tdir = build(work, install=not args.no_install, rebuild=args.rebuild,
+                                secure=True)
+            t_build = time.monotonic() - t_all
         needs_shim = sorted({t["num"] for t in to_run} & set(suite_sets.NEEDS_SHIM))
+        if secure_nums and subprocess.run(
+                [args.shim_python, "-c", "import confluent_kafka, cryptography"],
+                capture_output=True).returncode != 0:
+            raise SetupError(
+                f"tests {', '.join(secure_nums)} need certificates and a SCRAM user, made by "
+                f"tests/librdkafka/secure.py with cryptography and confluent_kafka from "
+                f"{args.shim_python}; run scripts/test.sh once (it makes .venv) or set "
+                "LRK_SHIM_PYTHON/STRATA_TEST_VENV")
         if needs_shim and subprocess.run(
                 [args.shim_python, "-c", "import confluent_kafka"],
                 capture_output=True).returncode != 0:
@@ -614,18 +849,24 @@ def main():
         ports = set()
         results = {}
         # one single node per scenario (and initial rebalance delay, suite_sets.
-        # REBALANCE_DELAYS), and a 3 + 3 cluster for the tests that need three brokers
-        # (suite_sets.CLUSTER)
+        # REBALANCE_DELAYS), a 3 + 3 cluster for the tests that need three brokers
+        # (suite_sets.CLUSTER), and a node with secure listeners for the tests with a secure
+        # profile (suite_sets.SECURE), run last with the OpenSSL build
         by_target = {}
         for t in to_run:
             delay = suite_sets.REBALANCE_DELAYS.get(t["num"], args.rebalance_delay)
-            key = (t["num"] in suite_sets.CLUSTER, scenario_of(t), delay or "")
+            secure = t["num"] in suite_sets.SECURE
+            key = (secure, t["num"] in suite_sets.CLUSTER, scenario_of(t), delay or "")
             by_target.setdefault(key, []).append(t)
-        for target in sorted(by_target, key=lambda k: (k[0], k[1] != "default", k[2])):
-            cluster, scenario, delay = target
-            kind = StrataCluster if cluster else Strata
-            node = kind(os.path.abspath(args.strata_bin), rundir, scenario,
-                        delay or None, ports)
+        for target in sorted(by_target, key=lambda k: (k[0], k[1], k[2] != "default", k[3])):
+            secure, cluster, scenario, delay = target
+            binary = os.path.abspath(args.strata_bin)
+            if secure:
+                kind = SecureStrataCluster if cluster else SecureStrata
+                node = kind(binary, rundir, scenario, delay or None, ports, args.shim_python)
+            else:
+                kind = StrataCluster if cluster else Strata
+                node = kind(binary, rundir, scenario, delay or None, ports)
             strata_nodes.append(node)
             node.start()
             nums = {}
@@ -635,7 +876,9 @@ def main():
                 if not node.alive():
                     say(f"    strata exited (code {node.proc.returncode}); starting anew")
                     node.start()
-                res = run_number(num, scenario, nums[num], tdir, logdir, node, args)
+                profile = suite_sets.SECURE.get(num) if secure else None
+                res = run_number(num, scenario, nums[num], secure_tdir if secure else tdir,
+                                 logdir, node, args, profile)
                 for name, r in res.items():
                     say(f"    {name:<48} {r['status']:<8} {fmt_secs(r['secs']):>8}  "
                         f"{r['why'][:100]}")
