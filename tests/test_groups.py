@@ -54,12 +54,13 @@ def bootstrap(cluster):
 class Member:
     """A group member process and what it wrote."""
 
-    def __init__(self, cluster, lib, group, name, assignor="roundrobin", delay=0.0):
+    def __init__(self, cluster, lib, group, name, assignor="roundrobin", delay=0.0,
+                 protocol="classic"):
         self.name = name
         self.out = cluster.workdir / f"member-{name}.out"
         self.err = cluster.workdir / f"member-{name}.err"
         args = [sys.executable, str(MEMBER), lib, bootstrap(cluster), group, TOPIC, str(self.out),
-                "--assignor", assignor, "--delay", str(delay)]
+                "--assignor", assignor, "--delay", str(delay), "--protocol", protocol]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(self.err, "ab"))
         cluster.members.append(self)
 
@@ -267,6 +268,29 @@ def test_group_recovers_when_its_coordinator_is_killed_mid_rebalance(cluster):
     for p, o in before.items():
         firsts = [oo for m in members for (q, oo, _) in m.records() if q == p]
         assert max(firsts) >= o
+
+
+def test_consumer_protocol_group_keeps_its_partitions_when_its_coordinator_is_killed(cluster):
+    """KIP-848: the group's state is in __consumer_offsets, so the new coordinator knows the
+    members at their epochs and nobody's partitions move."""
+    create_topic(cluster)
+    produced = produce(cluster, 0, 2000)
+    group = "custody-kip848"
+    members = [Member(cluster, "confluent", group, f"k{i}", assignor="uniform",
+                      protocol="consumer") for i in range(2)]
+    wait_until(lambda: covers_all(members), "2 consumer-protocol members to share the partitions", 60)
+    wait_until(lambda: consumed_values(members) >= produced, "the first records", 60)
+    held = {m.name: m.assignment() for m in members}
+    coordinator = coordinator_of(cluster, group)
+    killed_at = time.time()
+    cluster.kill(f"broker-{coordinator}")
+    produced |= produce(cluster, 2000, 600)
+    wait_until(lambda: consumed_values(members) >= produced, "every record after the failover", 90)
+    assert coordinator_of(cluster, group) != coordinator
+    for m in members:
+        moved = [l for l in m.lines() if l.startswith("A ") and float(l.split(" ")[1]) >= killed_at]
+        assert not moved and m.assignment() == held[m.name], (
+            f"{m.name}'s partitions moved after the coordinator's SIGKILL: {moved}")
 
 
 def test_kcat_balanced_consumer(cluster):

@@ -14,11 +14,15 @@
 //! - Epochs fence zombies: a heartbeat at an older epoch is FENCED_MEMBER_EPOCH (the
 //!   member rejoins with epoch 0), an unknown member is UNKNOWN_MEMBER_ID.
 //!
-//! Membership is kept in memory: a new coordinator (after a failover) does not know the
-//! members, which then rejoin (committed offsets are in `__consumer_offsets` as always).
+//! The coordinator writes the group's state ([`ConsumerGroup::encode`]: epochs, members,
+//! subscriptions, assignments; not the timers) to `__consumer_offsets` whenever it changes,
+//! so a new coordinator after a failover goes on where the old one stopped
+//! ([`ConsumerGroup::decode`]), and members keep their partitions.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 /// Kafka's error codes the consumer protocol answers with.
@@ -67,7 +71,7 @@ impl Default for ConsumerGroupConfig {
 }
 
 /// The server-side assignors a member may name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Assignor {
     Uniform,
     Range,
@@ -111,7 +115,7 @@ pub struct HeartbeatReply {
 }
 
 /// Where a member is on its way to its target assignment (Kafka's member states).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MemberState {
     Stable,
     /// It must give up partitions first.
@@ -130,7 +134,7 @@ impl MemberState {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
     pub id: String,
     pub instance_id: Option<String>,
@@ -148,12 +152,16 @@ pub struct Member {
     pub assigned: Assignment,
     /// What it must give up before its next epoch.
     pub revoking: Assignment,
+    /// Timers are not stored: a restored member gets a new session and rebalance timeout.
+    #[serde(skip)]
     pub last_heard_ms: i64,
     /// When it must have given up `revoking`.
+    #[serde(skip)]
     pub revoke_by_ms: Option<i64>,
     /// A static member that left for now (epoch -2): kept until its session times out.
     pub away: bool,
     /// The assignment last sent, to tell when to send it again.
+    #[serde(skip)]
     sent: Option<Assignment>,
 }
 
@@ -167,7 +175,7 @@ pub struct ConsumerGroupView {
     pub members: Vec<(Member, Assignment)>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConsumerGroup {
     id: String,
     epoch: i32,
@@ -250,6 +258,25 @@ impl ConsumerGroup {
 
     pub fn is_empty(&self) -> bool {
         self.members.is_empty()
+    }
+
+    /// The group's state as a `__consumer_offsets` record value (timers left out).
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).expect("a group serializes"))
+    }
+
+    /// A group from its record value, its members' timers starting at `now`: each gets a
+    /// whole session, and a member giving partitions up its whole rebalance timeout.
+    pub fn decode(value: &[u8], now: i64) -> Result<ConsumerGroup, String> {
+        let mut g: ConsumerGroup = serde_json::from_slice(value)
+            .map_err(|e| format!("undecodable consumer group: {e}"))?;
+        for m in g.members.values_mut() {
+            m.last_heard_ms = now;
+            if m.state == MemberState::UnrevokedPartitions {
+                m.revoke_by_ms = Some(now + m.rebalance_timeout_ms);
+            }
+        }
+        Ok(g)
     }
 
     pub fn has_member(&self, id: &str) -> bool {

@@ -77,6 +77,8 @@ struct Groups {
     txn_pending: HashMap<i64, PendingTxn>,
     /// Groups on KIP-848's consumer protocol, with the configs of their last heartbeat.
     consumer: HashMap<String, (ConsumerGroup, ConsumerGroupConfig)>,
+    /// The last state record written (or replayed) of each consumer-protocol group.
+    consumer_persisted: HashMap<String, Bytes>,
 }
 
 pub struct Coordinator {
@@ -93,6 +95,9 @@ pub struct Coordinator {
     since_snapshot: AtomicU64,
     snapshot_min_records: AtomicU64,
     snapshotting: AtomicBool,
+    /// Consumer-protocol groups' state records are written one at a time, each the state
+    /// current when it is written, so the log's last record is always the newest state.
+    consumer_writes: tokio::sync::Mutex<()>,
 }
 
 /// Kafka's NOT_COORDINATOR.
@@ -118,6 +123,7 @@ impl Coordinator {
             since_snapshot: AtomicU64::new(0),
             snapshot_min_records: AtomicU64::new(SNAPSHOT_MIN_RECORDS),
             snapshotting: AtomicBool::new(false),
+            consumer_writes: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -138,6 +144,18 @@ impl Coordinator {
             }
             s.offsets = replayed.offsets;
             s.txn_pending = replayed.pending;
+            for (id, value) in replayed.consumer_groups {
+                match ConsumerGroup::decode(&value, now) {
+                    Ok(g) => {
+                        s.consumer
+                            .insert(id.clone(), (g, ConsumerGroupConfig::default()));
+                        s.consumer_persisted.insert(id, value);
+                    }
+                    Err(e) => {
+                        tracing::warn!(group = %id, error = %e, "skipping a consumer group record; its members will rejoin")
+                    }
+                }
+            }
             s.persisted = replayed
                 .groups
                 .iter()
@@ -180,7 +198,9 @@ impl Coordinator {
         }
         let live = {
             let s = self.lock();
-            s.offsets.values().map(BTreeMap::len).sum::<usize>() + s.persisted.len()
+            s.offsets.values().map(BTreeMap::len).sum::<usize>()
+                + s.persisted.len()
+                + s.consumer_persisted.len()
         } as u64;
         if written < 2 * live || self.snapshotting.swap(true, Ordering::AcqRel) {
             return;
@@ -219,7 +239,13 @@ impl Coordinator {
                 .persisted
                 .iter()
                 .map(|(id, v)| (RecordKey::Group(id.clone()).encode(), Some(v.clone())));
-            offsets.chain(groups).collect()
+            let consumer = s.consumer_persisted.iter().map(|(id, v)| {
+                (
+                    RecordKey::ConsumerGroup(id.clone()).encode(),
+                    Some(v.clone()),
+                )
+            });
+            offsets.chain(groups).chain(consumer).collect()
         };
         for chunk in records.chunks(SNAPSHOT_BATCH) {
             self.log.append(chunk.to_vec()).await?;
@@ -266,6 +292,7 @@ impl Coordinator {
         s.offsets.clear();
         s.txn_pending.clear();
         s.consumer.clear();
+        s.consumer_persisted.clear();
     }
 
     /// Writes a group's state when it became empty, so a new coordinator does not bring
@@ -687,7 +714,8 @@ impl Coordinator {
     }
 
     /// ConsumerGroupHeartbeat (KIP-848). `topics`: the topics the member may be given.
-    pub fn consumer_heartbeat(
+    /// Answered once the change it made to the group (if any) is durable.
+    pub async fn consumer_heartbeat(
         &self,
         group: &str,
         hb: Heartbeat,
@@ -706,27 +734,63 @@ impl Coordinator {
         if self.is_closed() {
             return refused(NOT_COORDINATOR, "the coordinator moved".into());
         }
-        let mut s = self.lock();
-        if s.groups
-            .get(group)
-            .is_some_and(|g| g.state() != GroupState::Empty)
-        {
+        let reply = {
+            let mut s = self.lock();
+            if s.groups
+                .get(group)
+                .is_some_and(|g| g.state() != GroupState::Empty)
+            {
+                return refused(
+                    GROUP_ID_NOT_FOUND,
+                    format!("group {group} is a classic group with members, not a consumer group"),
+                );
+            }
+            let now = self.clock.now_ms();
+            let entry = s
+                .consumer
+                .entry(group.to_string())
+                .or_insert_with(|| (ConsumerGroup::new(group), config));
+            entry.1 = config;
+            let r = entry.0.heartbeat(hb.clone(), client, topics, config, now);
+            if entry.0.is_empty() {
+                s.consumer.remove(group);
+            }
+            r
+        };
+        if let Err(e) = self.persist_consumer(group).await {
+            tracing::warn!(group, error = %e, "consumer group state not durable");
             return refused(
-                GROUP_ID_NOT_FOUND,
-                format!("group {group} is a classic group with members, not a consumer group"),
+                codes::COORDINATOR_NOT_AVAILABLE,
+                "the group's state could not be written; retry".into(),
             );
         }
-        let now = self.clock.now_ms();
-        let entry = s
-            .consumer
-            .entry(group.to_string())
-            .or_insert_with(|| (ConsumerGroup::new(group), config));
-        entry.1 = config;
-        let r = entry.0.heartbeat(hb, client, topics, config, now);
-        if entry.0.is_empty() {
-            s.consumer.remove(group);
-        }
-        r
+        reply
+    }
+
+    /// Writes a consumer-protocol group's current state (a tombstone once it has no
+    /// members) if it differs from the last one written.
+    async fn persist_consumer(&self, group: &str) -> Result<(), String> {
+        let _one_at_a_time = self.consumer_writes.lock().await;
+        let value = {
+            let s = self.lock();
+            let now = s.consumer.get(group).map(|(g, _)| g.encode());
+            if now.as_ref() == s.consumer_persisted.get(group) {
+                return Ok(());
+            }
+            now
+        };
+        let key = RecordKey::ConsumerGroup(group.to_string()).encode();
+        let id = group.to_string();
+        let kept = value.clone();
+        self.write(vec![(key, value)], move |s| match kept {
+            Some(v) => {
+                s.consumer_persisted.insert(id, v);
+            }
+            None => {
+                s.consumer_persisted.remove(&id);
+            }
+        })
+        .await
     }
 
     /// DescribeGroups: `None` for a group this coordinator does not know (Kafka answers
@@ -888,12 +952,23 @@ impl Coordinator {
             .filter(|(_, g)| g.next_deadline().is_some_and(|d| d <= now))
             .map(|(id, _)| id.clone())
             .collect();
+        let mut changed = Vec::new();
         s.consumer.retain(|id, (g, config)| {
             for member in g.tick(*config, now) {
                 tracing::info!(group = %id, member, "consumer group member removed: no heartbeat within its session, or partitions not given up within its rebalance timeout");
+                changed.push(id.clone());
             }
             !g.is_empty()
         });
+        changed.dedup();
+        for id in changed {
+            let c = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = c.persist_consumer(&id).await {
+                    tracing::warn!(group = %id, error = %e, "could not write the consumer group's state; the next change will");
+                }
+            });
+        }
         for id in due {
             let replies = match s.groups.get_mut(&id) {
                 Some(g) => {

@@ -67,12 +67,16 @@ pub enum RecordKey {
         partition: i32,
     },
     Group(String),
+    /// A consumer-protocol (KIP-848) group's whole state (Strata's own record).
+    ConsumerGroup(String),
 }
 
 impl RecordKey {
     pub fn group(&self) -> &str {
         match self {
-            RecordKey::Offset { group, .. } | RecordKey::Group(group) => group,
+            RecordKey::Offset { group, .. }
+            | RecordKey::Group(group)
+            | RecordKey::ConsumerGroup(group) => group,
         }
     }
 }
@@ -81,6 +85,9 @@ const OFFSET_KEY_VERSION: i16 = 1;
 const GROUP_KEY_VERSION: i16 = 2;
 const OFFSET_VALUE_VERSION: i16 = 3;
 const GROUP_VALUE_VERSION: i16 = 3;
+/// Strata's own key version for a consumer-protocol group's state (Kafka's KIP-848 records
+/// use 3 to 8 for the same state split over several records).
+const CONSUMER_GROUP_KEY_VERSION: i16 = 1000;
 
 pub(crate) fn put_str(buf: &mut BytesMut, s: &str) {
     buf.put_i16(s.len().min(i16::MAX as usize) as i16);
@@ -171,6 +178,10 @@ impl RecordKey {
                 buf.put_i16(GROUP_KEY_VERSION);
                 put_str(&mut buf, group);
             }
+            RecordKey::ConsumerGroup(group) => {
+                buf.put_i16(CONSUMER_GROUP_KEY_VERSION);
+                put_str(&mut buf, group);
+            }
         }
         buf.freeze()
     }
@@ -184,6 +195,7 @@ impl RecordKey {
                 partition: get_i32(&mut buf, "partition")?,
             },
             2 => RecordKey::Group(get_str(&mut buf, "group")?),
+            CONSUMER_GROUP_KEY_VERSION => RecordKey::ConsumerGroup(get_str(&mut buf, "group")?),
             v => return Err(RecordError::KeyVersion(v)),
         };
         done(&buf)?;
@@ -352,6 +364,8 @@ impl PendingTxn {
 pub struct Replayed {
     pub offsets: Offsets,
     pub groups: HashMap<String, StoredGroup>,
+    /// Consumer-protocol groups' latest state records (decoded when the coordinator loads).
+    pub consumer_groups: HashMap<String, Bytes>,
     /// Transactional offset commits whose marker was not seen (yet), by producer id.
     pub pending: HashMap<i64, PendingTxn>,
     /// Records that could not be read, with their offsets (skipped, reported).
@@ -452,6 +466,12 @@ impl Replayed {
                 }
                 Err(e) => self.damaged.push((offset, e)),
             },
+            (RecordKey::ConsumerGroup(group), None) => {
+                self.consumer_groups.remove(&group);
+            }
+            (RecordKey::ConsumerGroup(group), Some(v)) => {
+                self.consumer_groups.insert(group, v);
+            }
         }
     }
 }

@@ -284,10 +284,11 @@ fn consumer_group_config(ctx: &Request, group: &str) -> ConsumerGroupConfig {
 
 /// ConsumerGroupHeartbeat (KIP-848): the coordinator assigns partitions itself; see
 /// `crate::group::consumer`. Needs Read on the group, and Describe on every topic named.
-pub(super) fn consumer_group_heartbeat(
-    ctx: &Request,
+pub(super) async fn consumer_group_heartbeat(
+    ctx: Request,
     req: ConsumerGroupHeartbeatRequest,
 ) -> ConsumerGroupHeartbeatResponse {
+    let ctx = &ctx;
     let failed = |code: i16, message: String| {
         ConsumerGroupHeartbeatResponse::default()
             .with_error_code(code)
@@ -349,7 +350,9 @@ pub(super) fn consumer_group_heartbeat(
         host: format!("/{}", ctx.peer.ip()),
     };
     let config = consumer_group_config(ctx, &group);
-    let r = c.consumer_heartbeat(&group, hb, &client, &topics, config);
+    let r = c
+        .consumer_heartbeat(&group, hb, &client, &topics, config)
+        .await;
     ConsumerGroupHeartbeatResponse::default()
         .with_error_code(r.error)
         .with_error_message(r.message.map(s))

@@ -737,7 +737,7 @@ impl KafkaServer {
             Body::SyncGroup(req) => ctx.later(group::sync(ctx.clone(), req)),
             Body::Heartbeat(req) => ctx.respond_now(&group::heartbeat(&ctx, req)),
             Body::ConsumerGroupHeartbeat(req) => {
-                ctx.respond_now(&group::consumer_group_heartbeat(&ctx, req))
+                ctx.later(group::consumer_group_heartbeat(ctx.clone(), req))
             }
             Body::LeaveGroup(req) => ctx.respond_now(&group::leave(&ctx, req)),
             Body::OffsetCommit(req) => ctx.later(

@@ -445,3 +445,102 @@ async fn offsets_are_deleted_unless_the_active_group_consumes_their_topic() {
     assert_eq!(got[1].as_ref().unwrap().offset, 7);
     assert!(c3.fetch("live", &[p("audit", 0)])[0].is_none());
 }
+
+fn consumer_join(member: &str) -> consumer::Heartbeat {
+    consumer::Heartbeat {
+        member_id: member.into(),
+        member_epoch: 0,
+        rebalance_timeout_ms: 30_000,
+        subscribed_topic_names: Some(vec!["orders".into()]),
+        owned: Some(consumer::Assignment::new()),
+        ..consumer::Heartbeat::default()
+    }
+}
+
+fn consumer_beat(r: &HeartbeatReply, owned: &consumer::Assignment) -> consumer::Heartbeat {
+    consumer::Heartbeat {
+        member_id: r.member_id.clone(),
+        member_epoch: r.member_epoch,
+        owned: Some(owned.clone()),
+        ..consumer::Heartbeat::default()
+    }
+}
+
+#[tokio::test]
+async fn a_consumer_protocol_group_survives_a_coordinator_failover() {
+    let (c, log, clock) = coordinator();
+    let topics: consumer::Topics = [("orders".to_string(), (uuid::Uuid::from_u128(7), 4))].into();
+    let client = consumer::Client::default();
+    let config = ConsumerGroupConfig::default();
+    let hb = |c: &Arc<Coordinator>, h| {
+        let (c, topics, client) = (c.clone(), topics.clone(), client.clone());
+        async move {
+            c.consumer_heartbeat("cg", h, &client, &topics, config)
+                .await
+        }
+    };
+    let a = hb(&c, consumer_join("a")).await;
+    let mut owned_a = a.assignment.clone().unwrap();
+    let b = hb(&c, consumer_join("b")).await;
+    // a gives half up, then b takes it
+    let a2 = hb(&c, consumer_beat(&a, &owned_a)).await;
+    owned_a = a2.assignment.clone().unwrap();
+    let a3 = hb(&c, consumer_beat(&a2, &owned_a)).await;
+    let b2 = hb(&c, consumer_beat(&b, &consumer::Assignment::new())).await;
+    let owned_b = b2.assignment.clone().unwrap();
+    assert_eq!(
+        (
+            owned_a.values().map(|p| p.len()).sum::<usize>(),
+            owned_b.values().map(|p| p.len()).sum::<usize>()
+        ),
+        (2, 2)
+    );
+    c.close();
+    drop(c);
+
+    // the partition's leadership moved: the new coordinator knows the members and epochs
+    let c2 = Coordinator::load(CONFIG, clock.clone(), log.clone(), log.replay());
+    let a4 = hb(&c2, consumer_beat(&a3, &owned_a)).await;
+    assert_eq!(
+        (a4.error, a4.member_epoch),
+        (codes::NONE, a3.member_epoch),
+        "{a4:?}"
+    );
+    assert_eq!(a4.assignment.as_ref(), Some(&owned_a));
+    let b3 = hb(&c2, consumer_beat(&b2, &owned_b)).await;
+    assert_eq!(
+        (b3.error, b3.assignment.as_ref()),
+        (codes::NONE, Some(&owned_b))
+    );
+    // commits at the member epoch go on
+    let e = b3.member_epoch;
+    assert_eq!(
+        c2.commit("cg", "b", e, vec![commit("orders", 0, 5)]).await,
+        codes::NONE
+    );
+    // a member gone with the old coordinator is removed after its session here
+    clock.0.fetch_add(40_000, Ordering::SeqCst);
+    hb(&c2, consumer_beat(&b3, &owned_b)).await;
+    clock.0.fetch_add(6_000, Ordering::SeqCst);
+    c2.tick();
+    let view = c2.describe_consumer_group("cg").expect("b is still there");
+    assert!(
+        view.members.iter().all(|(m, _)| m.id == "b"),
+        "a was removed"
+    );
+    let b4 = hb(&c2, consumer_beat(&b3, &owned_b)).await;
+    assert_eq!(
+        b4.assignment
+            .map(|a| a.values().map(|p| p.len()).sum::<usize>()),
+        Some(4)
+    );
+    // the last member leaving leaves a tombstone: a third coordinator knows no group
+    let leave = consumer::Heartbeat {
+        member_id: "b".into(),
+        member_epoch: consumer::LEAVE_EPOCH,
+        ..consumer::Heartbeat::default()
+    };
+    hb(&c2, leave).await;
+    let c3 = Coordinator::load(CONFIG, clock, log.clone(), log.replay());
+    assert!(c3.list_consumer_groups().is_empty());
+}
