@@ -87,10 +87,15 @@ def test_consumer_protocol_members_share_hand_over_and_resume(broker, tmp_path):
         wait_until(split, "two members with 3 partitions each", 60, members)
         wait_until(lambda: m1.values() | m2.values() >= sent, "600 records consumed", 60, members)
 
-        # the group is listed as a consumer-protocol group
+        # the group is listed and described as a consumer-protocol group (ConsumerGroupDescribe)
         groups = a.list_consumer_groups(request_timeout=10).result(20).valid
         listed = [g for g in groups if g.group_id == GROUP]
         assert listed and listed[0].type == ConsumerGroupType.CONSUMER, groups
+        d = a.describe_consumer_groups([GROUP], request_timeout=10)[GROUP].result(20)
+        assert d.type == ConsumerGroupType.CONSUMER and len(d.members) == 2, d
+        described = sorted(len(m.assignment.topic_partitions) for m in d.members)
+        assert described == [3, 3], d
+        assert {tp.topic for m in d.members for tp in m.assignment.topic_partitions} == {TOPIC}
 
         # SIGKILL: m2's partitions move to m1 once its session (45 s) is over
         m2.end(sig_kill=True)

@@ -26,11 +26,11 @@ use kafka_protocol::messages::offset_fetch_request::{
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
 use kafka_protocol::messages::{
-    ApiKey, ConsumerGroupHeartbeatRequest, ConsumerProtocolAssignment, CreateTopicsRequest,
-    DeleteGroupsRequest, DeleteTopicsRequest, DescribeGroupsRequest, FindCoordinatorRequest,
-    GroupId, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
-    OffsetCommitRequest, OffsetDeleteRequest, OffsetFetchRequest, ProduceRequest, SyncGroupRequest,
-    TopicName,
+    ApiKey, ConsumerGroupDescribeRequest, ConsumerGroupHeartbeatRequest,
+    ConsumerProtocolAssignment, CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest,
+    DescribeGroupsRequest, FindCoordinatorRequest, GroupId, HeartbeatRequest, JoinGroupRequest,
+    LeaveGroupRequest, ListGroupsRequest, OffsetCommitRequest, OffsetDeleteRequest,
+    OffsetFetchRequest, ProduceRequest, SyncGroupRequest, TopicName,
 };
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use strata_client::{Admin, Connection};
@@ -241,6 +241,7 @@ async fn every_group_api_answers_at_every_served_version() {
         ApiKey::DeleteGroups,
         ApiKey::OffsetDelete,
         ApiKey::ConsumerGroupHeartbeat,
+        ApiKey::ConsumerGroupDescribe,
     ];
     for &(key, min, max) in SUPPORTED_APIS
         .iter()
@@ -455,6 +456,50 @@ async fn every_group_api_answers_at_every_served_version() {
                         "v{v}: deleted, NON_EMPTY_GROUP, GROUP_ID_NOT_FOUND"
                     );
                     assert_eq!(fetched(&mut conn, &g).await, vec![-1; 4], "v{v}");
+                }
+                ApiKey::ConsumerGroupDescribe => {
+                    let r = conn
+                        .send(
+                            &ConsumerGroupHeartbeatRequest::default()
+                                .with_group_id(gid(&g))
+                                .with_member_id(s("described"))
+                                .with_member_epoch(0)
+                                .with_rebalance_timeout_ms(30_000)
+                                .with_subscribed_topic_names(Some(vec![TopicName(s("orders"))]))
+                                .with_topic_partitions(Some(Vec::new())),
+                            1,
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(r.error_code, 0, "v{v}: {:?}", r.error_message);
+                    let d = conn
+                        .send(
+                            &ConsumerGroupDescribeRequest::default()
+                                .with_group_ids(vec![gid(&g), gid("never-heard-of")]),
+                            v,
+                        )
+                        .await
+                        .unwrap();
+                    let (group, unknown) = (&d.groups[0], &d.groups[1]);
+                    assert_eq!(
+                        (group.error_code, group.group_state.as_str()),
+                        (0, "Stable"),
+                        "v{v}"
+                    );
+                    assert_eq!(group.assignor_name.as_str(), "uniform", "v{v}");
+                    let m = &group.members[0];
+                    assert_eq!(
+                        (m.member_id.as_str(), m.member_epoch),
+                        ("described", r.member_epoch)
+                    );
+                    let given = &m.assignment.topic_partitions[0];
+                    assert_eq!(
+                        (given.topic_name.0.as_str(), given.partitions.len()),
+                        ("orders", 4)
+                    );
+                    assert_eq!(m.target_assignment, m.assignment, "v{v}");
+                    // a group the consumer protocol does not know: clients ask DescribeGroups
+                    assert_eq!(unknown.error_code, 69, "v{v}: GROUP_ID_NOT_FOUND");
                 }
                 ApiKey::ConsumerGroupHeartbeat => {
                     // v0: the coordinator names the member; v1 (KIP-1082): the client does

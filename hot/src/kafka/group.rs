@@ -35,7 +35,10 @@ use kafka_protocol::messages::{
     OffsetCommitResponse, OffsetDeleteRequest, OffsetDeleteResponse, OffsetFetchRequest,
     OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
 };
-use kafka_protocol::messages::{ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse};
+use kafka_protocol::messages::{
+    ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse, ConsumerGroupHeartbeatRequest,
+    ConsumerGroupHeartbeatResponse,
+};
 use kafka_protocol::messages::{TxnOffsetCommitRequest, TxnOffsetCommitResponse};
 use kafka_protocol::protocol::StrBytes;
 use strata_controller::metadata::acl::{Operation, ResourceType};
@@ -747,6 +750,90 @@ pub(super) fn list_groups(ctx: &Request, req: ListGroupsRequest) -> ListGroupsRe
         }
     }
     ListGroupsResponse::default().with_groups(groups)
+}
+
+/// ConsumerGroupDescribe (KIP-848): the consumer-protocol groups, with each member's
+/// subscription, current and target assignment. A classic or unknown group is
+/// GROUP_ID_NOT_FOUND (clients then ask DescribeGroups, as with Kafka).
+pub(super) fn consumer_group_describe(
+    ctx: &Request,
+    req: ConsumerGroupDescribeRequest,
+) -> ConsumerGroupDescribeResponse {
+    use kafka_protocol::messages::consumer_group_describe_response as cgd;
+    let names: BTreeMap<uuid::Uuid, String> = ctx
+        .broker()
+        .topics()
+        .into_iter()
+        .map(|t| (t.spec.id, t.spec.name.clone()))
+        .collect();
+    let assignment = |a: &crate::group::consumer::Assignment| {
+        cgd::Assignment::default().with_topic_partitions(
+            a.iter()
+                .map(|(id, ps)| {
+                    cgd::TopicPartitions::default()
+                        .with_topic_id(*id)
+                        .with_topic_name(TopicName(s(names.get(id).map_or("", String::as_str))))
+                        .with_partitions(ps.iter().copied().collect())
+                })
+                .collect(),
+        )
+    };
+    let groups = req
+        .group_ids
+        .into_iter()
+        .map(|id| {
+            let name = id.0.to_string();
+            let failed = |code: i16, message: String| {
+                cgd::DescribedGroup::default()
+                    .with_group_id(id.clone())
+                    .with_error_code(code)
+                    .with_error_message(Some(s(message)))
+            };
+            let c = match coordinator(ctx, &name, Operation::Describe) {
+                Ok(c) => c,
+                Err(code) => return failed(code, format!("cannot describe group '{name}' here")),
+            };
+            let Some(view) = c.describe_consumer_group(&name) else {
+                return failed(
+                    GROUP_ID_NOT_FOUND,
+                    format!("group {name} is not a consumer-protocol group with members"),
+                );
+            };
+            cgd::DescribedGroup::default()
+                .with_group_id(id.clone())
+                .with_group_state(s(view.state))
+                .with_group_epoch(view.epoch)
+                .with_assignment_epoch(view.assignment_epoch)
+                .with_assignor_name(s(view.assignor))
+                .with_authorized_operations(if req.include_authorized_operations {
+                    ctx.authorized_operations(ResourceType::Group, &name, &GROUP_OPERATIONS)
+                } else {
+                    i32::MIN
+                })
+                .with_members(
+                    view.members
+                        .iter()
+                        .map(|(m, target)| {
+                            cgd::Member::default()
+                                .with_member_id(s(&m.id))
+                                .with_instance_id(m.instance_id.as_deref().map(s))
+                                .with_rack_id(m.rack_id.as_deref().map(s))
+                                .with_member_epoch(m.epoch)
+                                .with_client_id(s(&m.client_id))
+                                .with_client_host(s(&m.client_host))
+                                .with_subscribed_topic_names(
+                                    m.topic_names.iter().map(|t| TopicName(s(t))).collect(),
+                                )
+                                .with_subscribed_topic_regex(m.regex.as_deref().map(s))
+                                .with_assignment(assignment(&m.assigned))
+                                .with_target_assignment(assignment(target))
+                                .with_member_type(1) // KIP-1099: the consumer protocol
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    ConsumerGroupDescribeResponse::default().with_groups(groups)
 }
 
 /// KIP-430: the operations a group's authorized operations are computed over.

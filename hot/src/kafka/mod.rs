@@ -83,6 +83,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::SyncGroup, 0, 5),
     (ApiKey::Heartbeat, 0, 4),
     (ApiKey::ConsumerGroupHeartbeat, 0, 1),
+    (ApiKey::ConsumerGroupDescribe, 0, 1),
     (ApiKey::LeaveGroup, 0, 5),
     (ApiKey::OffsetCommit, 2, 9),
     (ApiKey::OffsetFetch, 1, 9),
@@ -739,6 +740,9 @@ impl KafkaServer {
             Body::ConsumerGroupHeartbeat(req) => {
                 ctx.later(group::consumer_group_heartbeat(ctx.clone(), req))
             }
+            Body::ConsumerGroupDescribe(req) => {
+                ctx.respond_now(&group::consumer_group_describe(&ctx, req))
+            }
             Body::LeaveGroup(req) => ctx.respond_now(&group::leave(&ctx, req)),
             Body::OffsetCommit(req) => ctx.later(
                 turns
@@ -860,6 +864,7 @@ pub enum Body {
     SyncGroup(SyncGroupRequest),
     Heartbeat(HeartbeatRequest),
     ConsumerGroupHeartbeat(kafka_protocol::messages::ConsumerGroupHeartbeatRequest),
+    ConsumerGroupDescribe(kafka_protocol::messages::ConsumerGroupDescribeRequest),
     LeaveGroup(LeaveGroupRequest),
     OffsetCommit(OffsetCommitRequest),
     OffsetFetch(OffsetFetchRequest),
@@ -965,6 +970,9 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
         ApiKey::Heartbeat => Body::Heartbeat(decode_body(&mut frame, version)?),
         ApiKey::ConsumerGroupHeartbeat => {
             Body::ConsumerGroupHeartbeat(decode_body(&mut frame, version)?)
+        }
+        ApiKey::ConsumerGroupDescribe => {
+            Body::ConsumerGroupDescribe(decode_body(&mut frame, version)?)
         }
         ApiKey::LeaveGroup => Body::LeaveGroup(decode_body(&mut frame, version)?),
         ApiKey::OffsetCommit => Body::OffsetCommit(decode_body(&mut frame, version)?),
