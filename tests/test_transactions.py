@@ -454,6 +454,65 @@ def test_transactions_are_listed_and_described_to_admin_clients(broker):
         admin.close()
 
 
+def test_idle_transactional_ids_are_forgotten_and_stay_forgotten_after_a_crash(tmp_path):
+    """transactional.id.expiration ([transactions] transactional_id_expiration, 2 s here):
+    an id whose transaction completed is forgotten once idle that long, and a coordinator
+    replaying the partition after a SIGKILL forgets it too (a tombstone); an id with a
+    transaction open is kept however long it is idle."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    from conftest import Broker, strata_bin
+
+    b = Broker(strata_bin(), tmp_path)
+    b.extra_env = {"STRATA__TRANSACTIONS__TRANSACTIONAL_ID_EXPIRATION": "2s"}
+    b.start()
+    try:
+        b.create_topic("expiring", 1)
+        done = txn_producer(b.bootstrap, "finished-writer")
+        done.begin_transaction()
+        done.produce("expiring", value=b"a", partition=0)
+        done.commit_transaction(30)
+        still = txn_producer(b.bootstrap, "open-writer")
+        still.begin_transaction()
+        still.produce("expiring", value=b"b", partition=0)
+        assert still.flush(10) == 0
+
+        def known(admin, txn_id, wait=20):
+            """Whether the coordinator knows the id (retrying while it is loading)."""
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    admin.describe_transactions([txn_id])
+                    return True
+                except KafkaError as e:
+                    if "TransactionalIdNotFound" in type(e).__name__:
+                        return False
+                    assert time.monotonic() < deadline, repr(e)
+                    time.sleep(0.3)
+
+        admin = KafkaAdminClient(bootstrap_servers=b.bootstrap)
+        try:
+            assert known(admin, "finished-writer")
+            deadline = time.monotonic() + 15
+            while known(admin, "finished-writer"):
+                assert time.monotonic() < deadline, "an idle transactional id was never forgotten"
+                time.sleep(0.3)
+            assert known(admin, "open-writer"), "an id with an open transaction was forgotten"
+        finally:
+            admin.close()
+        b.kill()
+        b.start()
+        admin = KafkaAdminClient(bootstrap_servers=b.bootstrap)
+        try:
+            assert known(admin, "open-writer"), "the open transaction's id was lost in the crash"
+            assert not known(admin, "finished-writer"), "forgotten before the crash, back after it"
+        finally:
+            admin.close()
+    finally:
+        b.close()
+
+
 def test_a_topic_that_requires_transactions_refuses_other_producers(broker):
     """transactions.required=true: an idempotent and a plain producer are refused with
     INVALID_RECORD naming the config, a transactional producer writes; the config reads

@@ -28,6 +28,7 @@ pub struct ServerConfig {
     pub kafka: KafkaSection,
     pub topics: TopicsSection,
     pub groups: GroupsSection,
+    pub transactions: TransactionsSection,
     /// The cold tier; absent: no tiering (`strata dev` uses `<data_dir>/cold`).
     pub cold: Option<ColdSection>,
     pub controller: Option<ControllerSection>,
@@ -575,6 +576,39 @@ impl Default for GroupsSection {
     }
 }
 
+/// `[transactions]`: the transaction coordinators.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransactionsSection {
+    /// The longest transaction a producer may ask for (`transaction.max.timeout.ms`).
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
+    pub max_timeout: Duration,
+    /// A transactional id idle this long (no transaction open) is forgotten
+    /// (`transactional.id.expiration.ms`).
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
+    pub transactional_id_expiration: Duration,
+}
+
+impl Default for TransactionsSection {
+    fn default() -> Self {
+        let d = crate::txn::TxnConfig::default();
+        TransactionsSection {
+            max_timeout: Duration::from_millis(d.max_timeout_ms as u64),
+            transactional_id_expiration: d.id_expiration,
+        }
+    }
+}
+
+impl TransactionsSection {
+    fn runtime(&self) -> crate::txn::TxnConfig {
+        crate::txn::TxnConfig {
+            max_timeout_ms: self.max_timeout.as_millis().min(i32::MAX as u128) as i32,
+            id_expiration: self.transactional_id_expiration,
+            ..crate::txn::TxnConfig::default()
+        }
+    }
+}
+
 impl GroupsSection {
     fn runtime(&self) -> crate::group::manager::GroupsConfig {
         let d = crate::group::manager::GroupsConfig::default();
@@ -631,6 +665,7 @@ impl Default for ServerConfig {
             kafka: KafkaSection::default(),
             topics: TopicsSection::default(),
             groups: GroupsSection::default(),
+            transactions: TransactionsSection::default(),
             cold: None,
             controller: None,
             cluster: None,
@@ -893,6 +928,15 @@ impl ServerConfig {
                 );
             }
         }
+        let t = &self.transactions;
+        if t.max_timeout < Duration::from_millis(1)
+            || t.max_timeout > Duration::from_millis(i32::MAX as u64)
+        {
+            bail!("transactions.max_timeout must be between 1ms and 24d (transaction.max.timeout.ms is an int)");
+        }
+        if t.transactional_id_expiration < Duration::from_secs(1) {
+            bail!("transactions.transactional_id_expiration must be at least 1s");
+        }
         for p in &self.auth.super_users {
             if !p.contains(':') {
                 bail!("auth.super_users: '{p}' is not a principal of the form User:name");
@@ -1098,6 +1142,7 @@ impl ServerConfig {
                 .as_ref()
                 .map_or(ReplicaSelector::Leader, |c| c.replica_selector),
             groups: self.groups.runtime(),
+            transactions: self.transactions.runtime(),
             tier: self.cold.as_ref().map(|c| c.runtime(&self.data_dir)),
             authorizer: self.authorizer(),
         }

@@ -70,6 +70,8 @@ pub struct BrokerConfig {
     pub replica_selector: crate::config::ReplicaSelector,
     /// Consumer group coordination.
     pub groups: crate::group::manager::GroupsConfig,
+    /// Transaction coordination.
+    pub transactions: crate::txn::TxnConfig,
     /// The cold tier (`None`: topics cannot enable `remote.storage.enable`).
     pub tier: Option<tier::TierConfig>,
 }
@@ -352,7 +354,7 @@ impl Broker {
         let txns = crate::txn::TxnManager::start(
             &broker,
             broker.clock.clone(),
-            crate::txn::TxnConfig::default(),
+            broker.config.transactions.clone(),
         );
         let _ = broker.txns.set(txns);
         if let Some(config) = broker.config.tier.clone() {

@@ -54,6 +54,8 @@ pub struct TxnCoordinator {
     closed: AtomicBool,
     /// The longest transaction timeout a producer may ask for.
     max_timeout_ms: i32,
+    /// Idle transactional ids are forgotten after this long.
+    id_expiration_ms: i64,
 }
 
 impl TxnCoordinator {
@@ -66,7 +68,7 @@ impl TxnCoordinator {
         markers: Arc<dyn MarkerSink>,
         ids: Arc<dyn ProducerIdSource>,
         replayed: HashMap<String, TxnMeta>,
-        max_timeout_ms: i32,
+        config: &super::TxnConfig,
     ) -> Arc<Self> {
         let preparing: Vec<(String, TxnMeta)> = replayed
             .iter()
@@ -81,7 +83,8 @@ impl TxnCoordinator {
             ids,
             txns: tokio::sync::Mutex::new(replayed),
             closed: AtomicBool::new(false),
-            max_timeout_ms,
+            max_timeout_ms: config.max_timeout_ms,
+            id_expiration_ms: config.id_expiration.as_millis().min(i64::MAX as u128) as i64,
         });
         for (id, m) in preparing {
             c.spawn_completion(id, m);
@@ -259,14 +262,49 @@ impl TxnCoordinator {
         }
     }
 
-    /// Checks for expired transactions every `tick` until closed.
+    /// Forgets the transactional ids idle past their expiration: a tombstone first, so a
+    /// coordinator replaying the partition forgets them too. A producer that comes back
+    /// later starts over with a new producer id.
+    pub async fn forget_idle(&self) {
+        let now = self.clock.now_ms();
+        let mut txns = self.txns.lock().await;
+        let idle: Vec<String> = txns
+            .iter()
+            .filter(|(_, m)| state::forgettable(m, now, self.id_expiration_ms))
+            .map(|(id, _)| id.clone())
+            .collect();
+        if idle.is_empty() || self.closed() {
+            return;
+        }
+        let tombstones = idle
+            .iter()
+            .map(|id| (state::encode_key(id), None))
+            .collect();
+        if let Err(e) = self.log.append(tombstones).await {
+            tracing::warn!(error = %e, "could not write tombstones of idle transactional ids; will try again");
+            return;
+        }
+        for id in &idle {
+            txns.remove(id);
+        }
+        tracing::info!(
+            forgotten = idle.len(),
+            expiration_ms = self.id_expiration_ms,
+            "forgot idle transactional ids"
+        );
+    }
+
+    /// Checks for expired transactions and idle ids every `tick` until closed.
     pub fn spawn_timer(self: &Arc<Self>, tick: Duration) {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(tick).await;
                 match weak.upgrade() {
-                    Some(c) if !c.closed() => c.abort_expired().await,
+                    Some(c) if !c.closed() => {
+                        c.abort_expired().await;
+                        c.forget_idle().await;
+                    }
                     _ => return,
                 }
             }

@@ -38,6 +38,9 @@ pub struct TxnConfig {
     pub write_timeout: Duration,
     /// How often timeouts are checked (`transaction.abort.timed.out.transaction.cleanup.interval.ms`).
     pub tick: Duration,
+    /// A transactional id with no transaction open and no request for this long is
+    /// forgotten (`transactional.id.expiration.ms`): its state record gets a tombstone.
+    pub id_expiration: Duration,
 }
 
 impl Default for TxnConfig {
@@ -48,6 +51,7 @@ impl Default for TxnConfig {
             max_timeout_ms: 900_000,
             write_timeout: Duration::from_secs(5),
             tick: Duration::from_secs(1),
+            id_expiration: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -146,7 +150,7 @@ impl TxnManager {
             self.markers.clone(),
             Arc::new(BrokerIds(Arc::downgrade(&broker))),
             replayed,
-            self.config.max_timeout_ms,
+            &self.config,
         );
         if self.led.install(&g, c.clone()) {
             c.spawn_timer(self.config.tick);

@@ -285,6 +285,15 @@ pub fn expire(m: &TxnMeta, now_ms: i64) -> Option<TxnMeta> {
     })
 }
 
+/// Whether a transactional id may be forgotten: no transaction open or ending, and nothing
+/// heard of it for longer than `expiration_ms` (Kafka's `transactional.id.expiration.ms`).
+pub fn forgettable(m: &TxnMeta, now_ms: i64, expiration_ms: i64) -> bool {
+    matches!(
+        m.status,
+        Status::Empty | Status::CompleteCommit | Status::CompleteAbort
+    ) && now_ms.saturating_sub(m.last_update_ms) > expiration_ms
+}
+
 /// `__transaction_state`'s key (version 0: the transactional id).
 pub fn encode_key(transactional_id: &str) -> Bytes {
     let mut buf = BytesMut::new();
@@ -451,6 +460,27 @@ mod tests {
             end(Some(&a), 1, 0, true, 102),
             End::Error(codes::INVALID_PRODUCER_EPOCH)
         );
+    }
+
+    #[test]
+    fn only_an_idle_id_without_an_open_transaction_is_forgotten() {
+        let idle = fresh(1, 100, 0);
+        assert!(!forgettable(&idle, 1_000, 1_000), "not idle long enough");
+        assert!(forgettable(&idle, 1_001, 1_000));
+        let open = add_partitions(Some(&idle), 1, 0, &parts(&[("a", 0)]), 0)
+            .unwrap()
+            .unwrap();
+        assert!(
+            !forgettable(&open, 1_000_000, 1_000),
+            "a transaction is open"
+        );
+        let ending = expire(&open, 1_000_000).expect("timed out");
+        assert!(
+            !forgettable(&ending, 2_000_000, 1_000),
+            "its markers are not written"
+        );
+        let done = complete(&ending, 2_000_000);
+        assert!(forgettable(&done, 2_001_001, 1_000));
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub fn broker_config(dir: &Path) -> BrokerConfig {
             ..Default::default()
         },
         tier: None,
+        transactions: strata_hot::txn::TxnConfig::default(),
         auto_create_topics: false,
     }
 }
