@@ -85,6 +85,17 @@ fn gid(v: &str) -> GroupId {
     GroupId(s(v))
 }
 
+/// A ConsumerGroupHeartbeat joining `group` (epoch 0) subscribed to `orders`.
+fn consumer_join(group: &str, member: &str) -> ConsumerGroupHeartbeatRequest {
+    ConsumerGroupHeartbeatRequest::default()
+        .with_group_id(gid(group))
+        .with_member_id(s(member))
+        .with_member_epoch(0)
+        .with_rebalance_timeout_ms(30_000)
+        .with_subscribed_topic_names(Some(vec![TopicName(s("orders"))]))
+        .with_topic_partitions(Some(Vec::new()))
+}
+
 /// A consumer-protocol assignment (version 0) of `partitions` of "orders".
 fn assignment(partitions: &[i32]) -> Bytes {
     let a = ConsumerProtocolAssignment::default().with_assigned_partitions(vec![
@@ -458,19 +469,7 @@ async fn every_group_api_answers_at_every_served_version() {
                     assert_eq!(fetched(&mut conn, &g).await, vec![-1; 4], "v{v}");
                 }
                 ApiKey::ConsumerGroupDescribe => {
-                    let r = conn
-                        .send(
-                            &ConsumerGroupHeartbeatRequest::default()
-                                .with_group_id(gid(&g))
-                                .with_member_id(s("described"))
-                                .with_member_epoch(0)
-                                .with_rebalance_timeout_ms(30_000)
-                                .with_subscribed_topic_names(Some(vec![TopicName(s("orders"))]))
-                                .with_topic_partitions(Some(Vec::new())),
-                            1,
-                        )
-                        .await
-                        .unwrap();
+                    let r = conn.send(&consumer_join(&g, "described"), 1).await.unwrap();
                     assert_eq!(r.error_code, 0, "v{v}: {:?}", r.error_message);
                     let d = conn
                         .send(
@@ -504,19 +503,7 @@ async fn every_group_api_answers_at_every_served_version() {
                 ApiKey::ConsumerGroupHeartbeat => {
                     // v0: the coordinator names the member; v1 (KIP-1082): the client does
                     let named = if v == 0 { "" } else { "client-made-id" };
-                    let r = conn
-                        .send(
-                            &ConsumerGroupHeartbeatRequest::default()
-                                .with_group_id(gid(&g))
-                                .with_member_id(s(named))
-                                .with_member_epoch(0)
-                                .with_rebalance_timeout_ms(30_000)
-                                .with_subscribed_topic_names(Some(vec![TopicName(s("orders"))]))
-                                .with_topic_partitions(Some(Vec::new())),
-                            v,
-                        )
-                        .await
-                        .unwrap();
+                    let r = conn.send(&consumer_join(&g, named), v).await.unwrap();
                     assert_eq!(r.error_code, 0, "v{v}: {:?}", r.error_message);
                     let member = r.member_id.expect("the member id").to_string();
                     assert!(!member.is_empty() && (v == 0 || member == named), "v{v}");

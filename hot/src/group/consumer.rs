@@ -777,6 +777,13 @@ fn partitions_of(names: &BTreeSet<String>, topics: &Topics) -> Vec<(String, Uuid
         .collect()
 }
 
+/// An empty assignment for each subscribed member.
+fn nothing_for_each(subs: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, Assignment> {
+    subs.keys()
+        .map(|m| (m.clone(), Assignment::new()))
+        .collect()
+}
+
 /// Kafka's `uniform` assignor, sticky: each partition goes to one of the members subscribed
 /// to its topic, as evenly as their subscriptions allow; a partition stays with its
 /// previous owner while that owner is below its fair share.
@@ -785,10 +792,7 @@ fn uniform(
     topics: &Topics,
     previous: &BTreeMap<String, Assignment>,
 ) -> BTreeMap<String, Assignment> {
-    let mut out: BTreeMap<String, Assignment> = subs
-        .keys()
-        .map(|m| (m.clone(), Assignment::new()))
-        .collect();
+    let mut out = nothing_for_each(subs);
     let all: BTreeSet<String> = subs.values().flatten().cloned().collect();
     let parts = partitions_of(&all, topics);
     let eligible = |topic: &str| -> Vec<&String> {
@@ -838,10 +842,7 @@ fn range(
     subs: &BTreeMap<String, BTreeSet<String>>,
     topics: &Topics,
 ) -> BTreeMap<String, Assignment> {
-    let mut out: BTreeMap<String, Assignment> = subs
-        .keys()
-        .map(|m| (m.clone(), Assignment::new()))
-        .collect();
+    let mut out = nothing_for_each(subs);
     let all: BTreeSet<String> = subs.values().flatten().cloned().collect();
     for name in &all {
         let Some((id, partitions)) = topics.get(name) else {
