@@ -1,20 +1,23 @@
 """KIP-848's consumer protocol (ConsumerGroupHeartbeat) with librdkafka's
 `group.protocol=consumer` against a real strata process: the coordinator assigns the
 partitions itself, members that join take partitions only once others gave them up, a
-SIGKILLed member's partitions move after its session timeout (45 s, Kafka's minimum), a
-member that leaves hands them over at once, commits are checked against the member epoch,
-and a new member resumes from the group's committed offsets. Members are separate
-processes (tests/group_member.py)."""
+SIGKILLed member's partitions move after its session timeout (8 s here, from the broker's
+`[groups] consumer_session_timeout`; Kafka's default is 45 s), a member that leaves hands
+them over at once, commits are checked against the member epoch, and a new member resumes
+from the group's committed offsets. Members are separate processes
+(tests/group_member.py)."""
 
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from confluent_kafka import ConsumerGroupType, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+import pytest
+from confluent_kafka import ConsumerGroupType, KafkaError, Producer
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,
+                                   NewTopic, ResourceType)
 
-from conftest import rdkafka_conf
+from conftest import Broker, rdkafka_conf, strata_bin
 
 MEMBER = Path(__file__).with_name("group_member.py")
 TOPIC = "kip848"
@@ -53,6 +56,27 @@ class Member:
     def tail(self):
         err = self.err.read_text(errors="replace") if self.err.exists() else ""
         return "\n".join(self.lines()[-15:] + ["--- stderr ---"] + err.splitlines()[-15:])
+
+
+# the broker's consumer-protocol session and heartbeat (Kafka's group.consumer.*), shorter
+# than Kafka's defaults so a SIGKILLed member's session ends within the test
+GROUP_ENV = {
+    "STRATA__GROUPS__CONSUMER_SESSION_TIMEOUT": "8s",
+    "STRATA__GROUPS__CONSUMER_MIN_SESSION_TIMEOUT": "6s",
+    "STRATA__GROUPS__CONSUMER_HEARTBEAT_INTERVAL": "1s",
+    "STRATA__GROUPS__CONSUMER_MIN_HEARTBEAT_INTERVAL": "1s",
+}
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = Broker(strata_bin(), tmp_path)
+    b.extra_env.update(GROUP_ENV)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 def wait_until(predicate, what, timeout, members=()):
@@ -97,11 +121,13 @@ def test_consumer_protocol_members_share_hand_over_and_resume(broker, tmp_path):
         assert described == [3, 3], d
         assert {tp.topic for m in d.members for tp in m.assignment.topic_partitions} == {TOPIC}
 
-        # SIGKILL: m2's partitions move to m1 once its session (45 s) is over
+        # SIGKILL: m2's partitions move to m1 once its session (8 s) is over, not before
         m2.end(sig_kill=True)
+        killed = time.monotonic()
         sent |= produce(broker, 600, 300)
         wait_until(lambda: m1.assignment() == set(range(PARTITIONS)),
-                   "m1 to take every partition after m2's session timed out", 75, members)
+                   "m1 to take every partition after m2's session timed out", 40, members)
+        assert time.monotonic() - killed > 5, "m2's partitions moved before its session ended"
         wait_until(lambda: m1.values() | m2.values() >= sent, "900 records consumed", 60, members)
 
         # a third member joins: m1 gives half up, m3 takes it
@@ -125,3 +151,38 @@ def test_consumer_protocol_members_share_hand_over_and_resume(broker, tmp_path):
     finally:
         for m in members:
             m.end(sig_kill=True)
+
+
+def test_group_session_configs_keep_within_the_brokers_bounds(broker):
+    """Kafka's group.consumer.{min,max}.session.timeout.ms bound a group's own
+    consumer.session.timeout.ms; the broker describes its defaults."""
+    a = AdminClient(rdkafka_conf({"bootstrap.servers": broker.bootstrap}))
+    b = a.describe_configs([ConfigResource(ResourceType.BROKER, "1")])
+    configs = list(b.values())[0].result(20)
+    assert configs["group.consumer.session.timeout.ms"].value == "8000", configs
+    assert configs["group.consumer.min.session.timeout.ms"].value == "6000"
+    assert configs["group.consumer.max.session.timeout.ms"].value == "60000"
+    assert configs["group.consumer.heartbeat.interval.ms"].value == "1000"
+
+    group = ConfigResource(ResourceType.GROUP, "bounded-group")
+    d = a.describe_configs([group])[group].result(20)
+    assert d["consumer.session.timeout.ms"].value == "8000", d
+
+    def alter(key, value):
+        r = ConfigResource(ResourceType.GROUP, "bounded-group",
+                           incremental_configs=[ConfigEntry(key, value,
+                                                            incremental_operation=AlterConfigOpType.SET)])
+        return a.incremental_alter_configs([r])[r]
+
+    alter("consumer.session.timeout.ms", "7000").result(20)
+    d = a.describe_configs([group])[group].result(20)
+    assert d["consumer.session.timeout.ms"].value == "7000", d
+    for value, bound in (("5000", "group.consumer.min.session.timeout.ms"),
+                         ("61000", "group.consumer.max.session.timeout.ms")):
+        try:
+            alter("consumer.session.timeout.ms", value).result(20)
+            raise AssertionError(f"a session timeout of {value} ms was taken")
+        except Exception as e:  # noqa: BLE001 - the KafkaException carries the code
+            err = e.args[0]
+            assert err.code() == KafkaError.INVALID_CONFIG, err
+            assert bound in err.str(), err

@@ -249,8 +249,9 @@ pub fn broker_config(name: &str) -> Option<BrokerConfig> {
         .map(|(t, _)| BrokerConfig::TopicDefault(t))
 }
 
-/// A consumer group config (KIP-848): its bounds and default (Kafka's broker defaults for
-/// `group.consumer.{min,max}.*` and `group.consumer.*`).
+/// A consumer group config (KIP-848): the values the metadata log takes and Kafka's default.
+/// Each broker checks a new value against its own `group.consumer.{min,max}.*` bounds
+/// before it asks for the change, and keeps values within them when it applies them.
 #[derive(Debug, Clone, Copy)]
 pub struct GroupConfig {
     pub name: &'static str,
@@ -263,17 +264,17 @@ pub struct GroupConfig {
 pub const GROUP_CONFIGS: &[GroupConfig] = &[
     GroupConfig {
         name: "consumer.heartbeat.interval.ms",
-        min: 5_000,
-        max: 15_000,
+        min: 1,
+        max: i32::MAX as i64,
         default: 5_000,
-        doc: "Heartbeat interval of members of a group on the consumer protocol (KIP-848); stored: Strata's groups use the classic protocol, which takes the member's own setting",
+        doc: "Heartbeat interval of the group's members on the consumer protocol (KIP-848), within the broker's group.consumer.min/max.heartbeat.interval.ms ([groups] consumer_min_heartbeat_interval, consumer_max_heartbeat_interval); classic members keep their own setting",
     },
     GroupConfig {
         name: "consumer.session.timeout.ms",
-        min: 45_000,
-        max: 60_000,
+        min: 1,
+        max: i32::MAX as i64,
         default: 45_000,
-        doc: "Session timeout of members of a group on the consumer protocol (KIP-848); stored: Strata's groups use the classic protocol, which takes the member's own setting",
+        doc: "Session timeout of the group's members on the consumer protocol (KIP-848), within the broker's group.consumer.min/max.session.timeout.ms ([groups] consumer_min_session_timeout, consumer_max_session_timeout); classic members keep their own setting",
     },
 ];
 
@@ -520,14 +521,14 @@ mod tests {
     }
 
     #[test]
-    fn group_configs_keep_to_kafkas_bounds() {
+    fn group_configs_are_positive_numbers() {
         let g = Scope::Group("g".into());
         assert_eq!(
             check_layer(&g, &layer(&[("consumer.session.timeout.ms", "50000")])),
             Ok(())
         );
-        assert!(check_layer(&g, &layer(&[("consumer.session.timeout.ms", "1000")])).is_err());
-        assert!(check_layer(&g, &layer(&[("consumer.heartbeat.interval.ms", "20000")])).is_err());
+        assert!(check_layer(&g, &layer(&[("consumer.session.timeout.ms", "0")])).is_err());
+        assert!(check_layer(&g, &layer(&[("consumer.heartbeat.interval.ms", "soon")])).is_err());
         assert!(check_layer(&g, &layer(&[("log.retention.ms", "1000")])).is_err());
     }
 

@@ -554,6 +554,21 @@ pub struct GroupsSection {
     /// (`group.initial.rebalance.delay.ms`); 0 answers at once.
     #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub initial_rebalance_delay: Duration,
+    /// Consumer-protocol (KIP-848) groups: the session timeout and heartbeat interval of
+    /// a group without its own `consumer.*` group configs, and the bounds those must fall
+    /// within (Kafka's `group.consumer.session.timeout.ms`, `...min...`, `...max...`).
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
+    pub consumer_session_timeout: Duration,
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
+    pub consumer_min_session_timeout: Duration,
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
+    pub consumer_max_session_timeout: Duration,
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
+    pub consumer_heartbeat_interval: Duration,
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
+    pub consumer_min_heartbeat_interval: Duration,
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
+    pub consumer_max_heartbeat_interval: Duration,
 }
 
 impl Default for GroupsSection {
@@ -572,6 +587,12 @@ impl Default for GroupsSection {
             offsets_topic_segment_bytes: d.offsets_segment_bytes,
             max_size: d.group.max_size,
             initial_rebalance_delay: ms(d.group.initial_rebalance_delay_ms),
+            consumer_session_timeout: ms(d.consumer.session_timeout_ms),
+            consumer_min_session_timeout: ms(d.consumer.min_session_timeout_ms),
+            consumer_max_session_timeout: ms(d.consumer.max_session_timeout_ms),
+            consumer_heartbeat_interval: ms(d.consumer.heartbeat_interval_ms),
+            consumer_min_heartbeat_interval: ms(d.consumer.min_heartbeat_interval_ms),
+            consumer_max_heartbeat_interval: ms(d.consumer.max_heartbeat_interval_ms),
         }
     }
 }
@@ -628,6 +649,14 @@ impl GroupsSection {
             commit_timeout: self.commit_timeout,
             offsets_snapshot_records: self.offsets_snapshot_records,
             offsets_segment_bytes: self.offsets_topic_segment_bytes,
+            consumer: crate::group::consumer::ConsumerProtocolConfig {
+                session_timeout_ms: ms(self.consumer_session_timeout),
+                min_session_timeout_ms: ms(self.consumer_min_session_timeout),
+                max_session_timeout_ms: ms(self.consumer_max_session_timeout),
+                heartbeat_interval_ms: ms(self.consumer_heartbeat_interval),
+                min_heartbeat_interval_ms: ms(self.consumer_min_heartbeat_interval),
+                max_heartbeat_interval_ms: ms(self.consumer_max_heartbeat_interval),
+            },
             ..d
         }
     }
@@ -981,6 +1010,31 @@ impl ServerConfig {
         }
         if g.min_session_timeout > g.max_session_timeout {
             bail!("groups.min_session_timeout is above groups.max_session_timeout");
+        }
+        for (what, min, v, max) in [
+            (
+                "session_timeout",
+                g.consumer_min_session_timeout,
+                g.consumer_session_timeout,
+                g.consumer_max_session_timeout,
+            ),
+            (
+                "heartbeat_interval",
+                g.consumer_min_heartbeat_interval,
+                g.consumer_heartbeat_interval,
+                g.consumer_max_heartbeat_interval,
+            ),
+        ] {
+            if min.is_zero() || !(min <= v && v <= max) {
+                bail!(
+                    "groups.consumer_{what} must be between groups.consumer_min_{what} and \
+                     groups.consumer_max_{what}, and the minimum above zero (now {v:?}, \
+                     {min:?} and {max:?})"
+                );
+            }
+        }
+        if g.consumer_heartbeat_interval >= g.consumer_session_timeout {
+            bail!("groups.consumer_heartbeat_interval must be shorter than groups.consumer_session_timeout");
         }
         if let Some(c) = &self.cold {
             if c.interval.is_zero() {

@@ -877,6 +877,14 @@ def main():
                     say(f"    strata exited (code {node.proc.returncode}); starting anew")
                     node.start()
                 profile = suite_sets.SECURE.get(num) if secure else None
+                if (os.environ.get("TEST_CONSUMER_GROUP_PROTOCOL") == "consumer"
+                        and all(n in suite_sets.CLASSIC_ONLY for n in nums[num])):
+                    for name in nums[num]:
+                        results[name] = {"status": "SKIP", "secs": 0.0, "log": "",
+                                         "why": "classic protocol only: "
+                                                + suite_sets.CLASSIC_ONLY[name]}
+                        say(f"    {name:<48} SKIP             {results[name]['why'][:100]}")
+                    continue
                 res = run_number(num, scenario, nums[num], secure_tdir if secure else tdir,
                                  logdir, node, args, profile)
                 for name, r in res.items():

@@ -70,6 +70,108 @@ impl Default for ConsumerGroupConfig {
     }
 }
 
+/// The broker's defaults and bounds for consumer-protocol groups (Kafka's
+/// `group.consumer.{,min.,max.}session.timeout.ms` and `...heartbeat.interval.ms`): a
+/// group's own `consumer.*` configs must fall within them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerProtocolConfig {
+    pub session_timeout_ms: i64,
+    pub min_session_timeout_ms: i64,
+    pub max_session_timeout_ms: i64,
+    pub heartbeat_interval_ms: i64,
+    pub min_heartbeat_interval_ms: i64,
+    pub max_heartbeat_interval_ms: i64,
+}
+
+impl Default for ConsumerProtocolConfig {
+    fn default() -> Self {
+        ConsumerProtocolConfig {
+            session_timeout_ms: 45_000,
+            min_session_timeout_ms: 45_000,
+            max_session_timeout_ms: 60_000,
+            heartbeat_interval_ms: 5_000,
+            min_heartbeat_interval_ms: 5_000,
+            max_heartbeat_interval_ms: 15_000,
+        }
+    }
+}
+
+impl ConsumerProtocolConfig {
+    /// The bounds (broker config name, min, max) of a group config, if it is one.
+    fn bounds(&self, name: &str) -> Option<(&'static str, i64, &'static str, i64)> {
+        match name {
+            "consumer.session.timeout.ms" => Some((
+                "group.consumer.min.session.timeout.ms",
+                self.min_session_timeout_ms,
+                "group.consumer.max.session.timeout.ms",
+                self.max_session_timeout_ms,
+            )),
+            "consumer.heartbeat.interval.ms" => Some((
+                "group.consumer.min.heartbeat.interval.ms",
+                self.min_heartbeat_interval_ms,
+                "group.consumer.max.heartbeat.interval.ms",
+                self.max_heartbeat_interval_ms,
+            )),
+            _ => None,
+        }
+    }
+
+    /// The broker's default for a group config.
+    pub fn default_of(&self, name: &str) -> Option<i64> {
+        match name {
+            "consumer.session.timeout.ms" => Some(self.session_timeout_ms),
+            "consumer.heartbeat.interval.ms" => Some(self.heartbeat_interval_ms),
+            _ => None,
+        }
+    }
+
+    /// Whether a group config's value is within this broker's bounds (Kafka's message).
+    pub fn check(&self, name: &str, value: &str) -> Result<(), String> {
+        let Some((min_name, min, max_name, max)) = self.bounds(name) else {
+            return Ok(());
+        };
+        let v: i64 = value.trim().parse().map_err(|_| {
+            format!("Invalid value {value} for configuration {name}: Not a number of type INT")
+        })?;
+        if v < min {
+            return Err(format!(
+                "{name} must be greater than or equal to {min_name} ({min})"
+            ));
+        }
+        if v > max {
+            return Err(format!(
+                "{name} must be less than or equal to {max_name} ({max})"
+            ));
+        }
+        Ok(())
+    }
+
+    /// A group's configs: its own values (kept within the bounds, which may have changed
+    /// since they were set), else the broker's defaults.
+    pub fn for_group(
+        &self,
+        layer: &BTreeMap<String, String>,
+        max_size: usize,
+    ) -> ConsumerGroupConfig {
+        let value = |name: &str| -> i64 {
+            let (_, min, _, max) = self.bounds(name).expect("a group config");
+            layer
+                .get(name)
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .map_or_else(
+                    || self.default_of(name).expect("a group config"),
+                    |v| v.clamp(min, max),
+                )
+        };
+        ConsumerGroupConfig {
+            session_timeout_ms: value("consumer.session.timeout.ms"),
+            heartbeat_interval_ms: value("consumer.heartbeat.interval.ms").min(i32::MAX as i64)
+                as i32,
+            max_size,
+        }
+    }
+}
+
 /// The server-side assignors a member may name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Assignor {
@@ -185,6 +287,11 @@ pub struct ConsumerGroup {
     target: BTreeMap<String, Assignment>,
     /// The subscribed topics with their partition counts when the target was computed.
     subscribed: BTreeMap<String, (Uuid, u32)>,
+    /// Members' regexes and the topics they matched when last resolved. As in Kafka, a
+    /// regex is resolved after the heartbeat that brings it is answered, so its topics are
+    /// assigned from the next heartbeat on (literal names at once).
+    #[serde(default)]
+    resolved: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// Who sent a heartbeat (kept for the operator's view).
@@ -253,6 +360,7 @@ impl ConsumerGroup {
             members: BTreeMap::new(),
             target: BTreeMap::new(),
             subscribed: BTreeMap::new(),
+            resolved: BTreeMap::new(),
         }
     }
 
@@ -438,13 +546,35 @@ impl ConsumerGroup {
             m.sent = Some(m.assigned.clone());
             m.assigned.clone()
         });
-        HeartbeatReply {
+        let reply = HeartbeatReply {
             error: codes::NONE,
             message: None,
             member_id: id,
             member_epoch: m.epoch,
             heartbeat_interval_ms: config.heartbeat_interval_ms,
             assignment,
+        };
+        self.resolve_regexes(topics);
+        reply
+    }
+
+    /// Resolves every regex a member subscribes with against the topics there are now
+    /// (and forgets the ones no member uses); the next heartbeat assigns what changed.
+    fn resolve_regexes(&mut self, topics: &Topics) {
+        let used: BTreeSet<&String> = self
+            .members
+            .values()
+            .filter_map(|m| m.regex.as_ref())
+            .collect();
+        self.resolved.retain(|r, _| used.contains(r));
+        for regex in used {
+            let matched = match regex::Regex::new(regex) {
+                Ok(r) => topics.keys().filter(|t| r.is_match(t)).cloned().collect(),
+                Err(_) => BTreeSet::new(),
+            };
+            if self.resolved.get(regex) != Some(&matched) {
+                self.resolved.insert(regex.clone(), matched);
+            }
         }
     }
 
@@ -623,14 +753,14 @@ impl ConsumerGroup {
         }
     }
 
-    /// The topics a member subscribes to, by name, among those that exist.
-    fn subscription(m: &Member, topics: &Topics) -> BTreeSet<String> {
-        let regex = m.regex.as_deref().and_then(|r| regex::Regex::new(r).ok());
+    /// The topics a member subscribes to, by name, among those that exist: its literal
+    /// names, and what its regex matched when last resolved.
+    fn subscription(&self, m: &Member, topics: &Topics) -> BTreeSet<String> {
+        let matched = m.regex.as_ref().and_then(|r| self.resolved.get(r));
         topics
             .keys()
             .filter(|t| {
-                m.topic_names.iter().any(|n| n == *t)
-                    || regex.as_ref().is_some_and(|r| r.is_match(t))
+                m.topic_names.iter().any(|n| n == *t) || matched.is_some_and(|ts| ts.contains(*t))
             })
             .cloned()
             .collect()
@@ -640,7 +770,7 @@ impl ConsumerGroup {
     fn refresh_subscriptions(&mut self, topics: &Topics) {
         let mut now = BTreeMap::new();
         for m in self.members.values() {
-            for t in Self::subscription(m, topics) {
+            for t in self.subscription(m, topics) {
                 now.insert(t.clone(), topics[&t]);
             }
         }
@@ -656,7 +786,7 @@ impl ConsumerGroup {
         let subs: BTreeMap<String, BTreeSet<String>> = self
             .members
             .values()
-            .map(|m| (m.id.clone(), Self::subscription(m, topics)))
+            .map(|m| (m.id.clone(), self.subscription(m, topics)))
             .collect();
         let target = match self.preferred_assignor() {
             Assignor::Uniform => uniform(&subs, topics, &self.target),

@@ -40,6 +40,8 @@ pub struct GroupsConfig {
     pub offsets_snapshot_records: u64,
     /// `segment.bytes` of `__consumer_offsets`: snapshots delete whole segments only.
     pub offsets_segment_bytes: u64,
+    /// Defaults and bounds of consumer-protocol (KIP-848) groups.
+    pub consumer: super::consumer::ConsumerProtocolConfig,
 }
 
 impl Default for GroupsConfig {
@@ -52,6 +54,7 @@ impl Default for GroupsConfig {
             tick: Duration::from_millis(100),
             offsets_snapshot_records: super::coordinator::SNAPSHOT_MIN_RECORDS,
             offsets_segment_bytes: 16 << 20,
+            consumer: super::consumer::ConsumerProtocolConfig::default(),
         }
     }
 }

@@ -426,6 +426,42 @@ fn describe_broker(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, St
             "Longest session timeout a member may ask for",
         ),
         fixed(
+            "group.consumer.session.timeout.ms",
+            Some(groups.consumer.session_timeout_ms.to_string()),
+            TYPE_INT,
+            "Session timeout of consumer-protocol members whose group sets none",
+        ),
+        fixed(
+            "group.consumer.min.session.timeout.ms",
+            Some(groups.consumer.min_session_timeout_ms.to_string()),
+            TYPE_INT,
+            "Shortest consumer.session.timeout.ms a group may set",
+        ),
+        fixed(
+            "group.consumer.max.session.timeout.ms",
+            Some(groups.consumer.max_session_timeout_ms.to_string()),
+            TYPE_INT,
+            "Longest consumer.session.timeout.ms a group may set",
+        ),
+        fixed(
+            "group.consumer.heartbeat.interval.ms",
+            Some(groups.consumer.heartbeat_interval_ms.to_string()),
+            TYPE_INT,
+            "Heartbeat interval of consumer-protocol members whose group sets none",
+        ),
+        fixed(
+            "group.consumer.min.heartbeat.interval.ms",
+            Some(groups.consumer.min_heartbeat_interval_ms.to_string()),
+            TYPE_INT,
+            "Shortest consumer.heartbeat.interval.ms a group may set",
+        ),
+        fixed(
+            "group.consumer.max.heartbeat.interval.ms",
+            Some(groups.consumer.max_heartbeat_interval_ms.to_string()),
+            TYPE_INT,
+            "Longest consumer.heartbeat.interval.ms a group may set",
+        ),
+        fixed(
             "offsets.topic.num.partitions",
             Some(groups.offsets_partitions.to_string()),
             TYPE_INT,
@@ -557,10 +593,11 @@ fn describe_group(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, Str
             .get(name)
             .cloned()
     });
+    let bounds = ctx.broker().config().groups.consumer;
     Ok(GROUP_CONFIGS
         .iter()
         .map(|g| {
-            let default = g.default.to_string();
+            let default = bounds.default_of(g.name).unwrap_or(g.default).to_string();
             let mut synonyms = Vec::new();
             if let Some(v) = set.as_ref().and_then(|l| l.get(g.name)) {
                 synonyms.push((g.name.to_string(), Some(v.clone()), SOURCE_GROUP));
@@ -722,6 +759,12 @@ async fn alter_dynamic(
     remove: Vec<String>,
     validate_only: bool,
 ) -> Result<(), codes::Coded> {
+    if let ConfigScope::Group(_) = scope {
+        let bounds = ctx.broker().config().groups.consumer;
+        for (k, v) in &set {
+            bounds.check(k, v).map_err(|e| (codes::INVALID_CONFIG, e))?;
+        }
+    }
     ctx.broker()
         .alter_dynamic_configs(scope, set, remove, validate_only)
         .await

@@ -43,7 +43,6 @@ use kafka_protocol::messages::{TxnOffsetCommitRequest, TxnOffsetCommitResponse};
 use kafka_protocol::protocol::StrBytes;
 use strata_controller::metadata::acl::{Operation, ResourceType};
 use strata_controller::metadata::dynamic::ConfigScope;
-use strata_core::dynamic_config::GROUP_CONFIGS;
 
 use super::{codes, s, Request};
 use crate::group::consumer::{Client as ConsumerClient, ConsumerGroupConfig, Heartbeat, Topics};
@@ -268,21 +267,8 @@ pub(super) fn heartbeat(ctx: &Request, req: HeartbeatRequest) -> HeartbeatRespon
 fn consumer_group_config(ctx: &Request, group: &str) -> ConsumerGroupConfig {
     let broker = ctx.broker();
     let layer = broker.dynamic_layer(&ConfigScope::Group(group.to_string()));
-    let value = |name: &str| -> i64 {
-        let default = GROUP_CONFIGS
-            .iter()
-            .find(|g| g.name == name)
-            .map_or(0, |g| g.default);
-        layer
-            .get(name)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    ConsumerGroupConfig {
-        session_timeout_ms: value("consumer.session.timeout.ms"),
-        heartbeat_interval_ms: value("consumer.heartbeat.interval.ms") as i32,
-        max_size: broker.config().groups.group.max_size,
-    }
+    let groups = &broker.config().groups;
+    groups.consumer.for_group(&layer, groups.group.max_size)
 }
 
 /// ConsumerGroupHeartbeat (KIP-848): the coordinator assigns partitions itself; see

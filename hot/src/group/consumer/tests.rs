@@ -261,23 +261,41 @@ fn a_regex_subscription_follows_the_topics_that_match() {
     let mut t = topics(2);
     let mut g = ConsumerGroup::new("g");
     let h = Heartbeat {
-        subscribed_topic_names: None,
+        subscribed_topic_names: Some(vec!["refunds".into()]),
         subscribed_topic_regex: Some("^ord.*".into()),
         ..join("m1", &[])
     };
+    // as in Kafka: literal names at once, the regex's topics from the next heartbeat on
     let r = hb(&mut g, h, &t, 0);
     assert_eq!(
         r.assignment,
-        Some(Assignment::from([(T1, BTreeSet::from([0, 1]))]))
+        Some(Assignment::from([(T2, BTreeSet::from([0, 1]))]))
     );
-    // a new matching topic, and more partitions: a new epoch and assignment
+    let r = step(&mut g, "m1", &t, 1);
+    assert_eq!(
+        r.assignment,
+        Some(Assignment::from([
+            (T1, BTreeSet::from([0, 1])),
+            (T2, BTreeSet::from([0, 1]))
+        ]))
+    );
+    // a new matching topic, and more partitions: a new epoch and assignment, the new
+    // topic once the regex was resolved again
     t.insert("orders-eu".into(), (Uuid::from_u128(3), 1));
     t.insert("orders".into(), (T1, 3));
     let epoch = g.epoch;
-    let r = step(&mut g, "m1", &t, 1);
+    let r = step(&mut g, "m1", &t, 2);
     assert!(g.epoch > epoch);
-    let a = r.assignment.expect("grown");
-    assert_eq!(parts(&a), 4);
+    assert_eq!(parts(&r.assignment.expect("grown")), 5);
+    let r = step(&mut g, "m1", &t, 3);
+    assert_eq!(parts(&r.assignment.expect("the new topic")), 6);
+    // a regex no member uses any more is forgotten
+    let h = Heartbeat {
+        subscribed_topic_regex: Some(String::new()),
+        ..beat(&g, "m1")
+    };
+    hb(&mut g, h, &t, 4);
+    assert!(g.resolved.is_empty());
 }
 
 #[test]
