@@ -39,6 +39,15 @@ def raw_batch(base_offset, attributes, body, timestamp, count=1):
     return head + struct.pack(">I", calc_crc32c(after_crc)) + after_crc
 
 
+def string(s):
+    b = s.encode()
+    return struct.pack(">h", len(b)) + b
+
+
+def nullable_string(s):
+    return struct.pack(">h", -1) if s is None else string(s)
+
+
 class KafkaWire:
     def __init__(self, port, timeout=10, host="127.0.0.1"):
         self.sock = socket.create_connection((host, port), timeout=timeout)
@@ -85,11 +94,11 @@ class KafkaWire:
             builder.append(i, timestamp=None, key=None, value=v, headers=[])
         return self.produce_raw(topic, partition, bytes(builder.build()), acks)
 
-    def produce_raw(self, topic, partition, records, acks=-1):
+    def produce_raw(self, topic, partition, records, acks=-1, transactional_id=None):
         """One partition's records, exactly these bytes, with Produce v3; (error code, base
         offset)."""
         name = topic.encode()
-        body = (struct.pack(">hhi", -1, acks, 30000) + struct.pack(">i", 1)
+        body = (nullable_string(transactional_id) + struct.pack(">hi", acks, 30000) + struct.pack(">i", 1)
                 + struct.pack(">h", len(name)) + name + struct.pack(">i", 1)
                 + struct.pack(">ii", partition, len(records)) + records)
         resp = self.call(0, 3, body)
@@ -103,6 +112,72 @@ class KafkaWire:
         index, error, base_offset, _append_time = struct.unpack_from(">ihqq", resp, at + 4)
         assert index == partition
         return error, base_offset
+
+    # --- transactions (KIP-98), as a producer sends them ------------------------------
+
+    def find_coordinator(self, key, key_type):
+        """FindCoordinator v1 (key_type 0: group, 1: transactional id): (error, node id)."""
+        resp = self.call(10, 1, string(key) + struct.pack(">b", key_type))
+        _throttle, error, msg_len = struct.unpack_from(">ihh", resp, 0)
+        at = 8 + max(msg_len, 0)
+        (node,) = struct.unpack_from(">i", resp, at)
+        return error, node
+
+    def init_transactional_producer(self, transactional_id, timeout_ms=60000):
+        """InitProducerId v0 with a transactional id: (error, producer id, epoch)."""
+        body = string(transactional_id) + struct.pack(">i", timeout_ms)
+        _throttle, error, pid, epoch = struct.unpack(">ihqh", self.call(22, 0, body))
+        return error, pid, epoch
+
+    def add_partitions_to_txn(self, transactional_id, producer_id, epoch, topic, partitions):
+        """AddPartitionsToTxn v0 for one topic: {partition: error code}."""
+        body = (string(transactional_id) + struct.pack(">qh", producer_id, epoch)
+                + struct.pack(">i", 1) + string(topic) + struct.pack(">i", len(partitions))
+                + b"".join(struct.pack(">i", p) for p in partitions))
+        resp = self.call(24, 0, body)
+        at = 4
+        (n_topics,) = struct.unpack_from(">i", resp, at)
+        assert n_topics == 1
+        (name_len,) = struct.unpack_from(">h", resp, at + 4)
+        at += 6 + name_len
+        (n,) = struct.unpack_from(">i", resp, at)
+        at += 4
+        out = {}
+        for _ in range(n):
+            p, err = struct.unpack_from(">ih", resp, at)
+            at += 6
+            out[p] = err
+        return out
+
+    def end_txn(self, transactional_id, producer_id, epoch, commit):
+        """EndTxn v0: its error code."""
+        body = string(transactional_id) + struct.pack(">qh?", producer_id, epoch, commit)
+        _throttle, error = struct.unpack(">ih", self.call(26, 0, body))
+        return error
+
+    def produce_txn(self, topic, partition, values, transactional_id, producer_id,
+                    producer_epoch, base_sequence):
+        """One transactional batch of `values` with Produce v3 under `transactional_id`,
+        whether or not the partition was added to the transaction: (error, base offset)."""
+        builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True,
+                                            producer_id=producer_id, producer_epoch=producer_epoch,
+                                            base_sequence=base_sequence, batch_size=1 << 20)
+        for i, v in enumerate(values):
+            builder.append(i, timestamp=None, key=None, value=v, headers=[])
+        return self.produce_raw(topic, partition, bytes(builder.build()),
+                                transactional_id=transactional_id)
+
+    def stable_offset(self, topic, partition):
+        """(error code, last stable offset) from ListOffsets v2 at `latest` with
+        isolation_level read_committed, as a read_committed consumer asks."""
+        body = (struct.pack(">ib", -1, 1) + struct.pack(">i", 1) + string(topic)
+                + struct.pack(">iiq", 1, partition, -1))
+        resp = self.call(2, 2, body)
+        (name_len,) = struct.unpack_from(">h", resp, 8)
+        at = 10 + name_len + 4
+        index, error, _ts, offset = struct.unpack_from(">ihqq", resp, at)
+        assert index == partition
+        return error, offset
 
     def latest_offset(self, topic, partition):
         """(error code, high watermark) from ListOffsets v1 at `latest` (-1), as a consumer asks."""

@@ -95,6 +95,64 @@ def test_committed_records_are_read_once_and_aborted_ones_never(broker):
     assert values(read(broker.bootstrap, "settlements", 3, "read_committed")) == sorted(committed)
 
 
+INVALID_TXN_STATE = 48
+RETRIABLE = {14, 15, 16, 51}  # load in progress, not available, not coordinator, concurrent
+
+
+def test_a_stray_transactional_batch_cannot_leave_a_hanging_transaction(broker):
+    """KIP-890: the partition leader asks the transaction coordinator before a batch opens
+    a transaction on its partition. A batch for a partition never added, and a late batch
+    of a transaction already aborted, are refused (INVALID_TXN_STATE); without the check
+    each opened a transaction no marker would ever close, and the last stable offset (what
+    read_committed consumers may read) stayed behind it for good."""
+    from kafka_wire import KafkaWire
+
+    broker.create_topic("hang", 1)
+    w = KafkaWire(broker.port)
+    txn = "stray-batches"
+    deadline = time.monotonic() + 30
+    while True:
+        err, pid, epoch = w.init_transactional_producer(txn)
+        if err == 0:
+            break
+        assert err in RETRIABLE and time.monotonic() < deadline, f"InitProducerId: {err}"
+        w.find_coordinator(txn, 1)
+        time.sleep(0.2)
+
+    def stable():
+        err, lso = w.stable_offset("hang", 0)
+        assert err == 0
+        return lso
+
+    def high_watermark():
+        err, hw = w.latest_offset("hang", 0)
+        assert err == 0
+        return hw
+
+    # a partition never added to the transaction: refused, nothing holds readers back
+    err, _ = w.produce_txn("hang", 0, [b"stray"], txn, pid, epoch, 0)
+    assert err == INVALID_TXN_STATE, f"a batch outside the transaction was taken: {err}"
+    assert (stable(), high_watermark()) == (0, 0)
+
+    # added: taken, and the next batch joins the open transaction
+    assert w.add_partitions_to_txn(txn, pid, epoch, "hang", [0]) == {0: 0}
+    assert w.produce_txn("hang", 0, [b"a"], txn, pid, epoch, 0) == (0, 0)
+    assert w.produce_txn("hang", 0, [b"b"], txn, pid, epoch, 1) == (0, 1)
+    assert (stable(), high_watermark()) == (0, 2), "the open transaction holds readers back"
+
+    # aborted: a late batch of the ended transaction cannot open it again
+    assert w.end_txn(txn, pid, epoch, False) == 0
+    deadline = time.monotonic() + 10
+    while stable() != 3:  # the abort marker at offset 2
+        assert time.monotonic() < deadline, f"LSO {stable()} never passed the abort marker"
+        time.sleep(0.1)
+    err, _ = w.produce_txn("hang", 0, [b"late"], txn, pid, epoch, 2)
+    assert err == INVALID_TXN_STATE, f"a late batch reopened the transaction: {err}"
+    time.sleep(0.5)
+    assert (stable(), high_watermark()) == (3, 3), "a late batch holds readers back"
+    w.close()
+
+
 def test_a_restarted_producer_fences_the_old_one_and_aborts_its_open_transaction(broker):
     from confluent_kafka import KafkaException
 

@@ -608,6 +608,10 @@ pub struct TransactionsSection {
     /// (`transactional.id.expiration.ms`).
     #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub transactional_id_expiration: Duration,
+    /// KIP-890 (`transaction.partition.verification.enable`): a partition leader asks the
+    /// transaction coordinator before a transactional batch opens a transaction on its
+    /// partition, so a stray or late batch cannot leave a transaction no marker will close.
+    pub partition_verification: bool,
 }
 
 impl Default for TransactionsSection {
@@ -616,6 +620,7 @@ impl Default for TransactionsSection {
         TransactionsSection {
             max_timeout: Duration::from_millis(d.max_timeout_ms as u64),
             transactional_id_expiration: d.id_expiration,
+            partition_verification: d.partition_verification,
         }
     }
 }
@@ -625,6 +630,7 @@ impl TransactionsSection {
         crate::txn::TxnConfig {
             max_timeout_ms: self.max_timeout.as_millis().min(i32::MAX as u128) as i32,
             id_expiration: self.transactional_id_expiration,
+            partition_verification: self.partition_verification,
             ..crate::txn::TxnConfig::default()
         }
     }

@@ -584,9 +584,23 @@ impl Broker {
         acks: i16,
         now_ms: i64,
     ) -> Result<PendingAppend, ProduceError> {
+        self.append_verified(topic, index, records, acks, None, now_ms)
+    }
+
+    /// [`Broker::append`] of a Kafka producer's records, with what KIP-890 verification
+    /// found for their transactional batch.
+    pub fn append_verified(
+        &self,
+        topic: &str,
+        index: i32,
+        records: bytes::Bytes,
+        acks: i16,
+        verified: Option<crate::log::TxnVerified>,
+        now_ms: i64,
+    ) -> Result<PendingAppend, ProduceError> {
         use std::sync::atomic::Ordering::Relaxed;
         self.metrics.produce_requests.fetch_add(1, Relaxed);
-        let appended = self.append_inner(topic, index, records, acks, now_ms);
+        let appended = self.append_inner(topic, index, records, acks, verified, now_ms);
         match &appended {
             Ok(p) => {
                 self.metrics.produced_records.fetch_add(p.records, Relaxed);
@@ -600,12 +614,30 @@ impl Broker {
         appended
     }
 
+    /// The KIP-890 guard for a transactional batch of `producer_id` at `epoch` to
+    /// `topic`-`index`: `Some(None)` when its transaction is open there already,
+    /// `Some(Some(guard))` when the coordinator must be asked, `None` when this broker
+    /// does not lead the partition (the append will say so).
+    pub fn txn_guard(
+        &self,
+        topic: &str,
+        index: i32,
+        producer_id: i64,
+        epoch: i16,
+    ) -> Option<Option<u64>> {
+        match self.route(topic, index) {
+            Route::Leader(p) => p.txn_guard(producer_id, epoch),
+            _ => None,
+        }
+    }
+
     fn append_inner(
         &self,
         topic: &str,
         index: i32,
         records: bytes::Bytes,
         acks: i16,
+        verified: Option<crate::log::TxnVerified>,
         now_ms: i64,
     ) -> Result<PendingAppend, ProduceError> {
         if crate::group::manager::is_internal(topic) {
@@ -642,7 +674,7 @@ impl Broker {
             }
         })?;
         let (appended, epoch) = partition
-            .append(&batch, acks, now_ms)
+            .append_verified(&batch, acks, verified, now_ms)
             .map_err(|e| match e {
                 partition::LeaderAppendError::NotLeader => ProduceError::NotLeader {
                     topic: topic.to_string(),

@@ -514,7 +514,33 @@ impl Partition {
         acks: i16,
         now_ms: i64,
     ) -> Result<(Appended, i32), LeaderAppendError> {
-        self.append_checked(acks, None, |log| log.append(batch, now_ms))
+        self.append_verified(batch, acks, None, now_ms)
+    }
+
+    /// [`Partition::append`], with what KIP-890 verification found for a transactional
+    /// batch (`None`: not verified, as for Strata's own clients).
+    pub fn append_verified(
+        &self,
+        batch: &ValidBatch,
+        acks: i16,
+        verified: Option<crate::log::TxnVerified>,
+        now_ms: i64,
+    ) -> Result<(Appended, i32), LeaderAppendError> {
+        self.append_checked(acks, None, |log| match verified {
+            Some(v) => log.append_verified(batch, v, now_ms),
+            None => log.append(batch, now_ms),
+        })
+    }
+
+    /// The KIP-890 guard for a transactional batch of `producer_id` at `epoch`, as leader
+    /// ([`PartitionLog::txn_guard`]); `None` also when not leading (the append says so).
+    pub fn txn_guard(&self, producer_id: i64, epoch: i16) -> Option<Option<u64>> {
+        let role = self.role();
+        if !matches!(&*role, Role::Leader { .. }) {
+            return None;
+        }
+        let guard = self.lock().txn_guard(producer_id, epoch);
+        Some(guard)
     }
 
     /// Appends a transaction marker for `producer_id` as leader (acks=all: refused before

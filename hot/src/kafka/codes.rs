@@ -57,7 +57,7 @@ pub fn append(e: &AppendError) -> Coded {
         AppendError::TooLarge { .. } => E::MessageTooLarge.code(),
         AppendError::OutOfOrderSequence { .. } => E::OutOfOrderSequenceNumber.code(),
         AppendError::InvalidProducerEpoch { .. } => E::InvalidProducerEpoch.code(),
-        AppendError::InvalidTxnState => E::InvalidTxnState.code(),
+        AppendError::InvalidTxnState | AppendError::TxnNotVerified => E::InvalidTxnState.code(),
         AppendError::Unsupported(_) => E::InvalidRecord.code(),
         AppendError::Io(_) => E::KafkaStorageError.code(),
         AppendError::NotContiguous { .. } => E::UnknownServerError.code(),

@@ -441,7 +441,7 @@ impl KafkaServer {
                     }
                 }
             }
-            let decoded = match decode_request(frame.freeze()) {
+            let mut decoded = match decode_request(frame.freeze()) {
                 Ok(d) => d,
                 Err(refusal) => {
                     tracing::warn!(%peer, reason = %refusal, "refusing request; closing connection");
@@ -467,6 +467,21 @@ impl KafkaServer {
             let stale_metadata =
                 matches!(decoded.body, Body::Metadata(_)) && !self.broker.holds_lease();
             let request = (decoded.key, Instant::now());
+            // KIP-890: a transactional batch that would open a transaction on a partition
+            // led here is checked with the transaction coordinator first; awaited here so
+            // the connection's produce requests still append in order
+            if let (Body::Produce(req, verified), Some(who)) = (&mut decoded.body, &principal) {
+                if let Some(id) = req.transactional_id.as_ref().filter(|t| !t.is_empty()) {
+                    let may_write = self.broker.authorize(
+                        who,
+                        &host,
+                        acl::Operation::Write,
+                        acl::ResourceType::TransactionalId,
+                        id.as_str(),
+                    );
+                    *verified = produce::verify(&self.broker, req, may_write).await;
+                }
+            }
             let step = match (&decoded.body, &principal) {
                 (Body::SaslHandshake(_) | Body::SaslAuthenticate(_), _) => {
                     let (reply, outcome) = self.sasl_step(decoded, sasl.as_mut(), peer);
@@ -698,7 +713,7 @@ impl KafkaServer {
             }
             Body::ApiVersions(_) => ctx.respond_now(&api_versions_response(codes::NONE)),
             Body::Metadata(req) => ctx.later(admin::metadata(ctx.clone(), req)),
-            Body::Produce(req) => produce::handle(ctx, req, &mut turns.refused),
+            Body::Produce(req, verified) => produce::handle(ctx, req, verified, &mut turns.refused),
             // one at a time per connection, as clients send them: a connection reads at most
             // one fetch response (kafka.fetch_max_bytes) at a time
             Body::Fetch(req) => ctx.later(turns.fetches.in_turn(fetch::handle(ctx.clone(), req))),
@@ -842,7 +857,8 @@ pub enum Body {
     UnsupportedApiVersions,
     ApiVersions(ApiVersionsRequest),
     Metadata(MetadataRequest),
-    Produce(ProduceRequest),
+    /// With what KIP-890 verification found (filled in before dispatch).
+    Produce(ProduceRequest, produce::Verifications),
     Fetch(FetchRequest),
     ListOffsets(ListOffsetsRequest),
     CreateTopics(CreateTopicsRequest),
@@ -941,7 +957,7 @@ pub fn decode_request(mut frame: Bytes) -> Result<Decoded, Refusal> {
     let body = match key {
         ApiKey::ApiVersions => Body::ApiVersions(decode_body(&mut frame, version)?),
         ApiKey::Metadata => Body::Metadata(decode_body(&mut frame, version)?),
-        ApiKey::Produce => Body::Produce(decode_body(&mut frame, version)?),
+        ApiKey::Produce => Body::Produce(decode_body(&mut frame, version)?, Default::default()),
         ApiKey::Fetch => Body::Fetch(decode_body(&mut frame, version)?),
         ApiKey::ListOffsets => Body::ListOffsets(decode_body(&mut frame, version)?),
         ApiKey::CreateTopics => Body::CreateTopics(decode_body(&mut frame, version)?),

@@ -20,8 +20,87 @@ use strata_controller::metadata::acl::{Operation, ResourceType, CLUSTER_NAME};
 use std::collections::HashMap;
 
 use super::{codes, Refusal, Reply, Request};
-use crate::broker::{PendingAppend, ProduceError};
-use crate::log::AppendError;
+use crate::broker::{Broker, PendingAppend, ProduceError};
+use crate::log::{AppendError, TxnVerified};
+
+/// KIP-890: what verification found for a produce request's transactional batches before
+/// it was dispatched, by (topic, partition): the guard to append under, or the refusal.
+#[derive(Debug, Default)]
+pub struct Verifications(HashMap<(String, i32), Result<TxnVerified, codes::Coded>>);
+
+/// A partition to ask about, with the guard its leader handed out: (topic, partition, guard).
+type Guarded = (String, i32, u64);
+
+/// Verifies the transactional batches of `req` that would open a transaction on a
+/// partition led here: the transactional id's coordinator (here or on another broker) must
+/// say the partition is in the producer's open transaction. Awaited before the request is
+/// dispatched, so the connection's requests still append in order; batches whose
+/// transaction is already open here need no question. `may_write`: whether the principal
+/// may write as the request's transactional id (otherwise the request is refused anyway).
+pub(crate) async fn verify(
+    broker: &Broker,
+    req: &ProduceRequest,
+    may_write: bool,
+) -> Verifications {
+    let mut out = Verifications::default();
+    let Some(id) = req
+        .transactional_id
+        .as_ref()
+        .map(|t| t.as_str())
+        .filter(|t| !t.is_empty())
+    else {
+        return out;
+    };
+    if !may_write || !broker.txns().verifies() {
+        return out;
+    }
+    let mut ask: HashMap<(i64, i16), Vec<Guarded>> = HashMap::new();
+    for topic in &req.topic_data {
+        for pd in &topic.partition_data {
+            let Some(h) = pd
+                .records
+                .as_ref()
+                .and_then(|r| strata_core::batch::BatchHeader::parse(r).ok())
+            else {
+                continue; // the append refuses it
+            };
+            if !h.is_transactional() || !h.has_producer_id() {
+                continue;
+            }
+            let name = topic.name.0.to_string();
+            match broker.txn_guard(&name, pd.index, h.producer_id, h.producer_epoch) {
+                None => {} // not led here: the append says so
+                Some(None) => {
+                    out.0.insert((name, pd.index), Ok(TxnVerified::AlreadyOpen));
+                }
+                Some(Some(guard)) => ask
+                    .entry((h.producer_id, h.producer_epoch))
+                    .or_default()
+                    .push((name, pd.index, guard)),
+            }
+        }
+    }
+    for ((producer_id, epoch), parts) in ask {
+        let names: Vec<(String, i32)> = parts.iter().map(|(t, p, _)| (t.clone(), *p)).collect();
+        let answers = broker.txns().verify(id, producer_id, epoch, &names).await;
+        for ((topic, index, guard), answer) in parts.into_iter().zip(answers) {
+            let outcome = match answer {
+                Ok(()) => Ok(TxnVerified::Guard(guard)),
+                Err(code) => Err((
+                    code,
+                    format!(
+                        "{topic}-{index} is not in the open transaction of transactional id \
+                         {id} (producer {producer_id}, epoch {epoch}), as its coordinator \
+                         answers (KIP-890): add the partition to the transaction first; a \
+                         late batch of an ended transaction cannot reopen it"
+                    ),
+                )),
+            };
+            out.0.insert((topic, index), outcome);
+        }
+    }
+    out
+}
 
 /// One partition's outcome so far: a final answer, or an append waiting to become durable.
 struct PartitionOutcome {
@@ -113,6 +192,7 @@ impl Refused {
 pub(super) fn handle(
     ctx: Request,
     req: ProduceRequest,
+    verified: Verifications,
     refused: &mut Refused,
 ) -> Result<Reply, Refusal> {
     let broker = ctx.broker().clone();
@@ -141,6 +221,7 @@ pub(super) fn handle(
     } else {
         None
     };
+    let verifies = broker.txns().verifies();
     let mut topics = Vec::with_capacity(req.topic_data.len());
     // record bytes offered, for the producer_byte_rate quota (appended or not, as Kafka
     // counts the request)
@@ -174,7 +255,18 @@ pub(super) fn handle(
                 continue;
             };
             offered += records.len();
-            let appended = broker.append(&name, pd.index, records, acks, now);
+            let verdict = verified.0.get(&(name.clone(), pd.index)).cloned();
+            if let Some(Err(coded)) = verdict {
+                outcomes.push(PartitionOutcome::failed(pd.index, coded));
+                continue;
+            }
+            // with verification on, a transactional batch nobody verified may only join a
+            // transaction already open on the partition
+            let verdict = match verdict {
+                Some(v) => v.ok(),
+                None => verifies.then_some(TxnVerified::AlreadyOpen),
+            };
+            let appended = broker.append_verified(&name, pd.index, records, acks, verdict, now);
             let bad_records = match &appended {
                 Err(ProduceError::Records { error, .. }) => error.record_indexes(),
                 _ => Vec::new(),

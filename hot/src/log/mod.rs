@@ -23,7 +23,7 @@ pub mod producer_state;
 mod segment;
 pub mod txn;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -129,6 +129,13 @@ pub enum AppendError {
     InvalidProducerEpoch { current: i16 },
     #[error("a non-transactional batch from a producer whose transaction is open here")]
     InvalidTxnState,
+    #[error(
+        "this partition is not in the producer's open transaction (KIP-890 verification with \
+         its transaction coordinator), or the transaction ended meanwhile: add the partition \
+         to the transaction first (AddPartitionsToTxn); a late batch of an ended transaction \
+         cannot reopen it"
+    )]
+    TxnNotVerified,
     #[error("{0}")]
     Unsupported(&'static str),
     #[error("replicated batch starts at offset {got}, but the log ends at {expected}")]
@@ -289,6 +296,22 @@ pub struct PartitionLog {
     deleted_below: u64,
     /// Ended (and aborted) transactions.
     txns: txn::TxnIndex,
+    /// KIP-890: producers whose first transactional batch here is being verified with their
+    /// transaction coordinator, with the guard handed out. A marker (or the transaction's
+    /// first batch) removes the entry, so a verification that raced a marker no longer
+    /// lets its batch in.
+    verifying: HashMap<i64, u64>,
+    next_guard: u64,
+}
+
+/// What KIP-890 verification found before a transactional batch was offered for append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnVerified {
+    /// The producer's transaction was already open here: it must still be.
+    AlreadyOpen,
+    /// The coordinator said this partition is in the producer's open transaction; valid
+    /// while the guard handed out by [`PartitionLog::txn_guard`] stands.
+    Guard(u64),
 }
 
 impl PartitionLog {
@@ -368,6 +391,8 @@ impl PartitionLog {
             epochs: LeaderEpochCache::default(),
             deleted_below: 0,
             txns: txn::TxnIndex::open(dir)?,
+            verifying: HashMap::new(),
+            next_guard: 0,
         };
         log.sync_handed_out = log.end_offset();
         // A deletion point past the recovered end (the tail it covered was lost with the
@@ -507,7 +532,33 @@ impl PartitionLog {
     /// and leader epoch, writes it. Returns where it landed; a retry of a recent batch returns
     /// the original offsets without writing.
     pub fn append(&mut self, batch: &ValidBatch, now_ms: i64) -> Result<Appended, AppendError> {
-        self.append_checked(batch, true, now_ms)
+        self.append_checked(batch, true, None, now_ms)
+    }
+
+    /// [`PartitionLog::append`] of a producer's batch that went through KIP-890
+    /// verification: a transactional batch that would open a transaction here is taken
+    /// only with a guard that still stands (no marker for its producer since).
+    pub fn append_verified(
+        &mut self,
+        batch: &ValidBatch,
+        verified: TxnVerified,
+        now_ms: i64,
+    ) -> Result<Appended, AppendError> {
+        self.append_checked(batch, true, Some(verified), now_ms)
+    }
+
+    /// Before a transactional batch of `producer_id` at `epoch` is appended: `None` when
+    /// its transaction is open here already (no verification needed), else the guard to
+    /// verify under (one per producer until a marker or its first batch lands).
+    pub fn txn_guard(&mut self, producer_id: i64, epoch: i16) -> Option<u64> {
+        if self.producers.txn_open_at(producer_id, epoch) {
+            return None;
+        }
+        let next = &mut self.next_guard;
+        Some(*self.verifying.entry(producer_id).or_insert_with(|| {
+            *next += 1;
+            *next
+        }))
     }
 
     /// [`PartitionLog::append`] for a coordinator's own batch (an internal topic's records,
@@ -518,13 +569,14 @@ impl PartitionLog {
         batch: &ValidBatch,
         now_ms: i64,
     ) -> Result<Appended, AppendError> {
-        self.append_checked(batch, false, now_ms)
+        self.append_checked(batch, false, None, now_ms)
     }
 
     fn append_checked(
         &mut self,
         batch: &ValidBatch,
         sequenced: bool,
+        verified: Option<TxnVerified>,
         now_ms: i64,
     ) -> Result<Appended, AppendError> {
         let h = batch.header;
@@ -567,6 +619,19 @@ impl PartitionLog {
                 return Err(AppendError::OutOfOrderSequence { expected, got })
             }
             SequenceCheck::InTransaction => return Err(AppendError::InvalidTxnState),
+        }
+        if let Some(v) = verified {
+            if h.is_transactional() && !self.producers.txn_open_at(h.producer_id, h.producer_epoch)
+            {
+                // it would open a transaction here: only under a guard that still stands
+                let stands = match v {
+                    TxnVerified::AlreadyOpen => false,
+                    TxnVerified::Guard(g) => self.verifying.get(&h.producer_id) == Some(&g),
+                };
+                if !stands {
+                    return Err(AppendError::TxnNotVerified);
+                }
+            }
         }
         self.write_stamped(&batch.bytes, h, None, now_ms)
     }
@@ -795,6 +860,9 @@ impl PartitionLog {
             Some(_) => self.producers.open_txn(h.producer_id),
             None => None,
         };
+        if marker.is_some() || h.is_transactional() {
+            self.verifying.remove(&h.producer_id);
+        }
         self.producers.record(h, now_ms);
         if let (Some(m), Some(first)) = (marker, ended) {
             self.txns
@@ -833,6 +901,8 @@ impl PartitionLog {
     /// them out. Returns how many went and how many are left.
     pub fn expire_producers(&mut self, now_ms: i64, after_ms: i64) -> (usize, usize) {
         let gone = self.producers.expire(now_ms, after_ms);
+        let producers = &self.producers;
+        self.verifying.retain(|pid, _| producers.knows(*pid));
         (gone, self.producers.len())
     }
 

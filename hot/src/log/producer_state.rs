@@ -207,6 +207,18 @@ impl ProducerStateTable {
     }
 
     /// The first offset of `producer_id`'s open transaction here.
+    /// Whether `producer_id`'s transaction at `epoch` is open here.
+    pub fn txn_open_at(&self, producer_id: i64, epoch: i16) -> bool {
+        self.producers
+            .get(&producer_id)
+            .is_some_and(|e| e.epoch == epoch && e.txn_first.is_some())
+    }
+
+    /// Whether this partition remembers `producer_id`.
+    pub fn knows(&self, producer_id: i64) -> bool {
+        self.producers.contains_key(&producer_id)
+    }
+
     pub fn open_txn(&self, producer_id: i64) -> Option<u64> {
         self.producers.get(&producer_id)?.txn_first
     }

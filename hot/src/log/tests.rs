@@ -910,6 +910,38 @@ fn aborted(log: &PartitionLog) -> Vec<(i64, u64, u64)> {
 }
 
 #[test]
+fn a_verified_transactional_batch_opens_a_transaction_only_while_its_guard_stands() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();
+    // nobody verified it: it may not open a transaction
+    assert!(matches!(
+        log.append_verified(&txn_batch(0, 1, 5, 0), TxnVerified::AlreadyOpen, 0),
+        Err(AppendError::TxnNotVerified)
+    ));
+    // verified; one guard per producer until the transaction opens
+    let g = log.txn_guard(5, 0).expect("a guard: no transaction open");
+    assert_eq!(log.txn_guard(5, 0), Some(g));
+    log.append_verified(&txn_batch(0, 1, 5, 0), TxnVerified::Guard(g), 0)
+        .unwrap();
+    assert_eq!(log.txn_guard(5, 0), None, "open here: no question needed");
+    log.append_verified(&txn_batch(1, 1, 5, 1), TxnVerified::AlreadyOpen, 0)
+        .unwrap();
+    // the transaction ends; a late batch verified before the marker landed stays out
+    let late = log.txn_guard(6, 0).expect("producer 6 has none open");
+    log.append_marker(6, 0, marker(false), 0).unwrap();
+    assert!(matches!(
+        log.append_verified(&txn_batch(2, 1, 6, 0), TxnVerified::Guard(late), 0),
+        Err(AppendError::TxnNotVerified)
+    ));
+    log.append_marker(5, 0, marker(true), 0).unwrap();
+    assert!(matches!(
+        log.append_verified(&txn_batch(3, 1, 5, 2), TxnVerified::AlreadyOpen, 0),
+        Err(AppendError::TxnNotVerified)
+    ));
+    assert_eq!(log.last_stable_offset(log.end_offset()), log.end_offset());
+}
+
+#[test]
 fn transactions_bound_the_last_stable_offset_and_aborts_are_listed_on_every_replica() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = PartitionLog::open(dir.path(), small_config(1 << 20), 0).unwrap();

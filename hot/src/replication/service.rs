@@ -13,7 +13,8 @@ use strata_proto::tls::Peer;
 use strata_proto::v1::replica_server::{Replica, ReplicaServer};
 use strata_proto::v1::{
     Error, OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, ReplicaFetchRequest,
-    ReplicaFetchResponse, TxnMarkerResult, WriteTxnMarkersRequest, WriteTxnMarkersResponse,
+    ReplicaFetchResponse, TxnMarkerResult, VerifyTxnRequest, VerifyTxnResponse,
+    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -161,6 +162,33 @@ impl Replica for ReplicaService {
             }
         }
         Ok(Response::new(WriteTxnMarkersResponse { results }))
+    }
+
+    /// KIP-890: whether partitions are in a producer's open transaction, for a partition
+    /// leader about to append its first transactional batch there.
+    async fn verify_txn(
+        &self,
+        req: Request<VerifyTxnRequest>,
+    ) -> Result<Response<VerifyTxnResponse>, Status> {
+        self.admit(&req, req.get_ref().leader_id)?;
+        let r = req.into_inner();
+        let epoch = i16::try_from(r.producer_epoch)
+            .map_err(|_| Status::invalid_argument("producer epoch out of range"))?;
+        let mut partitions = Vec::with_capacity(r.partitions.len());
+        for p in r.partitions {
+            let index = i32::try_from(p.partition)
+                .map_err(|_| Status::invalid_argument("partition out of range"))?;
+            partitions.push((p.topic, index));
+        }
+        let error_codes = self
+            .broker
+            .txns()
+            .verify_here(&r.transactional_id, r.producer_id, epoch, &partitions)
+            .await
+            .into_iter()
+            .map(|r| i32::from(r.err().unwrap_or(codes::NONE)))
+            .collect();
+        Ok(Response::new(VerifyTxnResponse { error_codes }))
     }
 
     async fn fetch(

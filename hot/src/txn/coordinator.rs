@@ -173,6 +173,25 @@ impl TxnCoordinator {
         Ok(())
     }
 
+    /// KIP-890 verification for partition leaders: per partition, whether it is in the
+    /// open transaction of `producer_id` at `epoch` ([`state::verify`]).
+    pub async fn verify(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        partitions: &[(String, i32)],
+    ) -> Vec<Result<(), i16>> {
+        if self.closed() {
+            return vec![Err(NOT_COORDINATOR); partitions.len()];
+        }
+        let txns = self.txns.lock().await;
+        partitions
+            .iter()
+            .map(|p| state::verify(txns.get(id), producer_id, epoch, p))
+            .collect()
+    }
+
     /// EndTxn: answered once the decision is written; the markers follow.
     pub async fn end_txn(
         self: &Arc<Self>,

@@ -25,6 +25,12 @@ use coordinator::{MarkerSink, ProducerIdSource, TxnCoordinator};
 
 pub const TXN_TOPIC: &str = "__transaction_state";
 
+/// How long a partition leader waits for a coordinator's KIP-890 answer.
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Kafka's NOT_ENOUGH_REPLICAS: what a produce gets when its verification could not be
+/// done (producers retry it).
+const NOT_ENOUGH_REPLICAS: i16 = 19;
+
 /// Transaction settings (`[transactions]` in the server config).
 #[derive(Debug, Clone)]
 pub struct TxnConfig {
@@ -38,6 +44,9 @@ pub struct TxnConfig {
     pub write_timeout: Duration,
     /// How often timeouts are checked (`transaction.abort.timed.out.transaction.cleanup.interval.ms`).
     pub tick: Duration,
+    /// KIP-890 (`transaction.partition.verification.enable`): partition leaders ask the
+    /// coordinator before a transactional batch opens a transaction on their partition.
+    pub partition_verification: bool,
     /// A transactional id with no transaction open and no request for this long is
     /// forgotten (`transactional.id.expiration.ms`): its state record gets a tombstone.
     pub id_expiration: Duration,
@@ -51,6 +60,7 @@ impl Default for TxnConfig {
             max_timeout_ms: 900_000,
             write_timeout: Duration::from_secs(5),
             tick: Duration::from_secs(1),
+            partition_verification: true,
             id_expiration: Duration::from_secs(7 * 24 * 3600),
         }
     }
@@ -173,6 +183,110 @@ impl TxnManager {
     /// Every coordinator running here.
     pub fn coordinators(&self) -> Vec<Arc<TxnCoordinator>> {
         self.led.all()
+    }
+
+    /// Whether partition leaders verify transactional batches (KIP-890).
+    pub fn verifies(&self) -> bool {
+        self.config.partition_verification
+    }
+
+    /// KIP-890 verification by the coordinator of `id` if it runs here (the replica
+    /// plane's VerifyTxn): per partition, Ok or Kafka's code.
+    pub async fn verify_here(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        partitions: &[(String, i32)],
+    ) -> Vec<Result<(), i16>> {
+        match self.coordinator(id) {
+            Ok(c) => c.verify(id, producer_id, epoch, partitions).await,
+            Err(code) => vec![Err(code); partitions.len()],
+        }
+    }
+
+    /// KIP-890: asks the coordinator of `id`, here or over the replica plane, whether each
+    /// partition is in the open transaction of `producer_id` at `epoch`. When the
+    /// coordinator cannot answer (moving, loading, unreachable) the answer is
+    /// NOT_ENOUGH_REPLICAS, which producers retry, as Kafka maps it.
+    pub async fn verify(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        partitions: &[(String, i32)],
+    ) -> Vec<Result<(), i16>> {
+        let retriable = |r: Result<(), i16>| match r {
+            Err(
+                NOT_COORDINATOR
+                | COORDINATOR_NOT_AVAILABLE
+                | crate::internal::COORDINATOR_LOAD_IN_PROGRESS,
+            ) => Err(NOT_ENOUGH_REPLICAS),
+            other => other,
+        };
+        let answers = match self.coordinator(id) {
+            Ok(c) => c.verify(id, producer_id, epoch, partitions).await,
+            Err(_) => self.verify_remote(id, producer_id, epoch, partitions).await,
+        };
+        answers.into_iter().map(retriable).collect()
+    }
+
+    async fn verify_remote(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        partitions: &[(String, i32)],
+    ) -> Vec<Result<(), i16>> {
+        let unavailable = vec![Err(COORDINATOR_NOT_AVAILABLE); partitions.len()];
+        let Some(broker) = self.broker.upgrade() else {
+            return unavailable;
+        };
+        let me = broker.config().node_id;
+        let leader = broker.topic(TXN_TOPIC).and_then(|t| {
+            let index = crate::group::records::partition_for_group(id, t.spec.partitions);
+            t.layout.get(index as usize).and_then(|l| l.leader)
+        });
+        let Some(client) = leader
+            .filter(|l| *l != me)
+            .and_then(|l| self.markers.client(&broker, l))
+        else {
+            return unavailable;
+        };
+        let req = strata_proto::v1::VerifyTxnRequest {
+            leader_id: me,
+            transactional_id: id.to_string(),
+            producer_id,
+            producer_epoch: i32::from(epoch),
+            partitions: partitions
+                .iter()
+                .map(|(t, p)| strata_proto::v1::TxnMarkerPartition {
+                    topic: t.clone(),
+                    partition: *p as u32,
+                })
+                .collect(),
+        };
+        let mut client = client;
+        match tokio::time::timeout(VERIFY_TIMEOUT, client.verify_txn(req)).await {
+            Ok(Ok(resp)) => {
+                let codes = resp.into_inner().error_codes;
+                if codes.len() != partitions.len() {
+                    return unavailable;
+                }
+                codes
+                    .into_iter()
+                    .map(|c| match c {
+                        0 => Ok(()),
+                        c => Err(i16::try_from(c).unwrap_or(COORDINATOR_NOT_AVAILABLE)),
+                    })
+                    .collect()
+            }
+            Ok(Err(status)) => {
+                tracing::debug!(transactional_id = id, error = %status, "transaction verification failed");
+                unavailable
+            }
+            Err(_) => unavailable,
+        }
     }
 
     /// FindCoordinator for a transactional id: its coordinator's broker, creating

@@ -218,6 +218,25 @@ pub fn add_partitions(
     }
 }
 
+/// KIP-890's check for a partition leader about to append a producer's first transactional
+/// batch of a transaction: is the partition in this producer's open transaction? Anything
+/// else (no transaction open, another partition set, an ended transaction) is
+/// INVALID_TXN_STATE, so a stray or late batch cannot open a transaction no marker will ever
+/// close (a hanging transaction, holding the last stable offset back for good).
+pub fn verify(
+    current: Option<&TxnMeta>,
+    producer_id: i64,
+    epoch: i16,
+    partition: &(String, i32),
+) -> Result<(), i16> {
+    let m = check_producer(current, producer_id, epoch)?;
+    if m.status == Status::Ongoing && m.partitions.contains(partition) {
+        Ok(())
+    } else {
+        Err(codes::INVALID_TXN_STATE)
+    }
+}
+
 /// EndTxn's decision.
 #[derive(Debug, PartialEq, Eq)]
 pub enum End {
@@ -382,6 +401,42 @@ mod tests {
 
     fn parts(v: &[(&str, i32)]) -> Vec<(String, i32)> {
         v.iter().map(|(t, p)| (t.to_string(), *p)).collect()
+    }
+
+    #[test]
+    fn only_a_partition_of_the_open_transaction_verifies() {
+        let m = fresh(7, 60_000, 0);
+        let a0 = ("a".to_string(), 0);
+        assert_eq!(verify(Some(&m), 7, 0, &a0), Err(codes::INVALID_TXN_STATE));
+        let m = add_partitions(Some(&m), 7, 0, &parts(&[("a", 0)]), 10)
+            .unwrap()
+            .unwrap();
+        assert_eq!(verify(Some(&m), 7, 0, &a0), Ok(()));
+        assert_eq!(
+            verify(Some(&m), 7, 0, &("a".to_string(), 1)),
+            Err(codes::INVALID_TXN_STATE)
+        );
+        assert_eq!(
+            verify(Some(&m), 7, 1, &a0),
+            Err(codes::INVALID_PRODUCER_EPOCH)
+        );
+        assert_eq!(
+            verify(Some(&m), 8, 0, &a0),
+            Err(codes::INVALID_PRODUCER_ID_MAPPING)
+        );
+        assert_eq!(
+            verify(None, 7, 0, &a0),
+            Err(codes::INVALID_PRODUCER_ID_MAPPING)
+        );
+        // ending, or ended: a late batch of the transaction is refused
+        let End::Prepare(p) = end(Some(&m), 7, 0, false, 20) else {
+            panic!("an open transaction prepares");
+        };
+        assert_eq!(verify(Some(&p), 7, 0, &a0), Err(codes::INVALID_TXN_STATE));
+        assert_eq!(
+            verify(Some(&complete(&p, 30)), 7, 0, &a0),
+            Err(codes::INVALID_TXN_STATE)
+        );
     }
 
     #[test]
