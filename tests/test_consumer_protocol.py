@@ -186,3 +186,32 @@ def test_group_session_configs_keep_within_the_brokers_bounds(broker):
             err = e.args[0]
             assert err.code() == KafkaError.INVALID_CONFIG, err
             assert bound in err.str(), err
+
+
+def test_a_consumer_group_whose_members_left_stays_listed_until_deleted(broker, tmp_path):
+    """As in Kafka 4.0: a consumer-protocol group with committed offsets stays a consumer
+    group (state Empty) after its last member leaves, is described as such, and goes when
+    it is deleted. Before, it vanished from the consumer-type listing at once (librdkafka's
+    0081 ListConsumerGroups with a type filter found none of its four groups)."""
+    from confluent_kafka import ConsumerGroupState
+
+    a = AdminClient(rdkafka_conf({"bootstrap.servers": broker.bootstrap}))
+    a.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(20)
+    sent = produce(broker, 0, 60)
+    m = Member(broker, tmp_path, "solo")
+    try:
+        wait_until(lambda: m.values() >= sent, "60 records consumed", 60, [m])
+    finally:
+        m.end()  # SIGTERM: commits, then leaves
+
+    def listed():
+        groups = a.list_consumer_groups(request_timeout=10).result(20).valid
+        return [g for g in groups if g.group_id == GROUP]
+
+    wait_until(lambda: listed() and listed()[0].state == ConsumerGroupState.EMPTY,
+               "the group listed Empty", 20)
+    assert listed()[0].type == ConsumerGroupType.CONSUMER, listed()
+    d = a.describe_consumer_groups([GROUP], request_timeout=10)[GROUP].result(20)
+    assert (d.type, d.state, len(d.members)) == (ConsumerGroupType.CONSUMER, ConsumerGroupState.EMPTY, 0), d
+    a.delete_consumer_groups([GROUP], request_timeout=10)[GROUP].result(20)
+    assert not listed(), "a deleted group is still listed"

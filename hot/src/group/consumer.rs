@@ -879,6 +879,11 @@ impl ConsumerGroup {
         gone
     }
 
+    /// The topics its members subscribe to now (OffsetDelete keeps their offsets).
+    pub fn subscribed_topics(&self) -> BTreeSet<String> {
+        self.subscribed.keys().cloned().collect()
+    }
+
     /// Members' ids, for DescribeGroups and deletions.
     pub fn member_ids(&self) -> Vec<String> {
         self.members.keys().cloned().collect()

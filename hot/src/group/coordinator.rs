@@ -351,6 +351,18 @@ impl Coordinator {
         }
         let timeout = Duration::from_millis(j.rebalance_timeout_ms.max(0) as u64) + REPLY_MARGIN;
         let caller = j.member_id.clone();
+        // an empty consumer group becomes a classic one, as Kafka converts it: its record
+        // gets a tombstone first
+        let converted = {
+            let mut s = self.lock();
+            s.consumer.get(group).is_some_and(|(g, _)| g.is_empty())
+                && s.consumer.remove(group).is_some()
+        };
+        if converted {
+            if let Err(e) = self.persist_consumer(group).await {
+                tracing::warn!(group, error = %e, "the consumer group record of a group that became classic is not cleared yet; the next write will");
+            }
+        }
         let rx = {
             let mut s = self.lock();
             if s.consumer.get(group).is_some_and(|(g, _)| !g.is_empty()) {
@@ -629,7 +641,11 @@ impl Coordinator {
             return NOT_COORDINATOR;
         }
         let s = self.lock();
-        if let Some((g, _)) = s.consumer.get(group).filter(|(g, _)| !g.is_empty()) {
+        if let Some((g, _)) = s.consumer.get(group) {
+            // an admin's commit (no member) to a group whose members all left
+            if g.is_empty() && generation < 0 {
+                return codes::NONE;
+            }
             // KIP-848: the generation is the member's epoch
             return g.may_commit(member, generation).unwrap_or(codes::NONE);
         }
@@ -694,23 +710,19 @@ impl Coordinator {
         out.into_iter().map(|(id, (t, st))| (id, t, st)).collect()
     }
 
-    /// The groups on the consumer protocol (KIP-848) with members: (id, state).
+    /// The groups on the consumer protocol (KIP-848): (id, state). A group whose members
+    /// all left stays one (Empty) while it has committed offsets, as in Kafka.
     pub fn list_consumer_groups(&self) -> Vec<(String, &'static str)> {
         self.lock()
             .consumer
             .iter()
-            .filter(|(_, (g, _))| !g.is_empty())
             .map(|(id, (g, _))| (id.clone(), g.state()))
             .collect()
     }
 
-    /// A consumer-protocol group's view, if it has members.
+    /// A consumer-protocol group's view (Empty when its members left).
     pub fn describe_consumer_group(&self, group: &str) -> Option<consumer::ConsumerGroupView> {
-        self.lock()
-            .consumer
-            .get(group)
-            .filter(|(g, _)| !g.is_empty())
-            .map(|(g, _)| g.view())
+        self.lock().consumer.get(group).map(|(g, _)| g.view())
     }
 
     /// ConsumerGroupHeartbeat (KIP-848). `topics`: the topics the member may be given.
@@ -752,7 +764,8 @@ impl Coordinator {
                 .or_insert_with(|| (ConsumerGroup::new(group), config));
             entry.1 = config;
             let r = entry.0.heartbeat(hb.clone(), client, topics, config, now);
-            if entry.0.is_empty() {
+            if entry.0.is_empty() && !s.offsets.contains_key(group) {
+                // nothing to remember it by: gone (one with offsets stays, listed Empty)
                 s.consumer.remove(group);
             }
             r
@@ -767,8 +780,9 @@ impl Coordinator {
         reply
     }
 
-    /// Writes a consumer-protocol group's current state (a tombstone once it has no
-    /// members) if it differs from the last one written.
+    /// Writes a consumer-protocol group's current state (a tombstone once it is gone:
+    /// deleted, converted to classic, or empty with no offsets) if it differs from the last
+    /// one written.
     async fn persist_consumer(&self, group: &str) -> Result<(), String> {
         // most heartbeats change nothing: answered without waiting for other groups' writes
         if self.consumer_durable(group) {
@@ -807,7 +821,7 @@ impl Coordinator {
     /// it as Dead with no members).
     pub fn describe(&self, group: &str) -> Option<GroupView> {
         let s = self.lock();
-        if s.consumer.get(group).is_some_and(|(g, _)| !g.is_empty()) {
+        if s.consumer.contains_key(group) {
             return None;
         }
         match s.groups.get(group) {
@@ -825,7 +839,9 @@ impl Coordinator {
         }
         {
             let s = self.lock();
-            let known = s.offsets.contains_key(group) || s.groups.contains_key(group);
+            let known = s.offsets.contains_key(group)
+                || s.groups.contains_key(group)
+                || s.consumer.contains_key(group);
             if s.consumer.get(group).is_some_and(|(g, _)| !g.is_empty()) {
                 return NON_EMPTY_GROUP;
             }
@@ -835,9 +851,16 @@ impl Coordinator {
                 _ => {}
             }
         }
-        let tombstone = (RecordKey::Group(group.to_string()).encode(), None);
+        let mut tombstones = vec![(RecordKey::Group(group.to_string()).encode(), None)];
+        if self.lock().consumer_persisted.contains_key(group) {
+            tombstones.push((RecordKey::ConsumerGroup(group.to_string()).encode(), None));
+        }
         let written = self
-            .write(vec![tombstone], |s| {
+            .write(tombstones, |s| {
+                if s.consumer.get(group).is_some_and(|(g, _)| g.is_empty()) {
+                    s.consumer.remove(group);
+                    s.consumer_persisted.remove(group);
+                }
                 // A member that joined while the tombstone was written keeps the group
                 // alive (its offsets are gone, as they would be had it joined just after).
                 if s.groups
@@ -872,10 +895,16 @@ impl Coordinator {
         }
         let (answers, doomed) = {
             let s = self.lock();
-            if !s.offsets.contains_key(group) && !s.groups.contains_key(group) {
+            if !s.offsets.contains_key(group)
+                && !s.groups.contains_key(group)
+                && !s.consumer.contains_key(group)
+            {
                 return Err(GROUP_ID_NOT_FOUND);
             }
             let in_use = match s.groups.get(group) {
+                _ if s.consumer.get(group).is_some_and(|(g, _)| !g.is_empty()) => {
+                    s.consumer[group].0.subscribed_topics()
+                }
                 Some(g) if g.state() == GroupState::Dead => return Err(GROUP_ID_NOT_FOUND),
                 Some(g) if g.state() != GroupState::Empty => match g.subscribed_topics() {
                     Some(topics) => topics,
@@ -963,12 +992,20 @@ impl Coordinator {
             .map(|(id, _)| id.clone())
             .collect();
         let mut changed = Vec::new();
-        s.consumer.retain(|id, (g, config)| {
+        let Groups {
+            consumer, offsets, ..
+        } = &mut *s;
+        consumer.retain(|id, (g, config)| {
             for member in g.tick(*config, now) {
                 tracing::info!(group = %id, member, "consumer group member removed: no heartbeat within its session, or partitions not given up within its rebalance timeout");
                 changed.push(id.clone());
             }
-            !g.is_empty()
+            let keep = !g.is_empty() || offsets.contains_key(id);
+            if !keep {
+                // no members and no offsets left (deleted): its record gets a tombstone
+                changed.push(id.clone());
+            }
+            keep
         });
         changed.dedup();
         for id in changed {

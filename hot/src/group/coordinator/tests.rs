@@ -362,7 +362,6 @@ async fn a_snapshot_keeps_the_live_state_and_deletes_what_it_supersedes() {
 #[tokio::test]
 async fn offsets_are_deleted_unless_the_active_group_consumes_their_topic() {
     let (c, log, clock) = coordinator();
-    let p = |t: &str, n: i32| (t.to_string(), n);
     // a group with offsets and no members (as after its consumers stopped)
     let commits = vec![
         commit("orders", 0, 5),
@@ -444,6 +443,10 @@ async fn offsets_are_deleted_unless_the_active_group_consumes_their_topic() {
     assert!(got[0].is_none(), "a deleted offset came back after replay");
     assert_eq!(got[1].as_ref().unwrap().offset, 7);
     assert!(c3.fetch("live", &[p("audit", 0)])[0].is_none());
+}
+
+fn p(topic: &str, partition: i32) -> (String, i32) {
+    (topic.to_string(), partition)
 }
 
 fn consumer_join(member: &str) -> consumer::Heartbeat {
@@ -534,13 +537,89 @@ async fn a_consumer_protocol_group_survives_a_coordinator_failover() {
             .map(|a| a.values().map(|p| p.len()).sum::<usize>()),
         Some(4)
     );
-    // the last member leaving leaves a tombstone: a third coordinator knows no group
-    let leave = consumer::Heartbeat {
-        member_id: "b".into(),
+    // the last member leaving: the group has offsets, so it stays a consumer group, Empty
+    // (as in Kafka), also for a third coordinator
+    let leave = |member: &str| consumer::Heartbeat {
+        member_id: member.into(),
         member_epoch: consumer::LEAVE_EPOCH,
         ..consumer::Heartbeat::default()
     };
-    hb(&c2, leave).await;
-    let c3 = Coordinator::load(CONFIG, clock, log.clone(), log.replay());
+    hb(&c2, leave("b")).await;
+    // a group that never committed is forgotten when its last member leaves
+    let x = hb(&c2, consumer_join("x")).await;
+    assert_eq!(x.error, codes::NONE);
+    hb(&c2, leave("x")).await;
+    assert_eq!(c2.list_consumer_groups(), vec![("cg".to_string(), "Empty")]);
+    c2.close();
+    drop(c2);
+    let c3 = Coordinator::load(CONFIG, clock.clone(), log.clone(), log.replay());
+    assert_eq!(c3.list_consumer_groups(), vec![("cg".to_string(), "Empty")]);
+    assert!(c3.describe_consumer_group("cg").unwrap().members.is_empty());
+    assert!(c3.describe("cg").is_none(), "not a classic group");
+    assert_eq!(
+        c3.fetch("cg", &[p("orders", 0)])[0]
+            .as_ref()
+            .unwrap()
+            .offset,
+        5
+    );
+    // a classic member joining takes the id over (Kafka converts an empty consumer group)
+    let j = c3.join("cg", join("", "classic")).await;
+    assert_ne!(j.error, codes::INCONSISTENT_GROUP_PROTOCOL, "{j:?}");
     assert!(c3.list_consumer_groups().is_empty());
+    c3.close();
+    drop(c3);
+    let c4 = Coordinator::load(CONFIG, clock, log.clone(), log.replay());
+    assert!(
+        c4.list_consumer_groups().is_empty(),
+        "the conversion is durable"
+    );
+    assert_eq!(
+        c4.fetch("cg", &[p("orders", 0)])[0]
+            .as_ref()
+            .unwrap()
+            .offset,
+        5
+    );
+}
+
+#[tokio::test]
+async fn an_empty_consumer_group_is_deleted_with_its_offsets() {
+    let (c, log, clock) = coordinator();
+    let topics: consumer::Topics = [("orders".to_string(), (uuid::Uuid::from_u128(7), 2))].into();
+    let r = c
+        .consumer_heartbeat(
+            "cg",
+            consumer_join("a"),
+            &consumer::Client::default(),
+            &topics,
+            ConsumerGroupConfig::default(),
+        )
+        .await;
+    assert_eq!(
+        c.commit("cg", "a", r.member_epoch, vec![commit("orders", 1, 9)])
+            .await,
+        codes::NONE
+    );
+    assert_eq!(c.delete("cg").await, NON_EMPTY_GROUP);
+    let leave = consumer::Heartbeat {
+        member_id: "a".into(),
+        member_epoch: consumer::LEAVE_EPOCH,
+        ..consumer::Heartbeat::default()
+    };
+    c.consumer_heartbeat(
+        "cg",
+        leave,
+        &consumer::Client::default(),
+        &topics,
+        ConsumerGroupConfig::default(),
+    )
+    .await;
+    assert_eq!(c.list_consumer_groups().len(), 1);
+    assert_eq!(c.delete("cg").await, codes::NONE);
+    assert!(c.list_consumer_groups().is_empty());
+    assert_eq!(c.delete("cg").await, GROUP_ID_NOT_FOUND);
+    let c2 = Coordinator::load(CONFIG, clock, log.clone(), log.replay());
+    assert!(c2.list_consumer_groups().is_empty());
+    assert!(c2.fetch("cg", &[p("orders", 1)])[0].is_none());
 }
