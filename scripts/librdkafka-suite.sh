@@ -3,7 +3,8 @@
 # node. The source comes from crates.io (the rdkafka-sys crate bundles librdkafka with its
 # tests) through `cargo fetch`; the library and test runner are built once and cached under
 # target/librdkafka-suite/. Build packages: gcc g++ make pkg-config zlib1g-dev libzstd-dev
-# rapidjson-dev (installed with apt-get when missing, unless --no-install).
+# rapidjson-dev, and libssl-dev libcurl4-openssl-dev for the security tests' build (installed
+# with apt-get when missing, unless --no-install).
 #
 #   scripts/librdkafka-suite.sh                 # --set quick: the fast, reliable subset
 #   scripts/librdkafka-suite.sh --set full      # every broker test that applies (20-40 min)

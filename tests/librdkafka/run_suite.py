@@ -3,12 +3,13 @@
 
 Fetches librdkafka's source through cargo (the rdkafka-sys crate bundles it, tests/ included),
 builds the library and its test runner once (cached under --work-dir; a second build with
-OpenSSL for the security tests), starts Strata on free ports (with SSL and SASL_SSL listeners
-for the security tests, suite_sets.SECURE), runs the selected broker tests one test number at
-a time with a timeout each, and prints a pass/fail/skip table. Exit status 1 if any selected
-test failed or timed out, 2 on a setup error (the message says what to do). Called by
-scripts/librdkafka-suite.sh; stdlib only (tests/librdkafka/secure.py, run with the shim
-python, makes the certificates and the SCRAM user).
+OpenSSL and libcurl for the security tests), starts Strata on free ports (with SSL, SASL_SSL
+and SASL_PLAINTEXT listeners for the security tests, suite_sets.SECURE), runs the selected
+broker tests one test number at a time with a timeout each, and prints a pass/fail/skip
+table. Exit status 1 if any selected test failed or timed out, 2 on a setup error (the
+message says what to do). Called by scripts/librdkafka-suite.sh; stdlib only: run with the
+shim python, tests/librdkafka/secure.py makes the certificates and the SCRAM user, and
+tests/librdkafka/oidc_idp.py the identity provider's keys and serves its token endpoints.
 """
 
 import argparse
@@ -27,6 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
+import oidc_idp  # noqa: E402  (its constants; the provider itself runs with the shim python)
 import suite_sets  # noqa: E402
 
 CRATE = "rdkafka-sys"
@@ -38,10 +40,10 @@ LIBRDKAFKA_VERSION = "2.12.1"
 CONFIGURE_FLAGS = ["--no-download", "--disable-ssl", "--disable-gssapi", "--disable-curl",
                    "--enable-zlib", "--enable-zstd"]
 # The second build, for the tests with a secure profile (suite_sets.SECURE): OpenSSL (SSL,
-# SASL SCRAM) in a build directory of its own (build-secure/), so the plaintext build above
-# and its cache stamp stay as they are. GSSAPI (Kerberos) stays off; so does libcurl (0126's
-# OIDC token endpoint is not served, suite_sets.EXCLUDED).
-SECURE_CONFIGURE_FLAGS = ["--no-download", "--enable-ssl", "--disable-gssapi", "--disable-curl",
+# SASL SCRAM) and libcurl (OAUTHBEARER's OIDC token requests, 0126) in a build directory of
+# its own (build-secure/), so the plaintext build above and its cache stamp stay as they are.
+# GSSAPI (Kerberos) stays off.
+SECURE_CONFIGURE_FLAGS = ["--no-download", "--enable-ssl", "--disable-gssapi", "--enable-curl",
                           "--enable-zlib", "--enable-zstd"]
 # Debian packages the build needs: (package, file or command that shows it is installed).
 APT_PACKAGES = [("gcc", "gcc"), ("g++", "g++"), ("make", "make"), ("pkg-config", "pkg-config"),
@@ -49,8 +51,9 @@ APT_PACKAGES = [("gcc", "gcc"), ("g++", "g++"), ("make", "make"), ("pkg-config",
                 # 0053, 0098, 0101 and 0110 check JSON (statistics, the Java helper's output)
                 # with RapidJSON and skip themselves without it
                 ("rapidjson-dev", "/usr/include/rapidjson/document.h")]
-# and, for the secure build, OpenSSL's headers
-SECURE_APT_PACKAGES = APT_PACKAGES + [("libssl-dev", "/usr/include/openssl/ssl.h")]
+# and, for the secure build, OpenSSL's and libcurl's headers
+SECURE_APT_PACKAGES = APT_PACKAGES + [("libssl-dev", "/usr/include/openssl/ssl.h"),
+                                      ("libcurl4-openssl-dev", "curl-config")]
 KAFKA_VERSION = "4.0.0"  # TEST_KAFKA_VERSION: Strata serves what Kafka 4.0 serves (Produce v3+, KIP-896)
 START_TIMEOUT_S = 30.0
 
@@ -145,7 +148,7 @@ def build(work: Path, install: bool, rebuild: bool, secure: bool = False) -> Pat
     bdir = work / ("build-secure" if secure else "build")
     flags = SECURE_CONFIGURE_FLAGS if secure else CONFIGURE_FLAGS
     packages = SECURE_APT_PACKAGES if secure else APT_PACKAGES
-    what = "with OpenSSL " if secure else ""
+    what = "with OpenSSL and libcurl " if secure else ""
     tree = bdir / f"librdkafka-{LIBRDKAFKA_VERSION}"
     stamp = tree / ".strata-suite-stamp"
     want = json.dumps({"crate": CRATE_VERSION, "configure": flags,
@@ -168,6 +171,9 @@ def build(work: Path, install: bool, rebuild: bool, secure: bool = False) -> Pat
             p.chmod(p.stat().st_mode | 0o200)
     jobs = os.environ.get("LRK_JOBS", "2")
     run(["./configure", *flags], log=bdir / "configure.log", cwd=tree)
+    if secure and "#define WITH_OAUTHBEARER_OIDC 1" not in (tree / "config.h").read_text():
+        raise SetupError(f"librdkafka's configure left OAUTHBEARER OIDC (libcurl) out; see "
+                         f"{bdir}/configure.log")
     run(["make", f"-j{jobs}", "libs"], log=bdir / "make-libs.log", cwd=tree)
     run(["make", f"-j{jobs}", "-C", "tests", "build"], log=bdir / "make-tests.log", cwd=tree)
     if not runner.is_file():
@@ -318,6 +324,7 @@ class Strata:
 # from, what its test.conf says besides metadata.broker.list, and its environment.
 SECURE_USER, SECURE_PASSWORD = "librdkafka-suite", "suite-password-1"
 SSL_KEY_PASSWORD = "suite-key-password"  # the client key's, and its PKCS#12 file's
+OIDC_KEY_PASSWORD = "suite-assertion-key-password"  # the jwt-bearer client's encrypted key
 SECURE_REAUTH = "5s"  # [kafka.sasl] connections_max_reauth: 0142 budgets 9 x this + 30 s
 
 
@@ -333,6 +340,18 @@ def _sasl_conf(mechanism):
                       "ssl.ca.location": c["ca"]}
 
 
+# OAUTHBEARER with librdkafka's OIDC token requests (0126) against tests/librdkafka/oidc_idp.py,
+# on SASL_PLAINTEXT as trivup's: what test.conf says besides the token endpoint's URL (the
+# provider's port is known once it runs, SecureFixtures.profile). The scope and the
+# extensions are trivup's; Strata ignores extensions, as Kafka's built-in validators do.
+OIDC_CONF = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "OAUTHBEARER",
+             "sasl.oauthbearer.method": "OIDC",
+             "sasl.oauthbearer.client.id": oidc_idp.CLIENT_ID,
+             "sasl.oauthbearer.client.secret": oidc_idp.CLIENT_SECRET,
+             "sasl.oauthbearer.scope": "test",
+             "sasl.oauthbearer.extensions":
+                 "ExtensionworkloadIdentity=develC348S,Extensioncluster=lkc123"}
+
 SECURE_PROFILES = {
     # SSL with a client certificate, on the listener with client_auth = "required"
     "ssl": {"listener": "SSL", "conf": _ssl_conf, "env": {"SSL_client_auth": "required"}},
@@ -342,31 +361,78 @@ SECURE_PROFILES = {
                       "env": {"SSL_client_auth": "requested"}},
     "sasl": {"listener": "SASL_SSL", "conf": _sasl_conf("SCRAM-SHA-256")},
     "sasl-plain": {"listener": "SASL_SSL", "conf": _sasl_conf("PLAIN")},
+    # OIDC_CONF, with the identity provider's URLs and the client's keys in the environment
+    "oidc": {"listener": "SASL_PLAINTEXT", "conf": lambda c: dict(OIDC_CONF), "idp": True},
 }
 
 # The listeners of a secure node: (name, protocol, client_auth). PLAINTEXT is the harness's
 # (readiness, the SCRAM user); the tests use the others through their profile.
 SECURE_LISTENERS = [("PLAINTEXT", "PLAINTEXT", None), ("SSL", "SSL", "required"),
-                    ("SSL_REQUESTED", "SSL", "requested"), ("SASL_SSL", "SASL_SSL", None)]
+                    ("SSL_REQUESTED", "SSL", "requested"), ("SASL_SSL", "SASL_SSL", None),
+                    ("SASL_PLAINTEXT", "SASL_PLAINTEXT", None)]
+
+
+class IdentityProvider:
+    """tests/librdkafka/oidc_idp.py serving its token endpoints with the keys in d, started
+    when a test of the "oidc" profile first needs it; each start logs to idp-<n>.log in d."""
+
+    def __init__(self, d: Path, shim_python):
+        self.dir, self.shim_python = d, shim_python
+        self.proc, self.url = None, None
+
+    def start(self):
+        """The provider's base URL, starting it if it is not running."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self.url
+        log = self.dir / f"idp-{len(list(self.dir.glob('idp-*.log'))) + 1}.log"
+        with open(log, "w") as f:
+            self.proc = subprocess.Popen([self.shim_python, str(HERE / "oidc_idp.py"), "serve",
+                                          str(self.dir)], stdout=f, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            m = re.search(r"^listening on (http://127\.0\.0\.1:\d+)$",
+                          log.read_text(errors="replace"), re.M)
+            if m:
+                self.url = m.group(1)
+                say(f"    identity provider (tests/librdkafka/oidc_idp.py) on {self.url}, "
+                    f"log {log}")
+                return self.url
+            time.sleep(0.1)
+        tail = log.read_text(errors="replace")[-2000:]
+        self.stop()
+        raise SetupError(f"tests/librdkafka/oidc_idp.py did not start within "
+                         f"{START_TIMEOUT_S:.0f} s; its log ({log}):\n{tail}")
+
+    def stop(self):
+        stop_proc(self.proc)
+        self.proc = None
 
 
 class SecureFixtures:
     """What the secure nodes share: the certificates (tests/librdkafka/secure.py certs, made
-    once per run in certs/ of the run directory), the config lines for the listeners, TLS and
-    SASL, and the SCRAM user."""
+    once per run in certs/ of the run directory), the identity provider's keys
+    (tests/librdkafka/oidc_idp.py keys, in oidc/), the config lines for the listeners, TLS and
+    SASL, and the SCRAM user. Each node's fixtures run its own identity provider (with the
+    run's keys), stopped with the node."""
 
     def __init__(self, rundir: Path, shim_python):
         self.shim_python = shim_python
-        out = rundir / "certs"
-        made_file = out / "made.json"
-        if made_file.is_file():
-            made = json.loads(made_file.read_text())
-        else:
-            made = run([shim_python, str(HERE / "secure.py"), "certs", str(out),
-                        SSL_KEY_PASSWORD])
-            made = json.loads(made.strip().splitlines()[-1])
+
+        def once(d: Path, cmd):
+            made_file = d / "made.json"
+            if made_file.is_file():
+                return json.loads(made_file.read_text())
+            made = json.loads(run(cmd).strip().splitlines()[-1])
             made_file.write_text(json.dumps(made))
+            return made
+
+        made = once(rundir / "certs", [shim_python, str(HERE / "secure.py"), "certs",
+                                       str(rundir / "certs"), SSL_KEY_PASSWORD])
         self.cert_env, self.certs = made["env"], made["files"]
+        self.oidc = once(rundir / "oidc", [shim_python, str(HERE / "oidc_idp.py"), "keys",
+                                           str(rundir / "oidc"), OIDC_KEY_PASSWORD])["files"]
+        self.idp = IdentityProvider(rundir / "oidc", shim_python)
 
     def config(self, ports):
         """strata.toml lines for a broker whose listeners are on ports ({name: port})."""
@@ -385,8 +451,12 @@ class SecureFixtures:
                   # (ERR__SSL); with TLS 1.3 the client has finished its handshake before the
                   # broker refuses it, and sees a receive failure (ERR__TRANSPORT) instead
                   'protocols = ["TLSv1.2"]',
-                  "[kafka.sasl]", 'mechanisms = ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]',
-                  f'connections_max_reauth = "{SECURE_REAUTH}"']
+                  "[kafka.sasl]",
+                  'mechanisms = ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "OAUTHBEARER"]',
+                  f'connections_max_reauth = "{SECURE_REAUTH}"',
+                  # the tokens of tests/librdkafka/oidc_idp.py (clock_skew: Strata's 30 s)
+                  "[kafka.sasl.oauthbearer]", f'jwks = "{self.oidc["jwks"]}"',
+                  f'issuer = "{oidc_idp.ISSUER}"', f'audience = "{oidc_idp.AUDIENCE}"']
         return lines
 
     def make_user(self, plaintext_bootstrap, sasl_bootstrap):
@@ -398,15 +468,26 @@ class SecureFixtures:
         """(bootstrap, test.conf settings, environment) for a test of this profile;
         bootstraps: {listener name: bootstrap list}."""
         prof = SECURE_PROFILES[name]
-        return (bootstraps[prof["listener"]], prof["conf"](self.certs),
-                dict(self.cert_env, **prof.get("env", {})))
+        conf, env = prof["conf"](self.certs), dict(self.cert_env, **prof.get("env", {}))
+        if prof.get("idp"):
+            # 0126's environment, as trivup's LibrdkafkaTestApp sets it
+            url = self.idp.start()
+            conf["sasl.oauthbearer.token.endpoint.url"] = f"{url}/token"
+            env.update(VALID_OIDC_URL=f"{url}/token",
+                       EXPIRED_TOKEN_OIDC_URL=f"{url}/token/expired",
+                       INVALID_OIDC_URL=f"{url}/token/forged",
+                       OAUTHBEARER_CLIENT_PRIVATE_KEY=self.oidc["client_key"],
+                       OAUTHBEARER_CLIENT_PRIVATE_KEY_ENCRYPTED=self.oidc["client_key_encrypted"],
+                       OAUTHBEARER_CLIENT_PRIVATE_KEY_PASSWORD=OIDC_KEY_PASSWORD)
+        return bootstraps[prof["listener"]], conf, env
 
 
 class SecureStrata(Strata):
     """`strata dev` with secure listeners (SecureFixtures): besides the PLAINTEXT listener the
-    harness uses, SSL with client_auth "required", SSL with "requested" and SASL_SSL
-    (SCRAM-SHA-256, SCRAM-SHA-512, PLAIN; sessions of SECURE_REAUTH), and the SCRAM user
-    SECURE_USER made after each start."""
+    harness uses, SSL with client_auth "required", SSL with "requested", SASL_SSL and
+    SASL_PLAINTEXT (SCRAM-SHA-256, SCRAM-SHA-512, PLAIN, OAUTHBEARER with the identity
+    provider's JWKS; sessions of SECURE_REAUTH), and the SCRAM user SECURE_USER made after
+    each start."""
 
     kind = "secure-"
 
@@ -440,6 +521,10 @@ class SecureStrata(Strata):
     def profile(self, name):
         return self.fixtures.profile(name, {n: f"127.0.0.1:{p}"
                                             for n, p in self.listener_ports.items()})
+
+    def stop(self):
+        super().stop()
+        self.fixtures.idp.stop()
 
 
 def pin(cpus):
@@ -584,7 +669,7 @@ class StrataCluster:
 class SecureStrataCluster(StrataCluster):
     """The 3 + 3 cluster with SecureStrata's listeners on every broker (the same names, so a
     client that bootstraps from one is told the other brokers' endpoints of that listener),
-    for the security tests that create topics with replication factor 3 (0142)."""
+    for the security tests that create topics with replication factor 3 (0126, 0142)."""
 
     kind = "secure-"
 
@@ -615,6 +700,10 @@ class SecureStrataCluster(StrataCluster):
     def profile(self, name):
         return self.fixtures.profile(name, self.listener_bootstraps())
 
+    def stop(self):
+        super().stop()
+        self.fixtures.idp.stop()
+
 
 # --- running the tests ---------------------------------------------------------------------
 
@@ -628,6 +717,8 @@ def run_number(num, scenario, names, tdir: Path, logdir: Path, strata: Strata, a
     brokers, settings, extra_env = strata.bootstrap, {}, {}
     if profile:
         brokers, settings, extra_env = strata.profile(profile)
+    if num in suite_sets.TIMEOUT_MULTIPLIERS:
+        settings["test.timeout.multiplier"] = suite_sets.TIMEOUT_MULTIPLIERS[num]
     conf.write_text(f"metadata.broker.list={brokers}\n"
                     + "".join(f"{k}={v}\n" for k, v in settings.items()))
     env = dict(os.environ, **extra_env,
@@ -825,13 +916,13 @@ def main():
             t_build = time.monotonic() - t_all
         needs_shim = sorted({t["num"] for t in to_run} & set(suite_sets.NEEDS_SHIM))
         if secure_nums and subprocess.run(
-                [args.shim_python, "-c", "import confluent_kafka, cryptography"],
+                [args.shim_python, "-c", "import confluent_kafka, cryptography, jwt"],
                 capture_output=True).returncode != 0:
             raise SetupError(
-                f"tests {', '.join(secure_nums)} need certificates and a SCRAM user, made by "
-                f"tests/librdkafka/secure.py with cryptography and confluent_kafka from "
-                f"{args.shim_python}; run scripts/test.sh once (it makes .venv) or set "
-                "LRK_SHIM_PYTHON/STRATA_TEST_VENV")
+                f"tests {', '.join(secure_nums)} need certificates, a SCRAM user and an "
+                f"identity provider, made by tests/librdkafka/secure.py and oidc_idp.py with "
+                f"cryptography, PyJWT and confluent_kafka from {args.shim_python}; run "
+                "scripts/test.sh once (it makes .venv) or set LRK_SHIM_PYTHON/STRATA_TEST_VENV")
         if needs_shim and subprocess.run(
                 [args.shim_python, "-c", "import confluent_kafka"],
                 capture_output=True).returncode != 0:

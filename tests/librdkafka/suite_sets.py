@@ -19,31 +19,35 @@ QUICK = [
 
 # Run on a 3 controller + 3 broker cluster instead of the single node: they create topics with
 # replication factor 3 (0101 also reads each broker's broker.rack, RACK<id> on this cluster;
-# 0142 is in SECURE too, and gets a cluster whose brokers have the secure listeners).
-CLUSTER = ["0101", "0103", "0107", "0111", "0142"]
+# 0126 and 0142 are in SECURE too, and get a cluster whose brokers have the secure listeners).
+CLUSTER = ["0101", "0103", "0107", "0111", "0126", "0142"]
 
-# Not in --set full, with the reason: they need Kafka's Java client or an OIDC token endpoint.
-# They still run with --set all or when named in --tests.
+# Not in --set full, with the reason: it needs Kafka's Java client. It still runs with
+# --set all or when named in --tests.
 EXCLUDED = {
     "0098": "needs Kafka's Java client (KAFKA_PATH) to produce its transactions",
-    "0126": "SASL/OAUTHBEARER with an OIDC token endpoint: needs librdkafka built with libcurl "
-            "and a mock identity provider (client_credentials, expired and bad tokens, Azure "
-            "IMDS metadata authentication) as trivup's; not set up by this harness",
 }
 
 # The security tests, with their profile (run_suite.SECURE_PROFILES). They run last, with a
-# second build of librdkafka with OpenSSL (build-secure/), on nodes of their own (0142, in
-# CLUSTER, on a 3 + 3 cluster) whose brokers have, besides the PLAINTEXT listener, SSL with
-# client_auth "required", SSL with "requested" (SSL_REQUESTED) and SASL_SSL (SCRAM-SHA-256,
-# SCRAM-SHA-512, PLAIN; connections_max_reauth 5 s), TLS 1.2 only as trivup's brokers. The
-# certificates (and 0097's SSL_* environment) come from tests/librdkafka/secure.py; the SCRAM
-# user is made through the PLAINTEXT listener. test.conf points the test at its listener:
+# second build of librdkafka with OpenSSL and libcurl (build-secure/), on nodes of their own
+# (0126 and 0142, in CLUSTER, on a 3 + 3 cluster) whose brokers have, besides the PLAINTEXT
+# listener, SSL with client_auth "required", SSL with "requested" (SSL_REQUESTED), SASL_SSL
+# and SASL_PLAINTEXT (SCRAM-SHA-256, SCRAM-SHA-512, PLAIN, OAUTHBEARER; connections_max_reauth
+# 5 s), TLS 1.2 only as trivup's brokers. The certificates (and 0097's SSL_* environment) come
+# from tests/librdkafka/secure.py; the SCRAM user is made through the PLAINTEXT listener; the
+# JWKS the brokers trust for OAUTHBEARER, and the identity provider that signs with its key,
+# from tests/librdkafka/oidc_idp.py. test.conf points the test at its listener:
 #   ssl / ssl-requested: SSL with the CA, a client certificate and its (encrypted) key, on the
 #     required / requested listener. 0097 runs on "requested": on "required" it fails only
 #     because Strata answers an empty client certificate with alert 116 where Kafka sends 42
 #     (docs/kafka-compatibility.md); `--secure-profile 0097=ssl` runs it there.
 #   sasl: SASL_SSL, SCRAM-SHA-256;  sasl-plain: SASL_SSL, PLAIN (the same user and password)
-SECURE = {"0097": "ssl-requested", "0135": "sasl-plain", "0142": "sasl"}
+#   oidc: SASL_PLAINTEXT, OAUTHBEARER with sasl.oauthbearer.method=OIDC against the identity
+#     provider (started for the test, on 127.0.0.1): client_credentials, the jwt-bearer grant
+#     with the client's keys, Azure IMDS metadata authentication, and the expired and forged
+#     tokens and refused requests 0126 expects to fail (its VALID_OIDC_URL etc. environment,
+#     as trivup's OauthbearerOIDCApp and LibrdkafkaTestApp set it)
+SECURE = {"0097": "ssl-requested", "0126": "oidc", "0135": "sasl-plain", "0142": "sasl"}
 
 # Tests that shell out to kafka-topics.sh / kafka-acls.sh (the shims in tests/librdkafka/bin
 # need confluent_kafka).
@@ -74,6 +78,14 @@ CLASSIC_ONLY = {
 # Seconds before a test number's runner is killed, where --timeout's default (600) is too short:
 # 0113 runs some forty cooperative-rebalance sub-tests, each waiting out rebalances.
 TIMEOUTS = {"0113": 1800}
+
+# test.timeout.multiplier in a test's test.conf, where its own budget cannot hold what it does
+# against any broker. 0126 gives itself 60 s for some 100 s of fixed waits: seven produce and
+# consume sub-tests that each sleep 5 s for a token refresh, and six that wait 5 to 10 s for
+# the error they expect. librdkafka's CI runs it with CI set, which adds 2 to the multiplier
+# (180 s); from test.conf the runner applies the multiplier twice (60 s x 2 x 2 = 240 s).
+# Only the budget and the waits for something to happen grow: a passing run takes as long.
+TIMEOUT_MULTIPLIERS = {"0126": 2}
 
 # [groups] initial_rebalance_delay for the node a test runs on, where Strata's default (3 s,
 # Kafka's group.initial.rebalance.delay.ms) does not fit the test's own time budget. These
