@@ -224,9 +224,10 @@ impl TxnManager {
             ) => Err(NOT_ENOUGH_REPLICAS),
             other => other,
         };
-        let answers = match self.coordinator(id) {
-            Ok(c) => c.verify(id, producer_id, epoch, partitions).await,
-            Err(_) => self.verify_remote(id, producer_id, epoch, partitions).await,
+        let answers = if self.coordinator(id).is_ok() {
+            self.verify_here(id, producer_id, epoch, partitions).await
+        } else {
+            self.verify_remote(id, producer_id, epoch, partitions).await
         };
         answers.into_iter().map(retriable).collect()
     }
