@@ -255,7 +255,12 @@ pub(super) fn handle(
                 continue;
             };
             offered += records.len();
-            let verdict = verified.0.get(&(name.clone(), pd.index)).cloned();
+            // (most requests carry no transactional batch: no key to build)
+            let verdict = if verified.0.is_empty() {
+                None
+            } else {
+                verified.0.get(&(name.clone(), pd.index)).cloned()
+            };
             if let Some(Err(coded)) = verdict {
                 outcomes.push(PartitionOutcome::failed(pd.index, coded));
                 continue;
