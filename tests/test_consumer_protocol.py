@@ -26,12 +26,15 @@ GROUP = "kip848-group"
 
 
 class Member:
-    def __init__(self, broker, workdir: Path, name: str):
+    """A member process; by default librdkafka on the consumer protocol."""
+
+    def __init__(self, broker, workdir: Path, name: str, lib="confluent", protocol="consumer",
+                 assignor="uniform"):
         self.out = workdir / f"member-{name}.out"
         self.err = workdir / f"member-{name}.err"
         self.proc = subprocess.Popen(
-            [sys.executable, str(MEMBER), "confluent", broker.bootstrap, GROUP, TOPIC,
-             str(self.out), "--protocol", "consumer", "--assignor", "uniform"],
+            [sys.executable, str(MEMBER), lib, broker.bootstrap, GROUP, TOPIC,
+             str(self.out), "--protocol", protocol, "--assignor", assignor],
             stdout=subprocess.DEVNULL, stderr=open(self.err, "ab"))
 
     def lines(self):
@@ -65,6 +68,8 @@ GROUP_ENV = {
     "STRATA__GROUPS__CONSUMER_MIN_SESSION_TIMEOUT": "6s",
     "STRATA__GROUPS__CONSUMER_HEARTBEAT_INTERVAL": "1s",
     "STRATA__GROUPS__CONSUMER_MIN_HEARTBEAT_INTERVAL": "1s",
+    # classic members (tests/group_member.py) ask for a 4 s session
+    "STRATA__GROUPS__MIN_SESSION_TIMEOUT": "1s",
 }
 
 
@@ -215,3 +220,63 @@ def test_a_consumer_group_whose_members_left_stays_listed_until_deleted(broker, 
     assert (d.type, d.state, len(d.members)) == (ConsumerGroupType.CONSUMER, ConsumerGroupState.EMPTY, 0), d
     a.delete_consumer_groups([GROUP], request_timeout=10)[GROUP].result(20)
     assert not listed(), "a deleted group is still listed"
+
+
+def test_a_group_with_members_moves_between_the_classic_and_the_consumer_protocol(broker, tmp_path):
+    """Kafka 4.0's online migration (group.consumer.migration.policy=bidirectional): a
+    consumer-protocol member joining a classic group with members upgrades it, the classic
+    members (librdkafka and kafka-python, eager range) stay in it and share the partitions
+    with the new member, and when that member leaves the group goes back to classic and
+    rebalances. Nothing is lost and no partition is ever assigned twice at the end of each
+    step. Before, the new member was refused (GROUP_ID_NOT_FOUND) while the classic group
+    had members."""
+    a = AdminClient(rdkafka_conf({"bootstrap.servers": broker.bootstrap}))
+    a.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(20)
+    everything = set(range(PARTITIONS))
+    sent = produce(broker, 0, 300)
+    c1 = Member(broker, tmp_path, "classic-1", protocol="classic", assignor="range")
+    c2 = Member(broker, tmp_path, "classic-2", lib="kafka-python", protocol="classic",
+                assignor="range")
+    members = [c1, c2]
+
+    def shared(ms):
+        owned = [m.assignment() for m in ms]
+        if any(not o for o in owned):
+            return False
+        return (sum(len(o) for o in owned) == PARTITIONS
+                and set().union(*owned) == everything)
+
+    def values():
+        return set().union(*(m.values() for m in members))
+
+    def group_type():
+        groups = a.list_consumer_groups(request_timeout=10).result(20).valid
+        return [g.type for g in groups if g.group_id == GROUP]
+
+    try:
+        wait_until(lambda: shared([c1, c2]), "the classic members to split the partitions", 60,
+                   members)
+        wait_until(lambda: values() >= sent, "300 records consumed", 60, members)
+        assert group_type() == [ConsumerGroupType.CLASSIC], group_type()
+
+        # upgrade: a consumer-protocol member joins the classic group with members
+        n = Member(broker, tmp_path, "consumer-protocol")
+        members.append(n)
+        wait_until(lambda: shared([c1, c2, n]), "three members to split the partitions", 90,
+                   members)
+        assert group_type() == [ConsumerGroupType.CONSUMER], group_type()
+        d = a.describe_consumer_groups([GROUP], request_timeout=10)[GROUP].result(20)
+        assert len(d.members) == 3, d
+        sent |= produce(broker, 300, 300)
+        wait_until(lambda: values() >= sent, "600 records consumed", 60, members)
+
+        # downgrade: the consumer-protocol member leaves; the classic members take it all
+        n.end()
+        wait_until(lambda: shared([c1, c2]) and group_type() == [ConsumerGroupType.CLASSIC],
+                   "the classic members to split the partitions in a classic group again", 90,
+                   members)
+        sent |= produce(broker, 600, 300)
+        wait_until(lambda: values() >= sent, "900 records consumed", 60, members)
+    finally:
+        for m in members:
+            m.end(sig_kill=True)

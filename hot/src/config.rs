@@ -569,6 +569,10 @@ pub struct GroupsSection {
     pub consumer_min_heartbeat_interval: Duration,
     #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub consumer_max_heartbeat_interval: Duration,
+    /// Whether groups with members move between the classic and the consumer protocol
+    /// (Kafka's `group.consumer.migration.policy`): `bidirectional` (the default),
+    /// `upgrade`, `downgrade` or `disabled`.
+    pub consumer_migration_policy: String,
 }
 
 impl Default for GroupsSection {
@@ -593,6 +597,7 @@ impl Default for GroupsSection {
             consumer_heartbeat_interval: ms(d.consumer.heartbeat_interval_ms),
             consumer_min_heartbeat_interval: ms(d.consumer.min_heartbeat_interval_ms),
             consumer_max_heartbeat_interval: ms(d.consumer.max_heartbeat_interval_ms),
+            consumer_migration_policy: d.group.migration.name().to_string(),
         }
     }
 }
@@ -648,6 +653,10 @@ impl GroupsSection {
                 flap_window_ms: ms(self.flap_window),
                 max_size: self.max_size,
                 initial_rebalance_delay_ms: ms(self.initial_rebalance_delay),
+                migration: crate::group::consumer::MigrationPolicy::from_name(
+                    &self.consumer_migration_policy,
+                )
+                .unwrap_or(d.group.migration),
                 ..d.group
             },
             offsets_partitions: self.offsets_topic_partitions,
@@ -1038,6 +1047,14 @@ impl ServerConfig {
                      {min:?} and {max:?})"
                 );
             }
+        }
+        if crate::group::consumer::MigrationPolicy::from_name(&g.consumer_migration_policy)
+            .is_none()
+        {
+            bail!(
+                "groups.consumer_migration_policy is '{}'; use bidirectional, upgrade, downgrade or disabled",
+                g.consumer_migration_policy
+            );
         }
         if g.consumer_heartbeat_interval >= g.consumer_session_timeout {
             bail!("groups.consumer_heartbeat_interval must be shorter than groups.consumer_session_timeout");

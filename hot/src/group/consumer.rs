@@ -265,6 +265,121 @@ pub struct Member {
     /// The assignment last sent, to tell when to send it again.
     #[serde(skip)]
     sent: Option<Assignment>,
+    /// Set for a member speaking the classic protocol (JoinGroup, SyncGroup, Heartbeat) in
+    /// this group: one taken over when the group was upgraded, or one that joined since
+    /// (Kafka 4.0's online migration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classic: Option<ClassicMember>,
+}
+
+/// What a classic member keeps that consumer-protocol members do not have.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassicMember {
+    /// Its own session timeout (from its JoinGroup), not the group's.
+    pub session_timeout_ms: i64,
+    /// Its JoinGroup protocols (name, metadata) in its order of preference.
+    pub protocols: Vec<(String, Vec<u8>)>,
+}
+
+/// A classic JoinGroup (protocol type "consumer") to a consumer-protocol group, or a member
+/// of a classic group being upgraded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassicJoin {
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub client: Client,
+    pub session_timeout_ms: i64,
+    pub rebalance_timeout_ms: i64,
+    /// (name, metadata): each metadata is a ConsumerProtocolSubscription.
+    pub protocols: Vec<(String, Bytes)>,
+}
+
+/// How groups may move between the classic and the consumer protocol while they have
+/// members (Kafka's `group.consumer.migration.policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MigrationPolicy {
+    /// Both ways (Kafka 4.0's default).
+    #[default]
+    Bidirectional,
+    /// Classic groups become consumer groups when a consumer-protocol member joins.
+    Upgrade,
+    /// Consumer groups become classic when their last consumer-protocol member leaves.
+    Downgrade,
+    Disabled,
+}
+
+impl MigrationPolicy {
+    pub fn from_name(name: &str) -> Option<MigrationPolicy> {
+        match name.to_ascii_lowercase().as_str() {
+            "bidirectional" => Some(MigrationPolicy::Bidirectional),
+            "upgrade" => Some(MigrationPolicy::Upgrade),
+            "downgrade" => Some(MigrationPolicy::Downgrade),
+            "disabled" => Some(MigrationPolicy::Disabled),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MigrationPolicy::Bidirectional => "bidirectional",
+            MigrationPolicy::Upgrade => "upgrade",
+            MigrationPolicy::Downgrade => "downgrade",
+            MigrationPolicy::Disabled => "disabled",
+        }
+    }
+
+    pub fn upgrades(self) -> bool {
+        matches!(
+            self,
+            MigrationPolicy::Bidirectional | MigrationPolicy::Upgrade
+        )
+    }
+
+    pub fn downgrades(self) -> bool {
+        matches!(
+            self,
+            MigrationPolicy::Bidirectional | MigrationPolicy::Downgrade
+        )
+    }
+}
+
+/// Partitions by topic name.
+pub type Named = Vec<(String, i32)>;
+
+/// A consumer-protocol subscription's topics and owned partitions (v1+); `None` when the
+/// bytes are not one.
+pub fn read_subscription(metadata: &[u8]) -> Option<(Vec<String>, Named)> {
+    use bytes::Buf;
+    use kafka_protocol::messages::ConsumerProtocolSubscription;
+    use kafka_protocol::protocol::Decodable;
+    let mut buf = Bytes::copy_from_slice(metadata);
+    if buf.len() < 2 {
+        return None;
+    }
+    let version = buf.get_i16();
+    // later versions only add fields: read them as the newest this codec knows
+    let s = ConsumerProtocolSubscription::decode(&mut buf, version.clamp(0, 3)).ok()?;
+    let topics = s.topics.iter().map(|t| t.to_string()).collect();
+    let owned = s
+        .owned_partitions
+        .iter()
+        .flat_map(|t| {
+            let name = t.topic.to_string();
+            t.partitions.iter().map(move |p| (name.clone(), *p))
+        })
+        .collect();
+    Some((topics, owned))
+}
+
+/// Partitions named by topic, by topic id (topics not in `topics` left out).
+fn by_id(named: &[(String, i32)], topics: &Topics) -> Assignment {
+    let mut out = Assignment::new();
+    for (t, p) in named {
+        if let Some((id, _)) = topics.get(t) {
+            add(&mut out, *id, *p);
+        }
+    }
+    out
 }
 
 /// The group as DescribeGroups / ConsumerGroupDescribe and ListGroups see it.
@@ -295,7 +410,7 @@ pub struct ConsumerGroup {
 }
 
 /// Who sent a heartbeat (kept for the operator's view).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Client {
     pub id: String,
     pub host: String,
@@ -713,6 +828,7 @@ impl ConsumerGroup {
                 revoke_by_ms: None,
                 away: false,
                 sent: None,
+                classic: None,
             },
         );
         self.epoch += 1;
@@ -868,8 +984,11 @@ impl ConsumerGroup {
             .members
             .values()
             .filter(|m| {
-                now - m.last_heard_ms > config.session_timeout_ms
-                    || m.revoke_by_ms.is_some_and(|t| now > t)
+                let session = m
+                    .classic
+                    .as_ref()
+                    .map_or(config.session_timeout_ms, |c| c.session_timeout_ms);
+                now - m.last_heard_ms > session || m.revoke_by_ms.is_some_and(|t| now > t)
             })
             .map(|m| m.id.clone())
             .collect();
@@ -877,6 +996,304 @@ impl ConsumerGroup {
             self.remove(id);
         }
         gone
+    }
+
+    /// A classic group's members taken over by this protocol (the online upgrade, when a
+    /// consumer-protocol member joins a classic group with members): each keeps what it
+    /// owns (`owned`, by topic name) at an epoch equal to the classic generation, and that
+    /// is the target until the joining member's heartbeat moves the group on. No partition
+    /// moves until its owner gave it up.
+    pub fn from_classic(
+        id: &str,
+        generation: i32,
+        members: Vec<(ClassicJoin, Vec<(String, i32)>)>,
+        topics: &Topics,
+        now: i64,
+    ) -> ConsumerGroup {
+        let mut g = ConsumerGroup::new(id);
+        g.epoch = generation;
+        g.assignment_epoch = generation;
+        for (j, owned) in members {
+            let mut names = j
+                .protocols
+                .first()
+                .and_then(|(_, md)| read_subscription(md))
+                .map(|(t, _)| t)
+                .unwrap_or_default();
+            names.sort();
+            names.dedup();
+            let mut m = classic_member(&j, now);
+            m.epoch = generation;
+            m.previous_epoch = generation;
+            m.topic_names = names;
+            m.assigned = by_id(&owned, topics);
+            g.target.insert(m.id.clone(), m.assigned.clone());
+            g.members.insert(m.id.clone(), m);
+        }
+        g
+    }
+
+    /// A classic JoinGroup to this group (Kafka 4.0: a classic member of a consumer group).
+    /// The member is reconciled as a heartbeat would be, what it owns read from its
+    /// subscription; returns its epoch (the JoinGroup's generation) and protocol name, or
+    /// (Kafka's error, why).
+    pub fn classic_join(
+        &mut self,
+        j: ClassicJoin,
+        topics: &Topics,
+        config: ConsumerGroupConfig,
+        now: i64,
+    ) -> Result<(i32, String), (i16, String)> {
+        let Some((mut names, owned)) = j
+            .protocols
+            .first()
+            .and_then(|(_, md)| read_subscription(md))
+        else {
+            return Err((
+                INCONSISTENT_GROUP_PROTOCOL,
+                "the member's metadata is not a consumer protocol subscription".into(),
+            ));
+        };
+        names.sort();
+        names.dedup();
+        if self
+            .members
+            .get(&j.member_id)
+            .is_some_and(|m| m.classic.is_none())
+        {
+            return Err((
+                codes::UNKNOWN_MEMBER_ID,
+                format!("member {} uses the consumer protocol", j.member_id),
+            ));
+        }
+        // a static member coming back takes its instance's place (and assignment)
+        if let Some(instance) = &j.instance_id {
+            let old = self
+                .members
+                .values()
+                .find(|m| {
+                    m.instance_id.as_deref() == Some(instance.as_str()) && m.id != j.member_id
+                })
+                .map(|m| (m.id.clone(), m.classic.is_some() || m.away));
+            if let Some((old_id, replaceable)) = old {
+                if !replaceable {
+                    return Err((
+                        codes::UNRELEASED_INSTANCE_ID,
+                        format!("instance {instance} is still held by member {old_id}"),
+                    ));
+                }
+                let mut m = self.members.remove(&old_id).expect("found above");
+                let target = self.target.remove(&old_id);
+                m.id = j.member_id.clone();
+                self.members.insert(m.id.clone(), m);
+                if let Some(t) = target {
+                    self.target.insert(j.member_id.clone(), t);
+                }
+            }
+        }
+        if !self.members.contains_key(&j.member_id) {
+            if self.members.len() >= config.max_size {
+                return Err((
+                    codes::GROUP_MAX_SIZE_REACHED,
+                    format!("group {} has {} members already", self.id, config.max_size),
+                ));
+            }
+            self.members
+                .insert(j.member_id.clone(), classic_member(&j, now));
+            self.epoch += 1;
+        }
+        let id = j.member_id.clone();
+        let protocol = j.protocols[0].0.clone();
+        let changed = {
+            let fresh = classic_member(&j, now);
+            let m = self.members.get_mut(&id).expect("a member");
+            m.last_heard_ms = now;
+            m.away = false;
+            m.client_id = fresh.client_id;
+            m.client_host = fresh.client_host;
+            m.rebalance_timeout_ms = fresh.rebalance_timeout_ms;
+            m.classic = fresh.classic;
+            m.instance_id = j.instance_id.clone();
+            let changed = names != m.topic_names;
+            m.topic_names = names;
+            changed
+        };
+        if changed {
+            self.epoch += 1;
+        }
+        self.refresh_subscriptions(topics);
+        if self.assignment_epoch < self.epoch {
+            self.compute_target(topics);
+        }
+        let owned = by_id(&owned, topics);
+        self.reconcile(&id, Some(&owned), now);
+        if self.members[&id].state == MemberState::UnrevokedPartitions {
+            // what it owns (in this very request) may show it gave them up already
+            self.reconcile(&id, Some(&owned), now);
+        }
+        let m = self.members.get_mut(&id).expect("a member");
+        if m.state != MemberState::UnrevokedPartitions {
+            m.revoke_by_ms = None;
+        }
+        Ok((m.epoch, protocol))
+    }
+
+    /// A classic SyncGroup: the member's partitions (by topic name) without those it must
+    /// give up, and its protocol name; or Kafka's error.
+    pub fn classic_sync(
+        &mut self,
+        member: &str,
+        generation: i32,
+        now: i64,
+    ) -> Result<(String, Vec<(String, i32)>), i16> {
+        let names: BTreeMap<Uuid, &String> = self
+            .subscribed
+            .iter()
+            .map(|(n, (id, _))| (*id, n))
+            .collect();
+        let Some(m) = self.members.get_mut(member).filter(|m| m.classic.is_some()) else {
+            return Err(codes::UNKNOWN_MEMBER_ID);
+        };
+        if generation != m.epoch {
+            return Err(ILLEGAL_GENERATION);
+        }
+        m.last_heard_ms = now;
+        let protocol = m
+            .classic
+            .as_ref()
+            .and_then(|c| c.protocols.first())
+            .map(|(n, _)| n.clone())
+            .unwrap_or_default();
+        let partitions = m
+            .assigned
+            .iter()
+            .filter_map(|(t, ps)| names.get(t).map(|n| (*n, ps)))
+            .flat_map(|(n, ps)| ps.iter().map(move |p| (n.clone(), *p)))
+            .collect();
+        Ok((protocol, partitions))
+    }
+
+    /// A classic Heartbeat: REBALANCE_IN_PROGRESS when the member must rejoin to move
+    /// toward its target (give partitions up, or take new ones), with its rebalance timeout
+    /// to do so.
+    pub fn classic_heartbeat(&mut self, member: &str, generation: i32, now: i64) -> i16 {
+        let Some(m) = self.members.get(member).filter(|m| m.classic.is_some()) else {
+            return codes::UNKNOWN_MEMBER_ID;
+        };
+        if generation != m.epoch {
+            return ILLEGAL_GENERATION;
+        }
+        if self.assignment_epoch < self.epoch {
+            // membership changed (a member left or timed out) since the target was made
+            let topics = self.subscribed.clone();
+            self.refresh_subscriptions(&topics);
+            self.compute_target(&topics);
+        }
+        let rejoin = self.classic_must_rejoin(member);
+        let m = self.members.get_mut(member).expect("checked above");
+        m.last_heard_ms = now;
+        if !rejoin {
+            return codes::NONE;
+        }
+        if m.revoke_by_ms.is_none() {
+            m.revoke_by_ms = Some(now + m.rebalance_timeout_ms);
+        }
+        REBALANCE_IN_PROGRESS
+    }
+
+    fn classic_must_rejoin(&self, id: &str) -> bool {
+        let m = &self.members[id];
+        match m.state {
+            MemberState::UnrevokedPartitions => true,
+            _ if m.epoch < self.assignment_epoch => true,
+            MemberState::UnreleasedPartitions => {
+                let target = self.target.get(id).cloned().unwrap_or_default();
+                minus(&target, &m.assigned)
+                    .iter()
+                    .any(|(t, ps)| ps.iter().any(|p| !self.held_by_other(id, t, *p)))
+            }
+            MemberState::Stable => false,
+        }
+    }
+
+    /// A classic LeaveGroup.
+    pub fn classic_leave(&mut self, member: &str) -> i16 {
+        match self.members.get(member) {
+            Some(m) if m.classic.is_some() => {
+                self.remove(member);
+                codes::NONE
+            }
+            _ => codes::UNKNOWN_MEMBER_ID,
+        }
+    }
+
+    /// Whether every member speaks the classic protocol (the group is then downgraded).
+    pub fn only_classic(&self) -> bool {
+        !self.members.is_empty() && self.members.values().all(|m| m.classic.is_some())
+    }
+
+    /// The classic group this one becomes when its last consumer-protocol member left and
+    /// classic members remain (the online downgrade): at a generation equal to the group
+    /// epoch, each member with its target assignment, to be rebalanced at once.
+    pub fn to_classic(&self, now: i64) -> super::records::StoredGroup {
+        let names: BTreeMap<Uuid, &String> = self
+            .subscribed
+            .iter()
+            .map(|(n, (id, _))| (*id, n))
+            .collect();
+        let protocols = |m: &Member| m.classic.as_ref().map(|c| c.protocols.clone());
+        // the first protocol of the first member that every member offers
+        let first = self.members.values().next().and_then(protocols);
+        let protocol = first.as_ref().and_then(|ps| {
+            ps.iter()
+                .find(|(n, _)| {
+                    self.members
+                        .values()
+                        .all(|m| protocols(m).is_some_and(|o| o.iter().any(|(x, _)| x == n)))
+                })
+                .or(ps.first())
+                .map(|(n, _)| n.clone())
+        });
+        super::records::StoredGroup {
+            protocol_type: "consumer".into(),
+            generation: self.epoch,
+            protocol: protocol.clone(),
+            leader: self.members.keys().next().cloned(),
+            state_timestamp: now,
+            members: self
+                .members
+                .values()
+                .map(|m| {
+                    let target = self.target.get(&m.id).unwrap_or(&m.assigned);
+                    let named: Vec<(String, i32)> = target
+                        .iter()
+                        .filter_map(|(t, ps)| names.get(t).map(|n| (*n, ps)))
+                        .flat_map(|(n, ps)| ps.iter().map(move |p| (n.clone(), *p)))
+                        .collect();
+                    let subscription = protocols(m)
+                        .and_then(|ps| {
+                            ps.iter()
+                                .find(|(n, _)| Some(n) == protocol.as_ref())
+                                .or(ps.first())
+                                .map(|(_, md)| Bytes::from(md.clone()))
+                        })
+                        .unwrap_or_default();
+                    super::records::StoredMember {
+                        member_id: m.id.clone(),
+                        instance_id: m.instance_id.clone(),
+                        client_id: m.client_id.clone(),
+                        client_host: m.client_host.clone(),
+                        rebalance_timeout_ms: m.rebalance_timeout_ms.min(i32::MAX as i64) as i32,
+                        session_timeout_ms: m
+                            .classic
+                            .as_ref()
+                            .map_or(45_000, |c| c.session_timeout_ms.min(i32::MAX as i64) as i32),
+                        subscription,
+                        assignment: strata_client::groups::encode_assignment(&named),
+                    }
+                })
+                .collect(),
+        }
     }
 
     /// The topics its members subscribe to now (OffsetDelete keeps their offsets).
@@ -894,6 +1311,8 @@ impl ConsumerGroup {
     pub fn may_commit(&self, member: &str, epoch: i32) -> Option<i16> {
         match self.members.get(member) {
             None => Some(codes::UNKNOWN_MEMBER_ID),
+            // a classic member's generation is its epoch, refused as a classic group would
+            Some(m) if m.epoch != epoch && m.classic.is_some() => Some(ILLEGAL_GENERATION),
             Some(m) if m.epoch != epoch => Some(STALE_MEMBER_EPOCH),
             Some(_) => None,
         }
@@ -902,6 +1321,43 @@ impl ConsumerGroup {
 
 /// Kafka's STALE_MEMBER_EPOCH: an OffsetCommit at an epoch the member left behind.
 pub const STALE_MEMBER_EPOCH: i16 = 113;
+/// Kafka's ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS and INCONSISTENT_GROUP_PROTOCOL
+/// (answers to classic members).
+pub const ILLEGAL_GENERATION: i16 = 22;
+pub const REBALANCE_IN_PROGRESS: i16 = 27;
+pub const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
+
+/// A new classic member of a consumer-protocol group, at epoch 0 and owning nothing.
+fn classic_member(j: &ClassicJoin, now: i64) -> Member {
+    Member {
+        id: j.member_id.clone(),
+        instance_id: j.instance_id.clone(),
+        rack_id: None,
+        client_id: j.client.id.clone(),
+        client_host: j.client.host.clone(),
+        epoch: 0,
+        previous_epoch: 0,
+        state: MemberState::Stable,
+        rebalance_timeout_ms: j.rebalance_timeout_ms.max(1),
+        topic_names: Vec::new(),
+        regex: None,
+        assignor: None,
+        assigned: Assignment::new(),
+        revoking: Assignment::new(),
+        last_heard_ms: now,
+        revoke_by_ms: None,
+        away: false,
+        sent: None,
+        classic: Some(ClassicMember {
+            session_timeout_ms: j.session_timeout_ms,
+            protocols: j
+                .protocols
+                .iter()
+                .map(|(n, md)| (n.clone(), md.to_vec()))
+                .collect(),
+        }),
+    }
+}
 
 /// Every partition of the topics, by (topic name, id).
 fn partitions_of(names: &BTreeSet<String>, topics: &Topics) -> Vec<(String, Uuid, i32)> {

@@ -16,7 +16,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::consumer::{self, ConsumerGroup, ConsumerGroupConfig, Heartbeat, HeartbeatReply};
+use super::consumer::{
+    self, ClassicJoin, ConsumerGroup, ConsumerGroupConfig, Heartbeat, HeartbeatReply,
+};
 use super::records::{CommittedOffset, PendingTxn, RecordKey, Replayed};
 use super::state::{
     codes, Group, GroupConfig, GroupState, GroupView, Join, JoinReply, Replies, Reply, SyncReply,
@@ -79,6 +81,10 @@ struct Groups {
     consumer: HashMap<String, (ConsumerGroup, ConsumerGroupConfig)>,
     /// The last state record written (or replayed) of each consumer-protocol group.
     consumer_persisted: HashMap<String, Bytes>,
+    /// Groups that moved between the protocols since their last consumer-protocol write:
+    /// that write carries their classic record too (the classic group's state, or a
+    /// tombstone), so replay never finds the group both ways.
+    migrated: std::collections::HashSet<String>,
 }
 
 pub struct Coordinator {
@@ -293,6 +299,7 @@ impl Coordinator {
         s.txn_pending.clear();
         s.consumer.clear();
         s.consumer_persisted.clear();
+        s.migrated.clear();
     }
 
     /// Writes a group's state when it became empty, so a new coordinator does not bring
@@ -342,7 +349,26 @@ impl Coordinator {
             .and_then(Result::ok)
     }
 
+    /// JoinGroup to a group that is not a consumer-protocol one with members (tests).
     pub async fn join(&self, group: &str, j: Join) -> JoinReply {
+        self.join_with(
+            group,
+            j,
+            &consumer::Topics::new(),
+            ConsumerGroupConfig::default(),
+        )
+        .await
+    }
+
+    /// JoinGroup. `topics` and `config`: what a classic member of a consumer-protocol group
+    /// may be assigned, and the group's configs (Kafka 4.0 lets classic members join one).
+    pub async fn join_with(
+        &self,
+        group: &str,
+        j: Join,
+        topics: &consumer::Topics,
+        config: ConsumerGroupConfig,
+    ) -> JoinReply {
         if self.is_closed() {
             return JoinReply {
                 error: NOT_COORDINATOR,
@@ -363,14 +389,21 @@ impl Coordinator {
                 tracing::warn!(group, error = %e, "the consumer group record of a group that became classic is not cleared yet; the next write will");
             }
         }
+        let consumer_group = self
+            .lock()
+            .consumer
+            .get(group)
+            .is_some_and(|(g, _)| !g.is_empty());
+        if consumer_group {
+            // its members speak the consumer protocol (KIP-848): a classic consumer joins
+            // them as a classic member
+            return self.join_consumer_group(group, j, topics, config).await;
+        }
         let rx = {
             let mut s = self.lock();
             if s.consumer.get(group).is_some_and(|(g, _)| !g.is_empty()) {
-                // its members speak the consumer protocol (KIP-848)
-                return JoinReply {
-                    error: codes::INCONSISTENT_GROUP_PROTOCOL,
-                    ..join_failed(&j.member_id)
-                };
+                // it became a consumer-protocol group just now: the client retries
+                return join_failed(&j.member_id);
             }
             let config = self.config;
             let g = s
@@ -410,6 +443,81 @@ impl Coordinator {
         }
     }
 
+    /// A classic JoinGroup to a consumer-protocol group: the member is reconciled as a
+    /// heartbeat would be and answered at once, as Kafka 4.0 does: generation = its epoch,
+    /// no leader (it syncs as a follower and gets its partitions from SyncGroup).
+    async fn join_consumer_group(
+        &self,
+        group: &str,
+        j: Join,
+        topics: &consumer::Topics,
+        config: ConsumerGroupConfig,
+    ) -> JoinReply {
+        if j.protocol_type != "consumer" {
+            return JoinReply {
+                error: codes::INCONSISTENT_GROUP_PROTOCOL,
+                ..join_failed(&j.member_id)
+            };
+        }
+        let member_id = if j.member_id.is_empty() {
+            let id = format!("{}-{}", j.client_id, uuid::Uuid::new_v4());
+            if j.require_known_member_id {
+                return JoinReply {
+                    error: codes::MEMBER_ID_REQUIRED,
+                    ..join_failed(&id)
+                };
+            }
+            id
+        } else {
+            j.member_id.clone()
+        };
+        let join = ClassicJoin {
+            member_id: member_id.clone(),
+            instance_id: j.instance_id.clone(),
+            client: consumer::Client {
+                id: j.client_id.clone(),
+                host: j.client_host.clone(),
+            },
+            session_timeout_ms: j.session_timeout_ms,
+            rebalance_timeout_ms: j.rebalance_timeout_ms,
+            protocols: j.protocols.clone(),
+        };
+        let joined = {
+            let mut s = self.lock();
+            let Some((g, c)) = s.consumer.get_mut(group) else {
+                return join_failed(&member_id);
+            };
+            *c = config;
+            g.classic_join(join, topics, config, self.clock.now_ms())
+        };
+        let (epoch, protocol) = match joined {
+            Ok(joined) => joined,
+            Err((error, why)) => {
+                tracing::debug!(group, member = %member_id, error, why, "classic join to a consumer group refused");
+                return JoinReply {
+                    error,
+                    ..join_failed(&member_id)
+                };
+            }
+        };
+        if let Err(e) = self.persist_consumer(group).await {
+            tracing::warn!(group, error = %e, "consumer group state not durable");
+            return JoinReply {
+                error: codes::COORDINATOR_NOT_AVAILABLE,
+                ..join_failed(&member_id)
+            };
+        }
+        JoinReply {
+            error: codes::NONE,
+            generation: epoch,
+            protocol_name: Some(protocol),
+            leader: String::new(),
+            member_id,
+            members: Vec::new(),
+            throttle_ms: 0,
+        }
+    }
+
     pub async fn sync(
         &self,
         group: &str,
@@ -422,6 +530,17 @@ impl Coordinator {
         }
         let (rx, persist) = {
             let mut s = self.lock();
+            if let Some((g, _)) = s.consumer.get_mut(group) {
+                // a classic member of a consumer-protocol group
+                return match g.classic_sync(member, generation, self.clock.now_ms()) {
+                    Ok((protocol, partitions)) => SyncReply {
+                        error: codes::NONE,
+                        protocol_name: Some(protocol),
+                        assignment: strata_client::groups::encode_assignment(&partitions),
+                    },
+                    Err(code) => sync_failed(code),
+                };
+            }
             let Some(g) = s.groups.get_mut(group) else {
                 return sync_failed(codes::UNKNOWN_MEMBER_ID);
             };
@@ -490,6 +609,9 @@ impl Coordinator {
             return NOT_COORDINATOR;
         }
         let mut s = self.lock();
+        if let Some((g, _)) = s.consumer.get_mut(group) {
+            return g.classic_heartbeat(member, generation, self.clock.now_ms());
+        }
         match s.groups.get_mut(group) {
             Some(g) => g.heartbeat(member, generation, self.clock.now_ms()),
             None => codes::UNKNOWN_MEMBER_ID,
@@ -501,6 +623,19 @@ impl Coordinator {
             return NOT_COORDINATOR;
         }
         let mut s = self.lock();
+        if let Some((g, _)) = s.consumer.get_mut(group) {
+            let code = g.classic_leave(member);
+            if code == codes::NONE {
+                self.maybe_downgrade(&mut s, group);
+                let (c, group) = (self.clone(), group.to_string());
+                tokio::spawn(async move {
+                    if let Err(e) = c.persist_consumer(&group).await {
+                        tracing::warn!(group, error = %e, "could not write the consumer group's state; the next change will");
+                    }
+                });
+            }
+            return code;
+        }
         let Some(g) = s.groups.get_mut(group) else {
             return codes::UNKNOWN_MEMBER_ID;
         };
@@ -748,16 +883,33 @@ impl Coordinator {
         }
         let reply = {
             let mut s = self.lock();
-            if s.groups
-                .get(group)
-                .is_some_and(|g| g.state() != GroupState::Empty)
-            {
-                return refused(
-                    GROUP_ID_NOT_FOUND,
-                    format!("group {group} is a classic group with members, not a consumer group"),
-                );
-            }
             let now = self.clock.now_ms();
+            if let Some(g) = s
+                .groups
+                .get(group)
+                .filter(|g| g.state() != GroupState::Empty)
+            {
+                let why = if hb.member_epoch != 0 {
+                    Some(format!("member {} is not in group {group}", hb.member_id))
+                } else if !g.uses_consumer_protocol() {
+                    Some(format!(
+                        "group {group} is a classic group of another protocol type"
+                    ))
+                } else if !self.config.migration.upgrades() {
+                    Some(format!("group {group} is a classic group with members, and groups.consumer_migration_policy does not upgrade them"))
+                } else if g.member_ids().len() >= config.max_size {
+                    return refused(
+                        codes::GROUP_MAX_SIZE_REACHED,
+                        format!("group {group} has {} members already", config.max_size),
+                    );
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    return refused(GROUP_ID_NOT_FOUND, why);
+                }
+                self.upgrade(&mut s, group, topics, config, now);
+            }
             let entry = s
                 .consumer
                 .entry(group.to_string())
@@ -768,6 +920,7 @@ impl Coordinator {
                 // nothing to remember it by: gone (one with offsets stays, listed Empty)
                 s.consumer.remove(group);
             }
+            self.maybe_downgrade(&mut s, group);
             r
         };
         if let Err(e) = self.persist_consumer(group).await {
@@ -789,32 +942,118 @@ impl Coordinator {
             return Ok(());
         }
         let _one_at_a_time = self.consumer_writes.lock().await;
-        let value = {
-            let s = self.lock();
+        let (value, classic) = {
+            let mut s = self.lock();
             let now = s.consumer.get(group).map(|(g, _)| g.encode());
-            if now.as_ref() == s.consumer_persisted.get(group) {
+            let migrated = s.migrated.remove(group);
+            if now.as_ref() == s.consumer_persisted.get(group) && !migrated {
                 return Ok(());
             }
-            now
+            // the classic side of a migration: the classic group's state, or a tombstone
+            let classic = migrated.then(|| {
+                s.groups
+                    .get(group)
+                    .map(|g| g.stored(self.clock.now_ms()).encode())
+            });
+            (now, classic)
         };
-        let key = RecordKey::ConsumerGroup(group.to_string()).encode();
+        let mut records = vec![(
+            RecordKey::ConsumerGroup(group.to_string()).encode(),
+            value.clone(),
+        )];
+        if let Some(c) = &classic {
+            records.push((RecordKey::Group(group.to_string()).encode(), c.clone()));
+        }
         let id = group.to_string();
-        let kept = value.clone();
-        self.write(vec![(key, value)], move |s| match kept {
-            Some(v) => {
-                s.consumer_persisted.insert(id, v);
-            }
-            None => {
-                s.consumer_persisted.remove(&id);
-            }
-        })
-        .await
+        let written_classic = classic.clone();
+        let written = self
+            .write(records, move |s| {
+                match value {
+                    Some(v) => s.consumer_persisted.insert(id.clone(), v),
+                    None => s.consumer_persisted.remove(&id),
+                };
+                match written_classic {
+                    Some(Some(v)) => {
+                        s.persisted.insert(id, v);
+                    }
+                    Some(None) => {
+                        s.persisted.remove(&id);
+                    }
+                    None => {}
+                }
+            })
+            .await;
+        if written.is_err() && classic.is_some() {
+            // the next write carries it
+            self.lock().migrated.insert(group.to_string());
+        }
+        written
+    }
+
+    /// The online upgrade: a consumer-protocol member joins classic group `group` with
+    /// members. The classic members are taken over with what they own; their pending
+    /// JoinGroup / SyncGroup are answered REBALANCE_IN_PROGRESS (they rejoin as classic
+    /// members of the consumer group).
+    fn upgrade(
+        &self,
+        s: &mut Groups,
+        group: &str,
+        topics: &consumer::Topics,
+        config: ConsumerGroupConfig,
+        now: i64,
+    ) {
+        let Some(mut classic) = s.groups.remove(group) else {
+            return;
+        };
+        let members = classic.upgrade_members();
+        let n = members.len();
+        let g = ConsumerGroup::from_classic(group, classic.generation(), members, topics, now);
+        let replies = classic
+            .kill()
+            .into_iter()
+            .map(|(m, r)| (m, with_error(r, codes::REBALANCE_IN_PROGRESS)))
+            .collect();
+        Self::deliver(s, group, replies, None);
+        s.consumer.insert(group.to_string(), (g, config));
+        s.migrated.insert(group.to_string());
+        tracing::info!(
+            group,
+            members = n,
+            "classic group upgraded to the consumer protocol: a consumer-protocol member joined"
+        );
+    }
+
+    /// The online downgrade: when only classic members are left in consumer-protocol group
+    /// `group` (and the policy allows it), it becomes a classic group at a generation equal
+    /// to its epoch, each member given its target assignment, and rebalances at once.
+    fn maybe_downgrade(&self, s: &mut Groups, group: &str) {
+        if !self.config.migration.downgrades()
+            || !s.consumer.get(group).is_some_and(|(g, _)| g.only_classic())
+        {
+            return;
+        }
+        let Some((g, _)) = s.consumer.remove(group) else {
+            return;
+        };
+        let now = self.clock.now_ms();
+        let mut classic = Group::restore(group, self.config, &g.to_classic(now), now);
+        let replies = classic.rebalance(now);
+        Self::deliver(s, group, replies, None);
+        s.groups.insert(group.to_string(), classic);
+        s.migrated.insert(group.to_string());
+        tracing::info!(
+            group,
+            members = g.member_ids().len(),
+            "consumer group downgraded to the classic protocol: its last consumer-protocol member left"
+        );
     }
 
     /// Whether a consumer-protocol group's state is the one last written.
     fn consumer_durable(&self, group: &str) -> bool {
         let s = self.lock();
-        s.consumer.get(group).map(|(g, _)| g.encode()).as_ref() == s.consumer_persisted.get(group)
+        !s.migrated.contains(group)
+            && s.consumer.get(group).map(|(g, _)| g.encode()).as_ref()
+                == s.consumer_persisted.get(group)
     }
 
     /// DescribeGroups: `None` for a group this coordinator does not know (Kafka answers
@@ -1008,6 +1247,9 @@ impl Coordinator {
             keep
         });
         changed.dedup();
+        for id in &changed {
+            self.maybe_downgrade(&mut s, id);
+        }
         for id in changed {
             let c = self.clone();
             tokio::spawn(async move {
@@ -1080,6 +1322,14 @@ fn not_coordinator(reply: Reply) -> Reply {
             error: NOT_COORDINATOR,
             ..r
         }),
+    }
+}
+
+/// A pending request's reply, turned into `error`.
+fn with_error(reply: Reply, error: i16) -> Reply {
+    match reply {
+        Reply::Join(r) => Reply::Join(JoinReply { error, ..r }),
+        Reply::Sync(r) => Reply::Sync(SyncReply { error, ..r }),
     }
 }
 

@@ -59,6 +59,15 @@ fn subscribed_topics(metadata: &Bytes) -> BTreeSet<String> {
     strata_client::groups::subscription_topics(metadata).unwrap_or_default()
 }
 
+/// The consumer protocol's configs of `group` (KIP-848 group configs, else the broker's
+/// defaults) and the broker's group size limit.
+pub fn consumer_group_config(broker: &Broker, group: &str) -> super::consumer::ConsumerGroupConfig {
+    use strata_controller::metadata::dynamic::ConfigScope;
+    let layer = broker.dynamic_layer(&ConfigScope::Group(group.to_string()));
+    let groups = &broker.config().groups;
+    groups.consumer.for_group(&layer, groups.group.max_size)
+}
+
 /// Joins (and syncs) a native member; `Err((Kafka error code, message))`.
 pub async fn join(broker: &Broker, j: NativeJoin) -> Result<NativeJoined, (i16, String)> {
     if !ASSIGNORS.contains(&j.assignor.as_str()) {
@@ -89,8 +98,18 @@ pub async fn join(broker: &Broker, j: NativeJoin) -> Result<NativeJoined, (i16, 
             format!("this broker does not coordinate group '{}'", j.group),
         )
     })?;
+    // what the broker may assign it when the group is a consumer-protocol one
+    let topics: super::consumer::Topics = j
+        .topics
+        .iter()
+        .filter_map(|t| {
+            broker
+                .topic(t)
+                .map(|x| (t.clone(), (x.spec.id, x.spec.partitions)))
+        })
+        .collect();
     let reply = c
-        .join(
+        .join_with(
             &j.group,
             Join {
                 member_id: j.member_id.clone(),
@@ -103,6 +122,8 @@ pub async fn join(broker: &Broker, j: NativeJoin) -> Result<NativeJoined, (i16, 
                 rebalance_timeout_ms: j.rebalance_timeout_ms,
                 require_known_member_id: false,
             },
+            &topics,
+            consumer_group_config(broker, &j.group),
         )
         .await;
     if reply.error != 0 {

@@ -59,6 +59,9 @@ pub struct GroupConfig {
     /// timeout) whenever another member joined meanwhile, so consumers started together
     /// get one generation instead of one each.
     pub initial_rebalance_delay_ms: i64,
+    /// Whether groups with members move between the classic and the consumer protocol
+    /// (`group.consumer.migration.policy`).
+    pub migration: super::consumer::MigrationPolicy,
 }
 
 impl Default for GroupConfig {
@@ -72,6 +75,7 @@ impl Default for GroupConfig {
             max_backoff_ms: 60_000,
             max_size: 1_000,
             initial_rebalance_delay_ms: 3_000,
+            migration: super::consumer::MigrationPolicy::Bidirectional,
         }
     }
 }
@@ -1028,6 +1032,50 @@ impl Group {
             );
         }
         g
+    }
+
+    /// Whether the group's members speak Kafka's consumer protocol (so the group can be
+    /// upgraded to KIP-848's).
+    pub fn uses_consumer_protocol(&self) -> bool {
+        self.protocol_type.as_deref() == Some("consumer")
+    }
+
+    /// The members as the consumer protocol takes them over (online upgrade): each with
+    /// what it owns now (its assignment, or during a rebalance the one before).
+    pub fn upgrade_members(&self) -> Vec<(super::consumer::ClassicJoin, Vec<(String, i32)>)> {
+        use strata_client::groups::assigned_partitions;
+        self.members
+            .iter()
+            .map(|(id, m)| {
+                let mut owned = assigned_partitions(&m.assignment).unwrap_or_default();
+                owned.extend(assigned_partitions(&m.previous_assignment).unwrap_or_default());
+                owned.sort();
+                owned.dedup();
+                let join = super::consumer::ClassicJoin {
+                    member_id: id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client: super::consumer::Client {
+                        id: m.client_id.clone(),
+                        host: m.client_host.clone(),
+                    },
+                    session_timeout_ms: m.session_timeout_ms,
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    protocols: m.protocols.clone(),
+                };
+                (join, owned)
+            })
+            .collect()
+    }
+
+    /// Starts a rebalance now (a group just downgraded from the consumer protocol: its
+    /// members rejoin and the leader assigns).
+    pub fn rebalance(&mut self, now: i64) -> Replies {
+        match self.state {
+            GroupState::Stable | GroupState::CompletingRebalance => {
+                self.prepare_rebalance(now, None)
+            }
+            _ => Replies::new(),
+        }
     }
 
     /// Whether a request naming static instance `instance` comes from a member id that is

@@ -462,6 +462,12 @@ fn describe_broker(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, St
             "Longest consumer.heartbeat.interval.ms a group may set",
         ),
         fixed(
+            "group.consumer.migration.policy",
+            Some(groups.group.migration.name().to_string()),
+            TYPE_STRING,
+            "Whether groups with members move between the classic and the consumer protocol",
+        ),
+        fixed(
             "offsets.topic.num.partitions",
             Some(groups.offsets_partitions.to_string()),
             TYPE_INT,

@@ -42,7 +42,6 @@ use kafka_protocol::messages::{
 use kafka_protocol::messages::{TxnOffsetCommitRequest, TxnOffsetCommitResponse};
 use kafka_protocol::protocol::StrBytes;
 use strata_controller::metadata::acl::{Operation, ResourceType};
-use strata_controller::metadata::dynamic::ConfigScope;
 
 use super::{codes, s, Request};
 use crate::group::consumer::{Client as ConsumerClient, ConsumerGroupConfig, Heartbeat, Topics};
@@ -204,7 +203,17 @@ pub(super) async fn join(ctx: Request, req: JoinGroupRequest) -> JoinGroupRespon
         }),
         require_known_member_id: ctx.version >= 4,
     };
-    let r = c.join(&group, join).await;
+    // what a classic member of a consumer-protocol group may be given: the topics its
+    // subscription names (KIP-848 groups take classic members, Kafka 4.0)
+    let names: Vec<String> = join
+        .protocols
+        .first()
+        .and_then(|(_, md)| strata_client::groups::subscription_topics(md))
+        .map(|t| t.into_iter().collect())
+        .unwrap_or_default();
+    let topics = assignable_topics(&ctx, Some(&names));
+    let config = consumer_group_config(&ctx, &group);
+    let r = c.join_with(&group, join, &topics, config).await;
     JoinGroupResponse::default()
         .with_throttle_time_ms(r.throttle_ms.clamp(0, i64::from(i32::MAX)) as i32)
         .with_error_code(r.error)
@@ -265,10 +274,21 @@ pub(super) fn heartbeat(ctx: &Request, req: HeartbeatRequest) -> HeartbeatRespon
 /// The consumer protocol's configs of `group` (KIP-848 group configs, else their defaults)
 /// and this broker's group size limit.
 fn consumer_group_config(ctx: &Request, group: &str) -> ConsumerGroupConfig {
-    let broker = ctx.broker();
-    let layer = broker.dynamic_layer(&ConfigScope::Group(group.to_string()));
-    let groups = &broker.config().groups;
-    groups.consumer.for_group(&layer, groups.group.max_size)
+    crate::group::native::consumer_group_config(ctx.broker(), group)
+}
+
+/// What a member may be given: the topics it may describe (internal ones only when
+/// `names` names them).
+fn assignable_topics(ctx: &Request, names: Option<&[String]>) -> Topics {
+    ctx.broker()
+        .topics()
+        .into_iter()
+        .filter(|t| ctx.may_topic(Operation::Describe, &t.spec.name))
+        .filter(|t| {
+            !is_internal(&t.spec.name) || names.iter().copied().flatten().any(|n| *n == t.spec.name)
+        })
+        .map(|t| (t.spec.name.clone(), (t.spec.id, t.spec.partitions)))
+        .collect()
 }
 
 /// ConsumerGroupHeartbeat (KIP-848): the coordinator assigns partitions itself; see
@@ -304,15 +324,7 @@ pub(super) async fn consumer_group_heartbeat(
             format!("{} may not describe topic {denied}", ctx.principal),
         );
     }
-    // what the member may be given: topics it may describe (internal ones only by name)
-    let topics: Topics = ctx
-        .broker()
-        .topics()
-        .into_iter()
-        .filter(|t| ctx.may_topic(Operation::Describe, &t.spec.name))
-        .filter(|t| !is_internal(&t.spec.name) || names.iter().flatten().any(|n| *n == t.spec.name))
-        .map(|t| (t.spec.name.clone(), (t.spec.id, t.spec.partitions)))
-        .collect();
+    let topics = assignable_topics(ctx, names.as_deref());
     let member_id = if req.member_id.is_empty() && req.member_epoch == 0 && ctx.version == 0 {
         // v0: the coordinator names new members (v1: the client does, KIP-1082)
         uuid::Uuid::new_v4().to_string()

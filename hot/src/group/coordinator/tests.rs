@@ -61,6 +61,7 @@ const CONFIG: GroupConfig = GroupConfig {
     max_backoff_ms: 8_000,
     max_size: 1_000,
     initial_rebalance_delay_ms: 0,
+    migration: crate::group::consumer::MigrationPolicy::Bidirectional,
 };
 
 fn join(member: &str, client: &str) -> Join {
@@ -622,4 +623,281 @@ async fn an_empty_consumer_group_is_deleted_with_its_offsets() {
     let c2 = Coordinator::load(CONFIG, clock, log.clone(), log.replay());
     assert!(c2.list_consumer_groups().is_empty());
     assert!(c2.fetch("cg", &[p("orders", 1)])[0].is_none());
+}
+
+/// A consumer-protocol subscription (v1) of `topics`, owning `owned`.
+fn subscription(topics: &[&str], owned: &[(String, i32)]) -> Bytes {
+    use bytes::BufMut;
+    use kafka_protocol::messages::consumer_protocol_subscription::TopicPartition;
+    use kafka_protocol::messages::{ConsumerProtocolSubscription, TopicName};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+    let mut by_topic: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for (t, p) in owned {
+        by_topic.entry(t).or_default().push(*p);
+    }
+    let sub = ConsumerProtocolSubscription::default()
+        .with_topics(
+            topics
+                .iter()
+                .map(|t| StrBytes::from_string(t.to_string()))
+                .collect(),
+        )
+        .with_owned_partitions(
+            by_topic
+                .into_iter()
+                .map(|(t, ps)| {
+                    TopicPartition::default()
+                        .with_topic(TopicName(StrBytes::from_string(t.to_string())))
+                        .with_partitions(ps)
+                })
+                .collect(),
+        );
+    let mut buf = bytes::BytesMut::new();
+    buf.put_i16(1);
+    sub.encode(&mut buf, 1).expect("v1 encodes");
+    buf.freeze()
+}
+
+fn classic_join(member: &str, owned: &[(String, i32)]) -> Join {
+    Join {
+        protocols: vec![
+            (
+                "cooperative-sticky".into(),
+                subscription(&["orders"], owned),
+            ),
+            ("range".into(), subscription(&["orders"], owned)),
+        ],
+        ..join(member, "classic")
+    }
+}
+
+fn named(assignment: &Bytes) -> Vec<(String, i32)> {
+    let mut v = strata_client::groups::assigned_partitions(assignment).unwrap();
+    v.sort();
+    v
+}
+
+/// The consumer member's assignment, by topic name (topic id 7 is "orders").
+fn by_name(a: &consumer::Assignment) -> Vec<(String, i32)> {
+    a.values()
+        .flatten()
+        .map(|p| ("orders".to_string(), *p))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_group_with_members_moves_to_the_consumer_protocol_and_back() {
+    let (c, log, clock) = coordinator();
+    let topics: consumer::Topics = [("orders".to_string(), (uuid::Uuid::from_u128(7), 4))].into();
+    let config = ConsumerGroupConfig::default();
+    let all: Vec<(String, i32)> = (0..4).map(|i| p("orders", i)).collect();
+    // a classic group: a owns every partition in generation 1
+    let a = c
+        .join_with("mg", classic_join("", &[]), &topics, config)
+        .await;
+    assert_eq!((a.error, a.generation), (codes::NONE, 1));
+    let a_id = a.member_id.clone();
+    let r = c
+        .sync(
+            "mg",
+            &a_id,
+            1,
+            vec![(a_id.clone(), strata_client::groups::encode_assignment(&all))],
+        )
+        .await;
+    assert_eq!(named(&r.assignment), all);
+    assert_eq!(
+        c.commit("mg", &a_id, 1, vec![commit("orders", 0, 3)]).await,
+        0
+    );
+
+    // a consumer-protocol member joins: the group is upgraded, and gets nothing a holds
+    let hb = |h| {
+        let (c, topics) = (c.clone(), topics.clone());
+        async move {
+            c.consumer_heartbeat("mg", h, &consumer::Client::default(), &topics, config)
+                .await
+        }
+    };
+    let n = hb(consumer_join("n")).await;
+    assert_eq!(n.error, codes::NONE, "{n:?}");
+    assert_eq!(n.assignment, Some(consumer::Assignment::new()));
+    assert!(c.describe("mg").is_none(), "no longer a classic group");
+    assert_eq!(c.list_consumer_groups().len(), 1);
+    assert_eq!(
+        c.fetch("mg", &[p("orders", 0)])[0].as_ref().unwrap().offset,
+        3
+    );
+
+    // a is told to rejoin; it keeps half and must give the rest up
+    assert_eq!(c.heartbeat("mg", &a_id, 1), codes::REBALANCE_IN_PROGRESS);
+    let j = c
+        .join_with("mg", classic_join(&a_id, &all), &topics, config)
+        .await;
+    assert_eq!(
+        (j.error, j.generation, j.leader.as_str()),
+        (0, 1, ""),
+        "{j:?}"
+    );
+    assert!(j.members.is_empty());
+    let kept = named(&c.sync("mg", &a_id, 1, vec![]).await.assignment);
+    assert_eq!(kept.len(), 2);
+    let n = hb(consumer_beat(&n, &consumer::Assignment::new())).await;
+    assert_eq!(
+        n.assignment,
+        Some(consumer::Assignment::new()),
+        "nothing is free yet"
+    );
+    assert_eq!(c.heartbeat("mg", &a_id, 1), codes::REBALANCE_IN_PROGRESS);
+    // it gave the rest up: it reaches the group's epoch, and n gets what a gave up
+    let j = c
+        .join_with("mg", classic_join(&a_id, &kept), &topics, config)
+        .await;
+    assert_eq!(j.error, codes::NONE);
+    let epoch = j.generation;
+    assert!(epoch > 1);
+    assert_eq!(
+        named(&c.sync("mg", &a_id, epoch, vec![]).await.assignment),
+        kept
+    );
+    assert_eq!(c.heartbeat("mg", &a_id, epoch), codes::NONE);
+    let n = hb(consumer_beat(&n, &consumer::Assignment::new())).await;
+    let n_owns = by_name(n.assignment.as_ref().unwrap());
+    assert_eq!(n_owns.len(), 2);
+    assert!(
+        n_owns.iter().all(|p| !kept.contains(p)),
+        "never owned twice"
+    );
+    // commits: a classic member's generation is its epoch
+    assert_eq!(
+        c.commit("mg", &a_id, 1, vec![commit("orders", 0, 4)]).await,
+        codes::ILLEGAL_GENERATION
+    );
+    assert_eq!(
+        c.commit("mg", &a_id, epoch, vec![commit(&kept[0].0, kept[0].1, 4)])
+            .await,
+        codes::NONE
+    );
+
+    // a failover keeps the mixed group as it is
+    c.close();
+    drop(c);
+    let c = Coordinator::load(CONFIG, clock.clone(), log.clone(), log.replay());
+    assert!(c.describe("mg").is_none());
+    assert_eq!(c.heartbeat("mg", &a_id, epoch), codes::NONE);
+
+    // the consumer-protocol member leaves: the group goes back to classic and rebalances
+    let leave = consumer::Heartbeat {
+        member_id: "n".into(),
+        member_epoch: consumer::LEAVE_EPOCH,
+        ..consumer::Heartbeat::default()
+    };
+    let r = c
+        .consumer_heartbeat("mg", leave, &consumer::Client::default(), &topics, config)
+        .await;
+    assert_eq!(r.error, codes::NONE);
+    assert!(c.list_consumer_groups().is_empty());
+    let view = c.describe("mg").expect("a classic group again");
+    assert_eq!(
+        (view.state, view.protocol_type.as_str(), view.members.len()),
+        (GroupState::PreparingRebalance, "consumer", 1)
+    );
+    assert!(view.generation >= epoch);
+    assert_eq!(
+        c.heartbeat("mg", &a_id, view.generation),
+        codes::REBALANCE_IN_PROGRESS
+    );
+    let j = c
+        .join_with("mg", classic_join(&a_id, &kept), &topics, config)
+        .await;
+    assert_eq!((j.error, j.leader.as_str()), (codes::NONE, a_id.as_str()));
+    assert_eq!(j.generation, view.generation + 1);
+    let r = c
+        .sync(
+            "mg",
+            &a_id,
+            j.generation,
+            vec![(a_id.clone(), strata_client::groups::encode_assignment(&all))],
+        )
+        .await;
+    assert_eq!(named(&r.assignment), all);
+    // durable both ways: a new coordinator finds a classic group only
+    c.close();
+    drop(c);
+    let c = Coordinator::load(CONFIG, clock, log.clone(), log.replay());
+    assert!(c.list_consumer_groups().is_empty());
+    assert_eq!(c.describe("mg").unwrap().state, GroupState::Stable);
+    assert_eq!(c.heartbeat("mg", &a_id, j.generation), codes::NONE);
+    assert_eq!(
+        c.fetch("mg", &[kept[0].clone()])[0]
+            .as_ref()
+            .unwrap()
+            .offset,
+        4
+    );
+}
+
+#[tokio::test]
+async fn a_classic_member_of_a_consumer_group_is_fenced_by_its_session() {
+    let (c, _log, clock) = coordinator();
+    let topics: consumer::Topics = [("orders".to_string(), (uuid::Uuid::from_u128(7), 4))].into();
+    let config = ConsumerGroupConfig::default();
+    let hb = |h| {
+        let (c, topics) = (c.clone(), topics.clone());
+        async move {
+            c.consumer_heartbeat("mg", h, &consumer::Client::default(), &topics, config)
+                .await
+        }
+    };
+    let n = hb(consumer_join("n")).await;
+    let n_owned = n.assignment.clone().unwrap();
+    assert_eq!(by_name(&n_owned).len(), 4);
+    // a classic consumer joins the consumer group (v4+: it first gets its id)
+    let first = c
+        .join_with(
+            "mg",
+            Join {
+                require_known_member_id: true,
+                ..classic_join("", &[])
+            },
+            &topics,
+            config,
+        )
+        .await;
+    assert_eq!(first.error, codes::MEMBER_ID_REQUIRED);
+    let id = first.member_id.clone();
+    let j = c
+        .join_with("mg", classic_join(&id, &[]), &topics, config)
+        .await;
+    assert_eq!(j.error, codes::NONE, "{j:?}");
+    assert_eq!(j.protocol_name.as_deref(), Some("cooperative-sticky"));
+    // nothing until n gives half up
+    assert!(named(&c.sync("mg", &id, j.generation, vec![]).await.assignment).is_empty());
+    let n = hb(consumer_beat(&n, &n_owned)).await;
+    let n_owned = n.assignment.clone().unwrap();
+    assert_eq!(by_name(&n_owned).len(), 2);
+    let n = hb(consumer_beat(&n, &n_owned)).await;
+    assert_eq!(
+        c.heartbeat("mg", &id, j.generation),
+        codes::REBALANCE_IN_PROGRESS
+    );
+    let j = c
+        .join_with("mg", classic_join(&id, &[]), &topics, config)
+        .await;
+    let mine = named(&c.sync("mg", &id, j.generation, vec![]).await.assignment);
+    assert_eq!(mine.len(), 2);
+    assert!(mine.iter().all(|p| !by_name(&n_owned).contains(p)));
+    // it stops heartbeating: removed after its own session (10 s), and n gets it all back
+    clock.0.fetch_add(8_000, Ordering::SeqCst);
+    hb(consumer_beat(&n, &n_owned)).await;
+    clock.0.fetch_add(3_000, Ordering::SeqCst);
+    c.tick();
+    assert_eq!(
+        c.heartbeat("mg", &id, j.generation),
+        codes::UNKNOWN_MEMBER_ID
+    );
+    let n = hb(consumer_beat(&n, &n_owned)).await;
+    assert_eq!(by_name(n.assignment.as_ref().unwrap()).len(), 4);
+    // the consumer group stays one: its only member speaks the consumer protocol
+    assert_eq!(c.list_consumer_groups().len(), 1);
 }

@@ -9,6 +9,7 @@ const CONFIG: GroupConfig = GroupConfig {
     max_backoff_ms: 8_000,
     max_size: 100,
     initial_rebalance_delay_ms: 0,
+    migration: crate::group::consumer::MigrationPolicy::Bidirectional,
 };
 const SESSION: i64 = 10_000;
 const REBALANCE: i64 = 30_000;
