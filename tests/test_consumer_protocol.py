@@ -222,21 +222,28 @@ def test_a_consumer_group_whose_members_left_stays_listed_until_deleted(broker, 
     assert not listed(), "a deleted group is still listed"
 
 
-def test_a_group_with_members_moves_between_the_classic_and_the_consumer_protocol(broker, tmp_path):
+@pytest.mark.parametrize("classic", ["eager", "cooperative"])
+def test_a_group_with_members_moves_between_the_classic_and_the_consumer_protocol(
+        broker, tmp_path, classic):
     """Kafka 4.0's online migration (group.consumer.migration.policy=bidirectional): a
     consumer-protocol member joining a classic group with members upgrades it, the classic
-    members (librdkafka and kafka-python, eager range) stay in it and share the partitions
+    members (librdkafka and kafka-python with eager range, or two librdkafka members with
+    cooperative-sticky, which report what they own) stay in it and share the partitions
     with the new member, and when that member leaves the group goes back to classic and
-    rebalances. Nothing is lost and no partition is ever assigned twice at the end of each
-    step. Before, the new member was refused (GROUP_ID_NOT_FOUND) while the classic group
-    had members."""
+    rebalances. Nothing is lost and no partition is assigned twice at the end of each step.
+    Before, the new member was refused (GROUP_ID_NOT_FOUND) while the classic group had
+    members."""
     a = AdminClient(rdkafka_conf({"bootstrap.servers": broker.bootstrap}))
     a.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(20)
     everything = set(range(PARTITIONS))
     sent = produce(broker, 0, 300)
-    c1 = Member(broker, tmp_path, "classic-1", protocol="classic", assignor="range")
-    c2 = Member(broker, tmp_path, "classic-2", lib="kafka-python", protocol="classic",
-                assignor="range")
+    if classic == "eager":
+        c1 = Member(broker, tmp_path, "classic-1", protocol="classic", assignor="range")
+        c2 = Member(broker, tmp_path, "classic-2", lib="kafka-python", protocol="classic",
+                    assignor="range")
+    else:
+        c1, c2 = (Member(broker, tmp_path, f"classic-{i}", protocol="classic",
+                         assignor="cooperative-sticky") for i in (1, 2))
     members = [c1, c2]
 
     def shared(ms):
