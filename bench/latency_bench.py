@@ -10,7 +10,9 @@ consuming them in the same process:
 - produce-to-ack and produce-to-consume latency, p50/p99/p99.9/max, from HDR histograms
   that start at the moment each record was due (so a client that falls behind shows it);
 - inside the brokers, from their own histograms (bucket bounds): produce request in to
-  response out, and append to committed on the ISR;
+  response out, append to committed on the ISR, and that commit's stages: append to the
+  leader's fsync, append to each follower's next fetch past it, a follower's turnaround
+  (response in to next fetch out: its append and fsync), and one fsync;
 - CPU seconds per million records of each broker process, and of the generator.
 
 With several partition counts (`--partitions 6,60,600,3000`) it runs each on a fresh
@@ -37,6 +39,17 @@ from test_cluster import Cluster  # noqa: E402
 from replication_bench import bucket_quantile  # noqa: E402
 
 LOADGEN = ROOT / "target" / "kafka-load" / "release" / "strata-kafka-load"
+
+# the brokers' own histograms: the request, the commit, and the commit's stages
+INSIDE = (
+    ("strata_produce_latency_seconds", "produce request in -> response out"),
+    ("strata_commit_latency_seconds", "append -> committed on the ISR"),
+    ("strata_stage_leader_durable_seconds", "  stage: append -> fsynced on the leader"),
+    ("strata_stage_replica_ack_seconds", "  stage: append -> a follower's fetch past it"),
+    ("strata_stage_follower_turnaround_seconds",
+     "  stage: follower, response in -> next fetch out (append + fsync)"),
+    ("strata_stage_fsync_seconds", "  stage: one fsync (any replica)"),
+)
 
 
 def fsync_latency_ms(directory, n=500):
@@ -73,6 +86,7 @@ def run_one(args, partitions, tmp):
     work = Path(tmp) / f"p{partitions}"
     work.mkdir(parents=True, exist_ok=True)
     c = Cluster(args.binary, work)
+    c.failpoints_on = False  # as in production: no failpoint lookups
     try:
         c.start_all()
         topic = f"latency-{partitions}"
@@ -83,8 +97,7 @@ def run_one(args, partitions, tmp):
             timeout=120)
         bootstrap = ",".join(f"127.0.0.1:{c.broker_ports[i]}" for i in (1, 2, 3))
         pids = [c.procs[f"broker-{i}"].pid for i in (1, 2, 3)]
-        before = {h: histogram(c, h) for h in ("strata_produce_latency_seconds",
-                                               "strata_commit_latency_seconds")}
+        before = {h: histogram(c, h) for h, _ in INSIDE}
         out = Path(tmp) / f"load-{partitions}.json"
         cmd = [str(args.loadgen), "--bootstrap", bootstrap, "--topic", topic,
                "--partitions", str(partitions), "--replication", "3", "--rate", str(args.rate),
@@ -98,8 +111,7 @@ def run_one(args, partitions, tmp):
             sys.exit(f"strata-kafka-load exited {r.returncode}")
         after = {h: histogram(c, h) for h in before}
         figures = json.loads(out.read_text())
-        for h, label in (("strata_produce_latency_seconds", "produce request in -> response out"),
-                         ("strata_commit_latency_seconds", "append -> committed on the ISR")):
+        for h, label in INSIDE:
             print(f"  inside the brokers, {label}: p50 {bucket_quantile(before[h], after[h], .5)}, "
                   f"p99 {bucket_quantile(before[h], after[h], .99)}, "
                   f"p99.9 {bucket_quantile(before[h], after[h], .999)}")

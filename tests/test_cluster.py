@@ -47,6 +47,8 @@ class Cluster:
         # Failpoints (controller/src/failpoint.rs): a test arms one by creating its file here.
         self.failpoints = workdir / "failpoints"
         self.failpoints.mkdir(exist_ok=True)
+        # Benchmarks turn them off: each check is a file lookup (one per fsync, say).
+        self.failpoints_on = True
 
     def arm(self, failpoint):
         (self.failpoints / failpoint).touch()
@@ -117,7 +119,9 @@ class Cluster:
 
     def start(self, name):
         log = open(self.workdir / f"{name}.log", "ab")
-        env = dict(os.environ, NO_COLOR="1", STRATA_TEST_FAILPOINTS_DIR=str(self.failpoints))
+        env = dict(os.environ, NO_COLOR="1")
+        if self.failpoints_on:
+            env["STRATA_TEST_FAILPOINTS_DIR"] = str(self.failpoints)
         self.procs[name] = subprocess.Popen(
             [*self.launcher(name), self.binary, "server", "--config", str(self._config(name))],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,

@@ -50,6 +50,11 @@ impl Histogram {
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+
     /// (sum in seconds, count, per-bucket counts by upper bound).
     fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
         let buckets: Vec<(f64, u64)> = BOUNDS
@@ -64,6 +69,23 @@ impl Histogram {
         (sum, count, buckets)
     }
 }
+
+/// Where acks=all writes spend their time, by stage (see `crate::replication::stages`).
+/// Process-wide: every broker of the process adds to them (one per process in a cluster).
+#[derive(Default)]
+pub struct Stages {
+    /// Leader: append until fsynced in the leader's log.
+    pub leader_durable: Histogram,
+    /// Leader: append until a follower's fetch offset passed it (one per follower).
+    pub replica_ack: Histogram,
+    /// Any replica: one fsync of a partition's log.
+    pub fsync: Histogram,
+    /// Follower: a fetch response with records received until the next fetch is sent
+    /// (append, then fsync).
+    pub follower_turnaround: Histogram,
+}
+
+pub static STAGES: std::sync::LazyLock<Stages> = std::sync::LazyLock::new(Stages::default);
 
 /// Kafka API keys are below this (the protocol has about 80).
 const API_SLOTS: usize = 128;
@@ -503,6 +525,27 @@ fn broker(out: &mut Out<'_>, broker: &Broker) -> fmt::Result {
         "strata_commit_latency_seconds",
         "acks=all append until committed (fsynced on every in-sync replica).",
         &m.commit_latency,
+    )?;
+    let st = &*STAGES;
+    out.histogram(
+        "strata_stage_leader_durable_seconds",
+        "Leader: acks=all append until fsynced in the leader's log.",
+        &st.leader_durable,
+    )?;
+    out.histogram(
+        "strata_stage_replica_ack_seconds",
+        "Leader: append until a follower's fetch offset passed it (one per follower).",
+        &st.replica_ack,
+    )?;
+    out.histogram(
+        "strata_stage_fsync_seconds",
+        "Any replica: one fsync of a partition's log.",
+        &st.fsync,
+    )?;
+    out.histogram(
+        "strata_stage_follower_turnaround_seconds",
+        "Follower: fetch response with records received until the next fetch is sent (append and fsync).",
+        &st.follower_turnaround,
     )?;
     out.histogram(
         "strata_fetch_latency_seconds",

@@ -149,6 +149,8 @@ enum Role {
     Leader {
         epoch: i32,
         state: LeaderState,
+        /// When recent appends were made, for the per-stage latency histograms.
+        timing: Box<crate::replication::stages::AppendTimes>,
     },
     Follower {
         leader: i32,
@@ -360,7 +362,10 @@ impl Partition {
             tracing::debug!(topic = %self.topic, partition = self.index, epoch, "not leading a partition whose storage failed");
             return;
         }
-        if let Role::Leader { epoch: e, state } = &mut *role {
+        if let Role::Leader {
+            epoch: e, state, ..
+        } = &mut *role
+        {
             if *e == epoch {
                 let hw = state.on_isr_committed(assignment.isr, assignment.partition_epoch);
                 state.set_policy(policy);
@@ -391,7 +396,11 @@ impl Partition {
         let hw = self.progress().high_watermark;
         let state = LeaderState::new(assignment, log_end, leader_end, hw, policy, now_ms);
         let (hw, under) = (state.high_watermark(), state.under_min_isr());
-        *role = Role::Leader { epoch, state };
+        *role = Role::Leader {
+            epoch,
+            state,
+            timing: Box::new(crate::replication::stages::AppendTimes::new(leader_end)),
+        };
         drop(role);
         self.progress.send_modify(|p| {
             p.leader_epoch = Some(epoch);
@@ -587,7 +596,12 @@ impl Partition {
             .into());
         }
         let mut role = self.role();
-        let Role::Leader { epoch, state } = &mut *role else {
+        let Role::Leader {
+            epoch,
+            state,
+            timing,
+        } = &mut *role
+        else {
             return Err(LeaderAppendError::NotLeader);
         };
         if expected_epoch.is_some_and(|e| e != *epoch) {
@@ -606,6 +620,9 @@ impl Partition {
         let wait_for_fsync = log.config().acks_wait_for_fsync();
         let (start, end) = (log.start_offset(), log.end_offset());
         drop(log);
+        if acks == -1 && wait_for_fsync {
+            timing.appended(end, std::time::Instant::now());
+        }
         let hw = (!wait_for_fsync)
             .then(|| state.on_leader_durable(end))
             .flatten();
@@ -842,7 +859,12 @@ impl Partition {
         } = fetch;
         let hw = {
             let mut role = self.role();
-            let Role::Leader { epoch: mine, state } = &mut *role else {
+            let Role::Leader {
+                epoch: mine,
+                state,
+                timing,
+            } = &mut *role
+            else {
                 return Err(ReplicaFetchError::NotLeader);
             };
             if epoch < *mine {
@@ -861,8 +883,11 @@ impl Partition {
             } = self.progress();
             // An offset outside the log is answered OFFSET_OUT_OF_RANGE below; it says
             // nothing of what the follower holds, so it must not count as its position.
-            (log_start..=log_end)
-                .contains(&offset)
+            let known = (log_start..=log_end).contains(&offset);
+            if known {
+                timing.fetched(replica, offset, &crate::metrics::STAGES.replica_ack);
+            }
+            known
                 .then(|| state.on_follower_fetch(replica, broker_epoch, offset, log_end, now_ms))
                 .flatten()
         };
@@ -890,7 +915,7 @@ impl Partition {
     /// The leader's ISR change to propose now, with the leader epoch to send it under.
     pub fn isr_proposal(&self, now_ms: i64) -> Option<(IsrProposal, i32)> {
         match &mut *self.role() {
-            Role::Leader { epoch, state } => state.tick(now_ms).map(|p| (p, *epoch)),
+            Role::Leader { epoch, state, .. } => state.tick(now_ms).map(|p| (p, *epoch)),
             _ => None,
         }
     }
@@ -905,7 +930,10 @@ impl Partition {
         now_ms: i64,
     ) {
         let mut role = self.role();
-        let Role::Leader { epoch: e, state } = &mut *role else {
+        let Role::Leader {
+            epoch: e, state, ..
+        } = &mut *role
+        else {
             return;
         };
         if *e != epoch {
@@ -1286,7 +1314,12 @@ impl Partition {
             let injected = self.fsync_fails_while_a_test_asks();
             let result = tokio::task::spawn_blocking(move || match injected {
                 true => Err(std::io::Error::from_raw_os_error(5)), // EIO
-                false => work.run(&dir),
+                false => {
+                    let started = std::time::Instant::now();
+                    let r = work.run(&dir);
+                    crate::metrics::STAGES.fsync.observe(started.elapsed());
+                    r
+                }
             })
             .await;
             match result {
@@ -1305,7 +1338,8 @@ impl Partition {
                         continue;
                     }
                     let hw = match &mut *role {
-                        Role::Leader { state, .. } if wait_for_fsync => {
+                        Role::Leader { state, timing, .. } if wait_for_fsync => {
+                            timing.durable(end, &crate::metrics::STAGES.leader_durable);
                             state.on_leader_durable(end)
                         }
                         _ => None,

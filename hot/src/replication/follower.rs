@@ -249,6 +249,8 @@ async fn fetch_loop(
     directory: &dyn Directory,
     backoff: &mut Duration,
 ) -> Restart {
+    // when the last response with records came (for the turnaround histogram)
+    let mut received: Option<std::time::Instant> = None;
     loop {
         // The fetch offset tells the leader what this replica holds durably: what an earlier
         // role or fetcher appended must be fsynced first.
@@ -264,6 +266,11 @@ async fn fetch_loop(
             }
         }
         let offset = partition.progress().log_end;
+        if let Some(at) = received.take() {
+            crate::metrics::STAGES
+                .follower_turnaround
+                .observe(at.elapsed());
+        }
         let call = client.fetch(ReplicaFetchRequest {
             replica_id: target.me,
             topic: target.topic.clone(),
@@ -321,6 +328,7 @@ async fn fetch_loop(
             }
         }
         if !resp.records.is_empty() {
+            received = Some(std::time::Instant::now());
             // (The next round fsyncs what this appended before fetching on.)
             if let Err(why) = append(partition, target.following(), resp.records, directory) {
                 return Restart::Truncate(why);

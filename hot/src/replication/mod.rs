@@ -7,4 +7,5 @@ pub mod epochs;
 pub mod follower;
 pub mod leader;
 pub mod service;
+pub mod stages;
 pub mod throttle;
