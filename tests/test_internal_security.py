@@ -187,12 +187,23 @@ def test_a_spoofed_or_stale_replica_fetch_cannot_complete_an_acks_all_write(secu
     leader_addr = f"127.0.0.1:{secure.grpc_ports[leader]}"
     epoch = m["brokers"][str(follower)]["epoch"]
 
-    def fetch(cert, replica_id=follower, offset=10**9, broker_epoch=epoch):
-        stub = pb.broker_pb2_grpc.ReplicaStub(channel(secure, leader_addr, cert))
-        return stub.Fetch(pb.broker_pb2.ReplicaFetchRequest(
+    def request(replica_id, offset, broker_epoch):
+        return pb.broker_pb2.ReplicaFetchRequest(
             replica_id=replica_id, topic=TOPIC, topic_id=t["id"], partition=0,
             leader_epoch=part["leader_epoch"], fetch_offset=offset, max_bytes=1 << 20,
-            max_wait_ms=0, broker_epoch=broker_epoch), timeout=5)
+            max_wait_ms=0, broker_epoch=broker_epoch)
+
+    def fetch(cert, replica_id=follower, offset=10**9, broker_epoch=epoch):
+        stub = pb.broker_pb2_grpc.ReplicaStub(channel(secure, leader_addr, cert))
+        return stub.Fetch(request(replica_id, offset, broker_epoch), timeout=5)
+
+    def fetch_stream(cert, offset):
+        # the same on FetchStream, the per-partition stream followers use
+        stub = pb.broker_pb2_grpc.ReplicaStub(channel(secure, leader_addr, cert))
+        try:
+            return list(stub.FetchStream(iter([request(follower, offset, epoch)]), timeout=5))
+        except grpc.RpcError as e:
+            return e
 
     # A stranger, and another real broker, fetching in the frozen follower's name and
     # claiming it holds everything (offset 2 is the leader's log end).
@@ -201,7 +212,8 @@ def test_a_spoofed_or_stale_replica_fetch_cannot_complete_an_acks_all_write(secu
             return fetch(cert, offset=2)
         except grpc.RpcError as e:
             return e
-    spoofs = [attempt("client-mallory"), attempt(f"node-broker-{bystander}")]
+    spoofs = [attempt("client-mallory"), attempt(f"node-broker-{bystander}"),
+              fetch_stream("client-mallory", 2), fetch_stream(f"node-broker-{bystander}", 2)]
     producer.poll(2)
     assert len(acked) == 1, "a spoofed fetch completed an acks=all write"
     for e in spoofs:
@@ -211,6 +223,8 @@ def test_a_spoofed_or_stale_replica_fetch_cannot_complete_an_acks_all_write(secu
     assert fetch(f"node-broker-{follower}", broker_epoch=epoch - 1).error.code == STALE_BROKER_EPOCH
     # ... and at its live epoch, claiming a position past the leader's log end.
     assert fetch(f"node-broker-{follower}").error.code == OFFSET_OUT_OF_RANGE
+    [streamed] = fetch_stream(f"node-broker-{follower}", 10**9)
+    assert streamed.error.code == OFFSET_OUT_OF_RANGE, streamed
 
     # None of it counted as the follower's position: the write is still unacknowledged.
     producer.poll(2)

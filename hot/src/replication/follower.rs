@@ -251,6 +251,10 @@ async fn fetch_loop(
 ) -> Restart {
     // when the last response with records came (for the turnaround histogram)
     let mut received: Option<std::time::Instant> = None;
+    let mut fetcher = match Fetcher::open(&mut client).await {
+        Ok(f) => f,
+        Err(restart) => return restart,
+    };
     loop {
         // The fetch offset tells the leader what this replica holds durably: what an earlier
         // role or fetcher appended must be fsynced first.
@@ -271,7 +275,7 @@ async fn fetch_loop(
                 .follower_turnaround
                 .observe(at.elapsed());
         }
-        let call = client.fetch(ReplicaFetchRequest {
+        let request = ReplicaFetchRequest {
             replica_id: target.me,
             topic: target.topic.clone(),
             topic_id: target.topic_id.clone(),
@@ -283,11 +287,10 @@ async fn fetch_loop(
             broker_epoch: directory.broker_epoch().unwrap_or(0),
             deleted_below: partition.progress().deleted_below,
             high_watermark: Some(partition.progress().high_watermark),
-        });
-        let resp = match tokio::time::timeout(FETCH_WAIT + CALL_TIMEOUT, call).await {
-            Err(_) => return Restart::Backoff("fetch timed out".into()),
-            Ok(Err(e)) => return Restart::Backoff(format!("fetch failed: {}", e.message())),
-            Ok(Ok(r)) => r.into_inner(),
+        };
+        let resp = match fetcher.fetch(&mut client, request).await {
+            Ok(r) => r,
+            Err(restart) => return restart,
         };
         if let Some(e) = resp.error {
             let code = e.code as i16;
@@ -344,6 +347,74 @@ async fn fetch_loop(
         if !partition.set_follower_hw(target.following(), resp.high_watermark) {
             return Restart::Backoff("no longer following this leader".into());
         }
+    }
+}
+
+/// How a fetcher sends its fetches: on one stream per partition (`FetchStream`), or one call
+/// each (`Fetch`) to a leader that does not serve the stream yet (an older version, during
+/// a rolling upgrade).
+enum Fetcher {
+    Stream {
+        requests: tokio::sync::mpsc::Sender<ReplicaFetchRequest>,
+        responses: Box<tonic::Streaming<strata_proto::v1::ReplicaFetchResponse>>,
+    },
+    Unary,
+}
+
+impl Fetcher {
+    async fn open(client: &mut ReplicaClient<Channel>) -> Result<Fetcher, Restart> {
+        let (requests, rx) = tokio::sync::mpsc::channel(1);
+        let opened = tokio::time::timeout(
+            CALL_TIMEOUT,
+            client.fetch_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+        )
+        .await
+        .map_err(|_| Restart::Backoff("opening the fetch stream timed out".into()))?;
+        match opened {
+            Ok(r) => Ok(Fetcher::Stream {
+                requests,
+                responses: Box::new(r.into_inner()),
+            }),
+            Err(s) if s.code() == tonic::Code::Unimplemented => Ok(Fetcher::Unary),
+            Err(s) => Err(Restart::Backoff(format!(
+                "opening the fetch stream failed: {}",
+                s.message()
+            ))),
+        }
+    }
+
+    async fn fetch(
+        &mut self,
+        client: &mut ReplicaClient<Channel>,
+        request: ReplicaFetchRequest,
+    ) -> Result<strata_proto::v1::ReplicaFetchResponse, Restart> {
+        let answer = async {
+            match self {
+                Fetcher::Stream {
+                    requests,
+                    responses,
+                } => {
+                    if requests.send(request).await.is_err() {
+                        return Err(Restart::Backoff("the fetch stream closed".into()));
+                    }
+                    match responses.message().await {
+                        Ok(Some(r)) => Ok(r),
+                        Ok(None) => {
+                            Err(Restart::Backoff("the leader ended the fetch stream".into()))
+                        }
+                        Err(e) => Err(Restart::Backoff(format!("fetch failed: {}", e.message()))),
+                    }
+                }
+                Fetcher::Unary => client
+                    .fetch(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(|e| Restart::Backoff(format!("fetch failed: {}", e.message()))),
+            }
+        };
+        tokio::time::timeout(FETCH_WAIT + CALL_TIMEOUT, answer)
+            .await
+            .unwrap_or_else(|_| Err(Restart::Backoff("fetch timed out".into())))
     }
 }
 

@@ -30,12 +30,13 @@ const MAX_THROTTLE_WAIT: Duration = Duration::from_secs(2);
 /// Largest response a follower may ask for.
 const MAX_BYTES: u32 = 32 << 20;
 
+#[derive(Clone)]
 pub struct ReplicaService {
     broker: Arc<Broker>,
     /// Whether the port proves its peers (mTLS).
     authenticated: bool,
     /// Copy-rate limits of replicas a reassignment adds.
-    throttles: super::throttle::Throttles,
+    throttles: Arc<super::throttle::Throttles>,
 }
 
 impl ReplicaService {
@@ -43,7 +44,7 @@ impl ReplicaService {
         ReplicaServer::new(ReplicaService {
             broker,
             authenticated,
-            throttles: Default::default(),
+            throttles: Arc::new(Default::default()),
         })
         .max_decoding_message_size(1 << 20)
         .max_encoding_message_size(2 * MAX_BYTES as usize)
@@ -79,9 +80,13 @@ impl ReplicaService {
     /// is not a broker at all), or from another incarnation of it (a Kafka error the real
     /// follower handles by retrying once it knows its new epoch).
     fn admit<T>(&self, req: &Request<T>, replica: i32) -> Result<(), Status> {
+        self.admit_peer(&Peer::of(req), replica)
+    }
+
+    fn admit_peer(&self, peer: &Peer, replica: i32) -> Result<(), Status> {
         if self.authenticated {
-            match Peer::of(req) {
-                Peer::Broker(id) if id == replica => {}
+            match peer {
+                Peer::Broker(id) if *id == replica => {}
                 peer => {
                     tracing::warn!(%peer, replica, "replica request refused: not that broker's certificate");
                     return Err(Status::permission_denied(format!(
@@ -196,9 +201,46 @@ impl Replica for ReplicaService {
         req: Request<ReplicaFetchRequest>,
     ) -> Result<Response<ReplicaFetchResponse>, Status> {
         self.admit(&req, req.get_ref().replica_id)?;
+        Ok(Response::new(self.fetch_one(req.into_inner()).await))
+    }
+
+    type FetchStreamStream =
+        tokio_stream::wrappers::ReceiverStream<Result<ReplicaFetchResponse, Status>>;
+
+    async fn fetch_stream(
+        &self,
+        req: Request<tonic::Streaming<ReplicaFetchRequest>>,
+    ) -> Result<Response<Self::FetchStreamStream>, Status> {
+        let peer = Peer::of(&req);
+        let mut inbound = req.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let service = self.clone();
+        tokio::spawn(async move {
+            // one response per request, in order, until the follower ends the stream
+            while let Ok(Some(r)) = inbound.message().await {
+                let answer = match service.admit_peer(&peer, r.replica_id) {
+                    Ok(()) => Ok(service.fetch_one(r).await),
+                    Err(refused) => Err(refused),
+                };
+                let last = answer.is_err();
+                if tx.send(answer).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
+    async fn offset_for_leader_epoch(
+        &self,
+        req: Request<OffsetForLeaderEpochRequest>,
+    ) -> Result<Response<OffsetForLeaderEpochResponse>, Status> {
+        self.admit(&req, req.get_ref().replica_id)?;
         let r = req.into_inner();
         if let Some(e) = self.stale_epoch(r.replica_id, r.broker_epoch) {
-            return Ok(Response::new(ReplicaFetchResponse {
+            return Ok(Response::new(OffsetForLeaderEpochResponse {
                 error: Some(e),
                 ..Default::default()
             }));
@@ -206,10 +248,43 @@ impl Replica for ReplicaService {
         let partition = match self.partition(&r.topic, &r.topic_id, r.partition) {
             Ok(p) => p,
             Err(e) => {
-                return Ok(Response::new(ReplicaFetchResponse {
+                return Ok(Response::new(OffsetForLeaderEpochResponse {
                     error: Some(e),
                     ..Default::default()
                 }))
+            }
+        };
+        if let Err(e) = partition.check_leader(r.current_leader_epoch) {
+            return Ok(Response::new(OffsetForLeaderEpochResponse {
+                error: Some(epoch_error(e)),
+                ..Default::default()
+            }));
+        }
+        let found = partition.lock().epoch_end_offset(r.leader_epoch);
+        Ok(Response::new(OffsetForLeaderEpochResponse {
+            error: None,
+            leader_epoch: found.map(|(e, _)| e),
+            end_offset: found.map_or(0, |(_, o)| o),
+        }))
+    }
+}
+
+impl ReplicaService {
+    /// One follower fetch (unary or on a stream), its sender admitted already.
+    async fn fetch_one(&self, r: ReplicaFetchRequest) -> ReplicaFetchResponse {
+        if let Some(e) = self.stale_epoch(r.replica_id, r.broker_epoch) {
+            return ReplicaFetchResponse {
+                error: Some(e),
+                ..Default::default()
+            };
+        }
+        let partition = match self.partition(&r.topic, &r.topic_id, r.partition) {
+            Ok(p) => p,
+            Err(e) => {
+                return ReplicaFetchResponse {
+                    error: Some(e),
+                    ..Default::default()
+                }
             }
         };
         let max_wait = Duration::from_millis(u64::from(r.max_wait_ms)).min(MAX_WAIT);
@@ -230,14 +305,14 @@ impl Replica for ReplicaService {
                 // a pause, well inside the follower's call timeout, and let it ask again.
                 tokio::time::sleep(MAX_THROTTLE_WAIT).await;
                 let progress = partition.progress();
-                return Ok(Response::new(ReplicaFetchResponse {
+                return ReplicaFetchResponse {
                     error: None,
                     high_watermark: progress.high_watermark,
                     log_start_offset: progress.log_start,
                     log_end_offset: progress.log_end,
                     records: Default::default(),
                     deleted_below: progress.deleted_below,
-                }));
+                };
             }
             tokio::time::sleep(wait).await;
             max_bytes = most;
@@ -300,41 +375,6 @@ impl Replica for ReplicaService {
                 resp.records = a.records;
             }
         }
-        Ok(Response::new(resp))
-    }
-
-    async fn offset_for_leader_epoch(
-        &self,
-        req: Request<OffsetForLeaderEpochRequest>,
-    ) -> Result<Response<OffsetForLeaderEpochResponse>, Status> {
-        self.admit(&req, req.get_ref().replica_id)?;
-        let r = req.into_inner();
-        if let Some(e) = self.stale_epoch(r.replica_id, r.broker_epoch) {
-            return Ok(Response::new(OffsetForLeaderEpochResponse {
-                error: Some(e),
-                ..Default::default()
-            }));
-        }
-        let partition = match self.partition(&r.topic, &r.topic_id, r.partition) {
-            Ok(p) => p,
-            Err(e) => {
-                return Ok(Response::new(OffsetForLeaderEpochResponse {
-                    error: Some(e),
-                    ..Default::default()
-                }))
-            }
-        };
-        if let Err(e) = partition.check_leader(r.current_leader_epoch) {
-            return Ok(Response::new(OffsetForLeaderEpochResponse {
-                error: Some(epoch_error(e)),
-                ..Default::default()
-            }));
-        }
-        let found = partition.lock().epoch_end_offset(r.leader_epoch);
-        Ok(Response::new(OffsetForLeaderEpochResponse {
-            error: None,
-            leader_epoch: found.map(|(e, _)| e),
-            end_offset: found.map_or(0, |(_, o)| o),
-        }))
+        resp
     }
 }
