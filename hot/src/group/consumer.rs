@@ -647,13 +647,7 @@ impl ConsumerGroup {
             }
             changed
         };
-        if changed {
-            self.epoch += 1;
-        }
-        self.refresh_subscriptions(topics);
-        if self.assignment_epoch < self.epoch {
-            self.compute_target(topics);
-        }
+        self.retarget(changed, topics);
         self.reconcile(&id, hb.owned.as_ref(), now);
         let m = self.members.get_mut(&id).expect("still a member");
         let full = hb.owned.is_some() || hb.member_epoch == 0;
@@ -777,14 +771,7 @@ impl ConsumerGroup {
                             0,
                         ));
                     }
-                    let mut m = self.members.remove(&old_id).expect("found above");
-                    let target = self.target.remove(&old_id);
-                    m.id = hb.member_id.clone();
-                    m.sent = None;
-                    self.members.insert(m.id.clone(), m);
-                    if let Some(t) = target {
-                        self.target.insert(hb.member_id.clone(), t);
-                    }
+                    self.take_place(&old_id, &hb.member_id);
                     return Ok(());
                 }
             }
@@ -858,6 +845,33 @@ impl ConsumerGroup {
             member_epoch: hb.member_epoch,
             heartbeat_interval_ms: 0,
             assignment: None,
+        }
+    }
+
+    /// A static member's new incarnation (`new_id`) takes the place of `old_id`: its
+    /// partitions, target and epoch.
+    fn take_place(&mut self, old_id: &str, new_id: &str) {
+        let Some(mut m) = self.members.remove(old_id) else {
+            return;
+        };
+        let target = self.target.remove(old_id);
+        m.id = new_id.to_string();
+        m.sent = None;
+        self.members.insert(m.id.clone(), m);
+        if let Some(t) = target {
+            self.target.insert(new_id.to_string(), t);
+        }
+    }
+
+    /// A new epoch when a member's subscription `changed`, or the subscribed topics did,
+    /// and the target assignment of it.
+    fn retarget(&mut self, changed: bool, topics: &Topics) {
+        if changed {
+            self.epoch += 1;
+        }
+        self.refresh_subscriptions(topics);
+        if self.assignment_epoch < self.epoch {
+            self.compute_target(topics);
         }
     }
 
@@ -1082,13 +1096,7 @@ impl ConsumerGroup {
                         format!("instance {instance} is still held by member {old_id}"),
                     ));
                 }
-                let mut m = self.members.remove(&old_id).expect("found above");
-                let target = self.target.remove(&old_id);
-                m.id = j.member_id.clone();
-                self.members.insert(m.id.clone(), m);
-                if let Some(t) = target {
-                    self.target.insert(j.member_id.clone(), t);
-                }
+                self.take_place(&old_id, &j.member_id);
             }
         }
         if !self.members.contains_key(&j.member_id) {
@@ -1118,13 +1126,7 @@ impl ConsumerGroup {
             m.topic_names = names;
             changed
         };
-        if changed {
-            self.epoch += 1;
-        }
-        self.refresh_subscriptions(topics);
-        if self.assignment_epoch < self.epoch {
-            self.compute_target(topics);
-        }
+        self.retarget(changed, topics);
         let owned = by_id(&owned, topics);
         self.reconcile(&id, Some(&owned), now);
         if self.members[&id].state == MemberState::UnrevokedPartitions {
