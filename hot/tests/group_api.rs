@@ -525,7 +525,8 @@ async fn every_group_api_answers_at_every_served_version() {
                             "v{v} epoch {at}"
                         );
                     }
-                    // a classic JoinGroup cannot take the group while it has members
+                    // a classic JoinGroup joins it as a classic member only with a consumer
+                    // protocol subscription (Kafka 4.0); other metadata is refused
                     let j = conn
                         .send(
                             &JoinGroupRequest::default()

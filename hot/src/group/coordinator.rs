@@ -453,7 +453,13 @@ impl Coordinator {
         topics: &consumer::Topics,
         config: ConsumerGroupConfig,
     ) -> JoinReply {
-        if j.protocol_type != "consumer" {
+        // as Kafka checks them first: the protocol type, and metadata that is a consumer
+        // protocol subscription
+        let readable = j
+            .protocols
+            .first()
+            .is_some_and(|(_, md)| consumer::read_subscription(md).is_some());
+        if j.protocol_type != "consumer" || !readable {
             return JoinReply {
                 error: codes::INCONSISTENT_GROUP_PROTOCOL,
                 ..join_failed(&j.member_id)
