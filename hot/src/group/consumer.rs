@@ -794,30 +794,15 @@ impl ConsumerGroup {
                 0,
             ));
         }
-        self.members.insert(
-            hb.member_id.clone(),
-            Member {
-                id: hb.member_id.clone(),
-                instance_id: hb.instance_id.clone(),
-                rack_id: hb.rack_id.clone(),
-                client_id: client.id.clone(),
-                client_host: client.host.clone(),
-                epoch: 0,
-                previous_epoch: 0,
-                state: MemberState::Stable,
-                rebalance_timeout_ms: hb.rebalance_timeout_ms.max(1) as i64,
-                topic_names: Vec::new(),
-                regex: None,
-                assignor: None,
-                assigned: Assignment::new(),
-                revoking: Assignment::new(),
-                last_heard_ms: now,
-                revoke_by_ms: None,
-                away: false,
-                sent: None,
-                classic: None,
-            },
+        let mut m = Member::new(
+            &hb.member_id,
+            hb.instance_id.clone(),
+            client,
+            i64::from(hb.rebalance_timeout_ms),
+            now,
         );
+        m.rack_id.clone_from(&hb.rack_id);
+        self.members.insert(hb.member_id.clone(), m);
         self.epoch += 1;
         Ok(())
     }
@@ -1331,33 +1316,54 @@ pub const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
 
 /// A new classic member of a consumer-protocol group, at epoch 0 and owning nothing.
 fn classic_member(j: &ClassicJoin, now: i64) -> Member {
-    Member {
-        id: j.member_id.clone(),
-        instance_id: j.instance_id.clone(),
-        rack_id: None,
-        client_id: j.client.id.clone(),
-        client_host: j.client.host.clone(),
-        epoch: 0,
-        previous_epoch: 0,
-        state: MemberState::Stable,
-        rebalance_timeout_ms: j.rebalance_timeout_ms.max(1),
-        topic_names: Vec::new(),
-        regex: None,
-        assignor: None,
-        assigned: Assignment::new(),
-        revoking: Assignment::new(),
-        last_heard_ms: now,
-        revoke_by_ms: None,
-        away: false,
-        sent: None,
-        classic: Some(ClassicMember {
-            session_timeout_ms: j.session_timeout_ms,
-            protocols: j
-                .protocols
-                .iter()
-                .map(|(n, md)| (n.clone(), md.to_vec()))
-                .collect(),
-        }),
+    let mut m = Member::new(
+        &j.member_id,
+        j.instance_id.clone(),
+        &j.client,
+        j.rebalance_timeout_ms,
+        now,
+    );
+    m.classic = Some(ClassicMember {
+        session_timeout_ms: j.session_timeout_ms,
+        protocols: j
+            .protocols
+            .iter()
+            .map(|(n, md)| (n.clone(), md.to_vec()))
+            .collect(),
+    });
+    m
+}
+
+impl Member {
+    /// A new member at epoch 0, owning nothing.
+    fn new(
+        id: &str,
+        instance_id: Option<String>,
+        client: &Client,
+        rebalance_timeout_ms: i64,
+        now: i64,
+    ) -> Member {
+        Member {
+            id: id.to_string(),
+            instance_id,
+            rack_id: None,
+            client_id: client.id.clone(),
+            client_host: client.host.clone(),
+            epoch: 0,
+            previous_epoch: 0,
+            state: MemberState::Stable,
+            rebalance_timeout_ms: rebalance_timeout_ms.max(1),
+            topic_names: Vec::new(),
+            regex: None,
+            assignor: None,
+            assigned: Assignment::new(),
+            revoking: Assignment::new(),
+            last_heard_ms: now,
+            revoke_by_ms: None,
+            away: false,
+            sent: None,
+            classic: None,
+        }
     }
 }
 
