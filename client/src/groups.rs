@@ -49,6 +49,13 @@ pub fn assigned_partitions(bytes: &[u8]) -> Option<Vec<(String, i32)>> {
 /// The topics a consumer-protocol subscription (a member's JoinGroup metadata) names; `None`
 /// when the bytes are not one (another protocol type).
 pub fn subscription_topics(bytes: &[u8]) -> Option<BTreeSet<String>> {
+    read_subscription(bytes).map(|(topics, _)| topics.into_iter().collect())
+}
+
+/// A consumer-protocol subscription's topics and the partitions its member says it owns
+/// (v1+); `None` when the bytes are not one.
+#[allow(clippy::type_complexity)]
+pub fn read_subscription(bytes: &[u8]) -> Option<(Vec<String>, Vec<(String, i32)>)> {
     let mut buf = Bytes::copy_from_slice(bytes);
     if buf.len() < 2 {
         return None;
@@ -56,7 +63,16 @@ pub fn subscription_topics(bytes: &[u8]) -> Option<BTreeSet<String>> {
     let version = buf.get_i16();
     // Later versions only add fields: read them as the newest this codec knows.
     let s = ConsumerProtocolSubscription::decode(&mut buf, version.clamp(0, 3)).ok()?;
-    Some(s.topics.iter().map(|t| t.to_string()).collect())
+    let topics = s.topics.iter().map(|t| t.to_string()).collect();
+    let owned = s
+        .owned_partitions
+        .iter()
+        .flat_map(|t| {
+            let name = t.topic.to_string();
+            t.partitions.iter().map(move |p| (name.clone(), *p))
+        })
+        .collect();
+    Some((topics, owned))
 }
 
 /// Encodes a consumer-protocol assignment (version 0), as a group leader sends it.

@@ -349,26 +349,7 @@ pub type Named = Vec<(String, i32)>;
 /// A consumer-protocol subscription's topics and owned partitions (v1+); `None` when the
 /// bytes are not one.
 pub fn read_subscription(metadata: &[u8]) -> Option<(Vec<String>, Named)> {
-    use bytes::Buf;
-    use kafka_protocol::messages::ConsumerProtocolSubscription;
-    use kafka_protocol::protocol::Decodable;
-    let mut buf = Bytes::copy_from_slice(metadata);
-    if buf.len() < 2 {
-        return None;
-    }
-    let version = buf.get_i16();
-    // later versions only add fields: read them as the newest this codec knows
-    let s = ConsumerProtocolSubscription::decode(&mut buf, version.clamp(0, 3)).ok()?;
-    let topics = s.topics.iter().map(|t| t.to_string()).collect();
-    let owned = s
-        .owned_partitions
-        .iter()
-        .flat_map(|t| {
-            let name = t.topic.to_string();
-            t.partitions.iter().map(move |p| (name.clone(), *p))
-        })
-        .collect();
-    Some((topics, owned))
+    strata_client::groups::read_subscription(metadata)
 }
 
 /// Partitions named by topic, by topic id (topics not in `topics` left out).
@@ -1132,12 +1113,7 @@ impl ConsumerGroup {
         member: &str,
         generation: i32,
         now: i64,
-    ) -> Result<(String, Vec<(String, i32)>), i16> {
-        let names: BTreeMap<Uuid, &String> = self
-            .subscribed
-            .iter()
-            .map(|(n, (id, _))| (*id, n))
-            .collect();
+    ) -> Result<(String, Named), i16> {
         let Some(m) = self.members.get_mut(member).filter(|m| m.classic.is_some()) else {
             return Err(codes::UNKNOWN_MEMBER_ID);
         };
@@ -1151,13 +1127,22 @@ impl ConsumerGroup {
             .and_then(|c| c.protocols.first())
             .map(|(n, _)| n.clone())
             .unwrap_or_default();
-        let partitions = m
-            .assigned
+        let assigned = m.assigned.clone();
+        Ok((protocol, self.named(&assigned)))
+    }
+
+    /// An assignment by topic name (the subscribed topics name every partition a member
+    /// is given).
+    fn named(&self, a: &Assignment) -> Named {
+        let names: BTreeMap<Uuid, &String> = self
+            .subscribed
             .iter()
+            .map(|(n, (id, _))| (*id, n))
+            .collect();
+        a.iter()
             .filter_map(|(t, ps)| names.get(t).map(|n| (*n, ps)))
             .flat_map(|(n, ps)| ps.iter().map(move |p| (n.clone(), *p)))
-            .collect();
-        Ok((protocol, partitions))
+            .collect()
     }
 
     /// A classic Heartbeat: REBALANCE_IN_PROGRESS when the member must rejoin to move
@@ -1223,12 +1208,9 @@ impl ConsumerGroup {
     /// classic members remain (the online downgrade): at a generation equal to the group
     /// epoch, each member with its target assignment, to be rebalanced at once.
     pub fn to_classic(&self, now: i64) -> super::records::StoredGroup {
-        let names: BTreeMap<Uuid, &String> = self
-            .subscribed
-            .iter()
-            .map(|(n, (id, _))| (*id, n))
-            .collect();
-        let protocols = |m: &Member| m.classic.as_ref().map(|c| c.protocols.clone());
+        fn protocols(m: &Member) -> Option<&Vec<(String, Vec<u8>)>> {
+            m.classic.as_ref().map(|c| &c.protocols)
+        }
         // the first protocol of the first member that every member offers
         let first = self.members.values().next().and_then(protocols);
         let protocol = first.as_ref().and_then(|ps| {
@@ -1252,11 +1234,7 @@ impl ConsumerGroup {
                 .values()
                 .map(|m| {
                     let target = self.target.get(&m.id).unwrap_or(&m.assigned);
-                    let named: Vec<(String, i32)> = target
-                        .iter()
-                        .filter_map(|(t, ps)| names.get(t).map(|n| (*n, ps)))
-                        .flat_map(|(n, ps)| ps.iter().map(move |p| (n.clone(), *p)))
-                        .collect();
+                    let named = self.named(target);
                     let subscription = protocols(m)
                         .and_then(|ps| {
                             ps.iter()
