@@ -197,11 +197,14 @@ def test_a_spoofed_or_stale_replica_fetch_cannot_complete_an_acks_all_write(secu
         stub = pb.broker_pb2_grpc.ReplicaStub(channel(secure, leader_addr, cert))
         return stub.Fetch(request(replica_id, offset, broker_epoch), timeout=5)
 
-    def fetch_stream(cert, offset):
-        # the same on FetchStream, the per-partition stream followers use
+    def fetch_stream(cert, offset, rpc="FetchSession"):
+        # the same on a stream: FetchSession, the one followers use for all the partitions
+        # of a leader, and FetchStream, the per-partition one of the version before
         stub = pb.broker_pb2_grpc.ReplicaStub(channel(secure, leader_addr, cert))
+        r = request(follower, offset, epoch)
+        r.tag = 7
         try:
-            return list(stub.FetchStream(iter([request(follower, offset, epoch)]), timeout=5))
+            return list(getattr(stub, rpc)(iter([r]), timeout=5))
         except grpc.RpcError as e:
             return e
 
@@ -212,8 +215,9 @@ def test_a_spoofed_or_stale_replica_fetch_cannot_complete_an_acks_all_write(secu
             return fetch(cert, offset=2)
         except grpc.RpcError as e:
             return e
-    spoofs = [attempt("client-mallory"), attempt(f"node-broker-{bystander}"),
-              fetch_stream("client-mallory", 2), fetch_stream(f"node-broker-{bystander}", 2)]
+    spoofs = [attempt("client-mallory"), attempt(f"node-broker-{bystander}")] + [
+        fetch_stream(cert, 2, rpc) for cert in ("client-mallory", f"node-broker-{bystander}")
+        for rpc in ("FetchSession", "FetchStream")]
     producer.poll(2)
     assert len(acked) == 1, "a spoofed fetch completed an acks=all write"
     for e in spoofs:
@@ -223,8 +227,11 @@ def test_a_spoofed_or_stale_replica_fetch_cannot_complete_an_acks_all_write(secu
     assert fetch(f"node-broker-{follower}", broker_epoch=epoch - 1).error.code == STALE_BROKER_EPOCH
     # ... and at its live epoch, claiming a position past the leader's log end.
     assert fetch(f"node-broker-{follower}").error.code == OFFSET_OUT_OF_RANGE
-    [streamed] = fetch_stream(f"node-broker-{follower}", 10**9)
-    assert streamed.error.code == OFFSET_OUT_OF_RANGE, streamed
+    for rpc in ("FetchSession", "FetchStream"):
+        [streamed] = fetch_stream(f"node-broker-{follower}", 10**9, rpc)
+        assert streamed.error.code == OFFSET_OUT_OF_RANGE, (rpc, streamed)
+        # a session's answer carries its request's tag
+        assert streamed.tag == (7 if rpc == "FetchSession" else 0), (rpc, streamed)
 
     # None of it counted as the follower's position: the write is still unacknowledged.
     producer.poll(2)

@@ -5,6 +5,7 @@ offset it was acknowledged with, in per-partition order, and the three replicas'
 byte-for-byte the same (no divergence).
 """
 
+import os
 import signal
 import subprocess
 import threading
@@ -817,4 +818,60 @@ def test_a_paused_controller_fences_no_broker_and_writes_go_on(cluster, which):
     load.finish()
     assert not load.failed, f"{len(load.failed)} produce failures, e.g. {list(load.failed.items())[:3]}"
     verify(cluster, load)
+    assert_replicas_identical(cluster)
+
+
+def grpc_connections(cluster, broker):
+    """The established TCP connections broker `broker` holds to each other broker's gRPC
+    port, by broker (from its socket fds and /proc/net/tcp*)."""
+    pid = cluster.procs[f"broker-{broker}"].pid
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    ports = {cluster.grpc_ports[i]: i for i in (1, 2, 3) if i != broker}
+    counts = {i: 0 for i in ports.values()}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            remote_port = int(f[2].rsplit(":", 1)[1], 16)
+            if f[3] == "01" and f[9] in inodes and remote_port in ports:  # 01: ESTABLISHED
+                counts[ports[remote_port]] += 1
+    return counts
+
+
+def test_a_follower_fetches_every_partition_of_a_leader_on_one_connection(cluster):
+    """Issue 20: a follower's fetches for all the partitions one broker leads share one
+    connection and stream (FetchSession), as Kafka's replica fetchers do. Before, each
+    followed partition had its own connection: with 24 partitions over 3 brokers, 8 to each
+    leader."""
+    create_topic(cluster, "many", partitions=24)
+    wait_full_isr(cluster, "many")
+    load = Load(cluster, rate=2000, topic="many").start()
+    load.wait_acked(3000)
+    load.finish()
+    for b in (1, 2, 3):
+        counts = grpc_connections(cluster, b)
+        assert all(1 <= n <= 2 for n in counts.values()), f"broker {b}'s connections to each leader: {counts}"
+    verify(cluster, load, partitions=24, topic="many")
+    assert_replicas_identical(cluster, "many", partitions=24)
+
+
+def test_followers_fetch_with_unary_calls_from_a_leader_without_fetch_sessions(cluster):
+    """A leader of the version before FetchSession (a rolling upgrade; here a failpoint makes
+    every broker answer it UNIMPLEMENTED) is fetched from with unary calls: acks=all still
+    commits, nothing acknowledged is lost and the replicas end identical."""
+    cluster.arm("fetch-session-unimplemented")
+    create_topic(cluster)
+    wait_full_isr(cluster)
+    load = Load(cluster, rate=1000).start()
+    load.wait_acked(2000)
+    load.finish()
+    verify(cluster, load)
+    logs = "".join(cluster.log_tail(f"broker-{b}", 400) for b in (1, 2, 3))
+    assert "does not serve FetchSession" in logs
     assert_replicas_identical(cluster)

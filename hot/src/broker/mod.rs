@@ -303,6 +303,8 @@ pub struct Broker {
     txns: std::sync::OnceLock<Arc<crate::txn::TxnManager>>,
     /// The cold tier, when configured.
     cold: std::sync::OnceLock<Arc<tier::ColdTier>>,
+    /// Follower fetch sessions, one per leader broker (cluster mode).
+    sessions: Arc<crate::replication::session::Sessions>,
 }
 
 impl Broker {
@@ -344,6 +346,7 @@ impl Broker {
             groups: std::sync::OnceLock::new(),
             txns: std::sync::OnceLock::new(),
             cold: std::sync::OnceLock::new(),
+            sessions: Default::default(),
         });
         let groups = crate::group::manager::GroupManager::start(
             &broker,

@@ -23,6 +23,7 @@ use crate::log::config::TOPIC_CONFIG_KEYS;
 use crate::log::{ConfigError, LogConfig, PartitionLog};
 use crate::replication::follower;
 use crate::replication::leader::{Assignment, Policy};
+use crate::replication::session::Sessions;
 
 const TOPIC_ID_FILE: &str = "topic-id";
 
@@ -410,6 +411,7 @@ impl Broker {
                     let directory = Arc::new(LinkDirectory {
                         link,
                         clock: self.clock.clone(),
+                        sessions: self.sessions.clone(),
                     });
                     tokio::spawn(follower::run(partition.clone(), target, directory, stop));
                 }
@@ -423,6 +425,7 @@ impl Broker {
 struct LinkDirectory {
     link: Arc<ClusterLink>,
     clock: Arc<dyn Clock>,
+    sessions: Arc<Sessions>,
 }
 
 impl follower::Directory for LinkDirectory {
@@ -444,6 +447,10 @@ impl follower::Directory for LinkDirectory {
 
     fn storage_error(&self, error: &std::io::Error) {
         self.link.storage_error(error);
+    }
+
+    fn sessions(&self) -> &Sessions {
+        &self.sessions
     }
 }
 

@@ -2,7 +2,8 @@
 //! log to where its leader-epoch history agrees with the leader's (OffsetForLeaderEpoch,
 //! KIP-101/279), then pulls with long-poll fetches from its log end: append the batches as
 //! they are, fsync them (when the topic acknowledges only fsynced writes), and fetch again
-//! from the new durable end, which tells the leader what this replica holds.
+//! from the new durable end, which tells the leader what this replica holds. The fetches of
+//! all partitions led by one broker share one connection and stream (`session`).
 //!
 //! The task ends when the partition stops following this leader at this epoch (the
 //! reconciler turns `stop` true). Network errors back off and retry; a leader at another
@@ -23,6 +24,7 @@ use crate::broker::Partition;
 use crate::kafka::codes;
 use crate::log::{AppendError, ValidBatch};
 use crate::replication::epochs::truncation_round;
+use crate::replication::session::{Session, Sessions};
 
 /// How long the leader holds a fetch that finds nothing new.
 const FETCH_WAIT: Duration = Duration::from_millis(500);
@@ -67,6 +69,8 @@ pub trait Directory: Send + Sync + 'static {
     fn now_ms(&self) -> i64;
     /// A write to this broker's data directory failed (see `ClusterLink::storage_error`).
     fn storage_error(&self, _error: &std::io::Error) {}
+    /// This broker's fetch sessions, one per leader broker.
+    fn sessions(&self) -> &Sessions;
 }
 
 /// Why a round of fetching stopped.
@@ -108,30 +112,30 @@ pub async fn run(
 ) {
     let mut backoff = MIN_BACKOFF;
     let mut truncated = false;
-    let mut client: Option<ReplicaClient<Channel>> = None;
+    let mut session: Option<Arc<Session>> = None;
     loop {
         if *stop.borrow() || !partition.follows(target.leader, target.leader_epoch) {
             return;
         }
-        let c = match &client {
-            Some(c) => c.clone(),
+        let c = match &session {
+            Some(s) => s.clone(),
             None => match directory.grpc_address(target.leader) {
-                Some(addr) => {
-                    // keepalive: a leader that went silent is noticed between calls too
-                    match strata_proto::tls::live_endpoint(&addr, directory.tls().as_deref()) {
-                        Ok(endpoint) => {
-                            let c = ReplicaClient::new(endpoint.connect_lazy())
-                                .max_decoding_message_size(2 * FETCH_MAX_BYTES as usize);
-                            client = Some(c.clone());
-                            c
-                        }
-                        Err(e) => {
-                            tracing::error!(leader = target.leader, addr, error = %e, "leader's gRPC address is invalid");
-                            sleep_or_stop(&mut stop, MAX_BACKOFF).await;
-                            continue;
-                        }
+                Some(addr) => match directory.sessions().get(
+                    target.leader,
+                    &addr,
+                    directory.tls().as_deref(),
+                    2 * FETCH_MAX_BYTES as usize,
+                ) {
+                    Ok(s) => {
+                        session = Some(s.clone());
+                        s
                     }
-                }
+                    Err(e) => {
+                        tracing::error!(leader = target.leader, addr, error = %e, "cannot reach the leader");
+                        sleep_or_stop(&mut stop, MAX_BACKOFF).await;
+                        continue;
+                    }
+                },
                 None => {
                     tracing::warn!(topic = %target.topic, partition = partition.index, leader = target.leader, "leader has no gRPC endpoint in the metadata yet; waiting");
                     sleep_or_stop(&mut stop, MAX_BACKOFF).await;
@@ -141,12 +145,12 @@ pub async fn run(
         };
         let round = async {
             if !truncated {
-                if let Err(restart) = truncate(&partition, &target, c.clone(), &*directory).await {
+                if let Err(restart) = truncate(&partition, &target, c.client(), &*directory).await {
                     return restart;
                 }
                 truncated = true;
             }
-            fetch_loop(&partition, &target, c, &*directory, &mut backoff).await
+            fetch_loop(&partition, &target, &c, &*directory, &mut backoff).await
         };
         let outcome = tokio::select! {
             r = round => r,
@@ -155,7 +159,7 @@ pub async fn run(
         match outcome {
             Restart::Backoff(why) => {
                 tracing::debug!(topic = %target.topic, partition = partition.index, leader = target.leader, why, "replica fetch failed; retrying");
-                client = None;
+                session = None;
             }
             Restart::Truncate(why) => {
                 tracing::info!(topic = %target.topic, partition = partition.index, leader = target.leader, why, "starting over with a new truncation");
@@ -245,16 +249,12 @@ async fn truncate(
 async fn fetch_loop(
     partition: &Partition,
     target: &Target,
-    mut client: ReplicaClient<Channel>,
+    session: &Session,
     directory: &dyn Directory,
     backoff: &mut Duration,
 ) -> Restart {
     // when the last response with records came (for the turnaround histogram)
     let mut received: Option<std::time::Instant> = None;
-    let mut fetcher = match Fetcher::open(&mut client).await {
-        Ok(f) => f,
-        Err(restart) => return restart,
-    };
     loop {
         // The fetch offset tells the leader what this replica holds durably: what an earlier
         // role or fetcher appended must be fsynced first.
@@ -287,11 +287,14 @@ async fn fetch_loop(
             broker_epoch: directory.broker_epoch().unwrap_or(0),
             deleted_below: partition.progress().deleted_below,
             high_watermark: Some(partition.progress().high_watermark),
+            tag: 0,
         };
-        let resp = match fetcher.fetch(&mut client, request).await {
-            Ok(r) => r,
-            Err(restart) => return restart,
-        };
+        let resp =
+            match tokio::time::timeout(FETCH_WAIT + CALL_TIMEOUT, session.fetch(request)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(why)) => return Restart::Backoff(why),
+                Err(_) => return Restart::Backoff("fetch timed out".into()),
+            };
         if let Some(e) = resp.error {
             let code = e.code as i16;
             if code == codes::OFFSET_OUT_OF_RANGE && offset < resp.log_start_offset {
@@ -347,74 +350,6 @@ async fn fetch_loop(
         if !partition.set_follower_hw(target.following(), resp.high_watermark) {
             return Restart::Backoff("no longer following this leader".into());
         }
-    }
-}
-
-/// How a fetcher sends its fetches: on one stream per partition (`FetchStream`), or one call
-/// each (`Fetch`) to a leader that does not serve the stream yet (an older version, during
-/// a rolling upgrade).
-enum Fetcher {
-    Stream {
-        requests: tokio::sync::mpsc::Sender<ReplicaFetchRequest>,
-        responses: Box<tonic::Streaming<strata_proto::v1::ReplicaFetchResponse>>,
-    },
-    Unary,
-}
-
-impl Fetcher {
-    async fn open(client: &mut ReplicaClient<Channel>) -> Result<Fetcher, Restart> {
-        let (requests, rx) = tokio::sync::mpsc::channel(1);
-        let opened = tokio::time::timeout(
-            CALL_TIMEOUT,
-            client.fetch_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
-        )
-        .await
-        .map_err(|_| Restart::Backoff("opening the fetch stream timed out".into()))?;
-        match opened {
-            Ok(r) => Ok(Fetcher::Stream {
-                requests,
-                responses: Box::new(r.into_inner()),
-            }),
-            Err(s) if s.code() == tonic::Code::Unimplemented => Ok(Fetcher::Unary),
-            Err(s) => Err(Restart::Backoff(format!(
-                "opening the fetch stream failed: {}",
-                s.message()
-            ))),
-        }
-    }
-
-    async fn fetch(
-        &mut self,
-        client: &mut ReplicaClient<Channel>,
-        request: ReplicaFetchRequest,
-    ) -> Result<strata_proto::v1::ReplicaFetchResponse, Restart> {
-        let answer = async {
-            match self {
-                Fetcher::Stream {
-                    requests,
-                    responses,
-                } => {
-                    if requests.send(request).await.is_err() {
-                        return Err(Restart::Backoff("the fetch stream closed".into()));
-                    }
-                    match responses.message().await {
-                        Ok(Some(r)) => Ok(r),
-                        Ok(None) => {
-                            Err(Restart::Backoff("the leader ended the fetch stream".into()))
-                        }
-                        Err(e) => Err(Restart::Backoff(format!("fetch failed: {}", e.message()))),
-                    }
-                }
-                Fetcher::Unary => client
-                    .fetch(request)
-                    .await
-                    .map(tonic::Response::into_inner)
-                    .map_err(|e| Restart::Backoff(format!("fetch failed: {}", e.message()))),
-            }
-        };
-        tokio::time::timeout(FETCH_WAIT + CALL_TIMEOUT, answer)
-            .await
-            .unwrap_or_else(|_| Err(Restart::Backoff("fetch timed out".into())))
     }
 }
 

@@ -29,6 +29,10 @@ const MAX_WAIT: Duration = Duration::from_secs(10);
 const MAX_THROTTLE_WAIT: Duration = Duration::from_secs(2);
 /// Largest response a follower may ask for.
 const MAX_BYTES: u32 = 32 << 20;
+/// Fetches one session may have in flight: one per partition the follower follows here.
+const MAX_SESSION_FETCHES: usize = 1 << 16;
+/// Answers of a session waiting for the connection to take them.
+const SESSION_QUEUE: usize = 64;
 
 #[derive(Clone)]
 pub struct ReplicaService {
@@ -233,6 +237,26 @@ impl Replica for ReplicaService {
         )))
     }
 
+    type FetchSessionStream =
+        tokio_stream::wrappers::ReceiverStream<Result<ReplicaFetchResponse, Status>>;
+
+    async fn fetch_session(
+        &self,
+        req: Request<tonic::Streaming<ReplicaFetchRequest>>,
+    ) -> Result<Response<Self::FetchSessionStream>, Status> {
+        if strata_controller::failpoint::armed("fetch-session-unimplemented") {
+            // a test stands in for a leader of the version before FetchSession
+            return Err(Status::unimplemented("FetchSession (failpoint)"));
+        }
+        let peer = Peer::of(&req);
+        let inbound = req.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(SESSION_QUEUE);
+        tokio::spawn(self.clone().serve_session(peer, inbound, tx));
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
     async fn offset_for_leader_epoch(
         &self,
         req: Request<OffsetForLeaderEpochRequest>,
@@ -270,6 +294,50 @@ impl Replica for ReplicaService {
 }
 
 impl ReplicaService {
+    /// A follower's fetch session: every request is served as it comes, each partition's
+    /// long poll on its own, and answered tagged as soon as it is done. One task serves the
+    /// whole session (its fetches are futures it polls, not tasks). The session ends when the
+    /// follower closes its side or goes away, or at a request not from the follower's
+    /// certificate.
+    async fn serve_session(
+        self,
+        peer: Peer,
+        mut inbound: tonic::Streaming<ReplicaFetchRequest>,
+        tx: tokio::sync::mpsc::Sender<Result<ReplicaFetchResponse, Status>>,
+    ) {
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        let mut fetches = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                // A follower has one fetch per partition in flight (and a few abandoned
+                // ones); past the cap, answers are sent before more requests are read.
+                message = inbound.message(), if fetches.len() < MAX_SESSION_FETCHES => {
+                    let r = match message {
+                        Ok(Some(r)) => r,
+                        // the follower closed the session, or its connection is gone
+                        Ok(None) | Err(_) => return,
+                    };
+                    if let Err(refused) = self.admit_peer(&peer, r.replica_id) {
+                        let _ = tx.send(Err(refused)).await;
+                        return;
+                    }
+                    let tag = r.tag;
+                    let service = &self;
+                    fetches.push(async move {
+                        let mut resp = service.fetch_one(r).await;
+                        resp.tag = tag;
+                        resp
+                    });
+                }
+                Some(resp) = fetches.next() => {
+                    if tx.send(Ok(resp)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
     /// One follower fetch (unary or on a stream), its sender admitted already.
     async fn fetch_one(&self, r: ReplicaFetchRequest) -> ReplicaFetchResponse {
         if let Some(e) = self.stale_epoch(r.replica_id, r.broker_epoch) {
@@ -312,6 +380,7 @@ impl ReplicaService {
                     log_end_offset: progress.log_end,
                     records: Default::default(),
                     deleted_below: progress.deleted_below,
+                    tag: 0,
                 };
             }
             tokio::time::sleep(wait).await;
@@ -345,6 +414,7 @@ impl ReplicaService {
             log_end_offset: progress.log_end,
             records: Default::default(),
             deleted_below: progress.deleted_below,
+            tag: 0,
         };
         match answer {
             Err(e) => resp.error = Some(epoch_error(e)),
