@@ -11,6 +11,13 @@
 //! | key, value | binary (null when absent) |
 //! | headers | list<struct<key: utf8, value: binary>> |
 //! | value_json | struct of the value's JSON fields (only with `--decode-json`) |
+//!
+//! An export is a pipeline of three stages that overlap: the reader (the caller's task:
+//! ranged GETs through the cold reader, CRC checks), the decoder (a blocking thread:
+//! decompression, records straight into Arrow column builders, a batch per file every
+//! 8,192 rows) and the writer (a blocking thread: Parquet encoding, streamed to the store
+//! a row group at a time, as a multipart upload once a file outgrows one part). Bounded
+//! channels between them keep memory to a few batches whatever the export's size.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,17 +25,20 @@ use std::sync::Arc;
 use anyhow::Context;
 use arrow_array::builder::{BinaryBuilder, ListBuilder, StringBuilder, StructBuilder};
 use arrow_array::{
-    ArrayRef, BinaryArray, Int32Array, Int64Array, RecordBatch, StringArray,
+    Array, ArrayRef, BinaryArray, Int32Array, Int64Array, RecordBatch, StringArray,
     TimestampMillisecondArray,
 };
 use arrow_schema::{DataType, Field, Fields};
-use parquet::arrow::ArrowWriter;
+use indicatif::ProgressBar;
+use parquet::arrow::AsyncArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use strata_cold::object_store::buffered::BufWriter;
 use strata_cold::object_store::path::Path;
 use strata_cold::object_store::ObjectStore;
+use tokio::sync::mpsc;
 
-use crate::source::Record;
+use crate::source::{Batches, PartitionPlan, PartitionReader, Range, RecordRef, Source};
 
 #[derive(Debug, Clone)]
 pub struct ExportConfig {
@@ -63,8 +73,11 @@ pub fn parse_compression(s: &str) -> anyhow::Result<Compression> {
     })
 }
 
-/// Records buffered before they become an Arrow batch.
+/// Records gathered before they become an Arrow batch.
 const BATCH_ROWS: usize = 8192;
+
+/// Bytes an output file buffers before its upload goes multipart (then one part at a time).
+const UPLOAD_PART: usize = 16 << 20;
 
 fn header_fields() -> Fields {
     Fields::from(vec![
@@ -74,18 +87,22 @@ fn header_fields() -> Fields {
 }
 
 /// The value as a JSON object, if it is one.
-fn json_object(r: &Record) -> Option<serde_json::Value> {
-    let v: serde_json::Value = serde_json::from_slice(r.value.as_deref()?).ok()?;
+fn json_object(value: Option<&[u8]>) -> Option<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(value?).ok()?;
     v.is_object().then_some(v)
 }
 
-/// The columns a JSON schema infers from the values of `records`.
-fn infer_json(records: &[Record]) -> anyhow::Result<arrow_schema::SchemaRef> {
-    let objects: Vec<_> = records.iter().filter_map(json_object).collect();
+fn values_of(values: &BinaryArray) -> impl Iterator<Item = Option<&[u8]>> {
+    (0..values.len()).map(|i| (!values.is_null(i)).then(|| values.value(i)))
+}
+
+/// The columns a JSON schema infers from `values`.
+fn infer_json(values: &BinaryArray) -> anyhow::Result<arrow_schema::SchemaRef> {
+    let objects: Vec<_> = values_of(values).filter_map(json_object).collect();
     anyhow::ensure!(
         !objects.is_empty(),
         "--decode-json: none of the first {} values is a JSON object to infer columns from",
-        records.len()
+        values.len()
     );
     let schema = arrow_json::reader::infer_json_schema_from_iterator(
         objects.iter().map(Ok::<_, arrow_schema::ArrowError>),
@@ -95,14 +112,14 @@ fn infer_json(records: &[Record]) -> anyhow::Result<arrow_schema::SchemaRef> {
 
 /// The `value_json` column: each JSON-object value decoded into `schema`'s fields (nulls
 /// where the value is not a JSON object or lacks a field).
-fn json_column(schema: &arrow_schema::SchemaRef, records: &[Record]) -> anyhow::Result<ArrayRef> {
+fn json_column(schema: &arrow_schema::SchemaRef, values: &BinaryArray) -> anyhow::Result<ArrayRef> {
     let mut decoder = arrow_json::ReaderBuilder::new(schema.clone())
-        .with_batch_size(records.len().max(1))
+        .with_batch_size(values.len().max(1))
         .with_coerce_primitive(true)
         .build_decoder()?;
     let mut lines = Vec::new();
-    for r in records {
-        match json_object(r) {
+    for v in values_of(values) {
+        match json_object(v) {
             Some(v) => serde_json::to_writer(&mut lines, &v)?,
             None => lines.extend_from_slice(b"{}"),
         }
@@ -117,94 +134,15 @@ fn json_column(schema: &arrow_schema::SchemaRef, records: &[Record]) -> anyhow::
     Ok(Arc::new(arrow_array::StructArray::from(batch)))
 }
 
-/// The Arrow batch of `records` of `topic` (with `value_json` when given its schema).
-fn to_batch(
-    topic: &str,
-    records: &[Record],
-    json: Option<&arrow_schema::SchemaRef>,
-) -> anyhow::Result<RecordBatch> {
-    let mut headers = ListBuilder::new(StructBuilder::new(
-        header_fields(),
-        vec![
-            Box::new(StringBuilder::new()),
-            Box::new(BinaryBuilder::new()),
-        ],
-    ))
-    .with_field(Arc::new(Field::new(
-        "item",
-        DataType::Struct(header_fields()),
-        false,
-    )));
-    for r in records {
-        let entries = headers.values();
-        for (k, v) in &r.headers {
-            entries
-                .field_builder::<StringBuilder>(0)
-                .expect("utf8 key")
-                .append_value(k);
-            entries
-                .field_builder::<BinaryBuilder>(1)
-                .expect("binary value")
-                .append_option(v.as_deref());
-            entries.append(true);
-        }
-        headers.append(true);
-    }
-    let columns: Vec<(&str, ArrayRef, bool)> = vec![
-        (
-            "topic",
-            Arc::new(StringArray::from(vec![topic; records.len()])),
-            false,
-        ),
-        (
-            "partition",
-            Arc::new(Int32Array::from_iter_values(
-                records.iter().map(|r| r.partition as i32),
-            )),
-            false,
-        ),
-        (
-            "offset",
-            Arc::new(Int64Array::from_iter_values(
-                records.iter().map(|r| r.offset),
-            )),
-            false,
-        ),
-        (
-            "timestamp",
-            Arc::new(
-                TimestampMillisecondArray::from_iter_values(records.iter().map(|r| r.timestamp))
-                    .with_timezone("UTC"),
-            ),
-            false,
-        ),
-        (
-            "key",
-            Arc::new(BinaryArray::from_iter(
-                records.iter().map(|r| r.key.as_deref()),
-            )),
-            true,
-        ),
-        (
-            "value",
-            Arc::new(BinaryArray::from_iter(
-                records.iter().map(|r| r.value.as_deref()),
-            )),
-            true,
-        ),
-        ("headers", Arc::new(headers.finish()), false),
-    ];
-    let mut columns = columns;
-    if let Some(schema) = json {
-        columns.push(("value_json", json_column(schema, records)?, true));
-    }
-    Ok(RecordBatch::try_from_iter_with_nullable(columns)?)
+/// Days since the epoch (UTC) of epoch milliseconds.
+fn utc_day(ms: i64) -> i64 {
+    ms.div_euclid(86_400_000)
 }
 
-/// UTC calendar date of epoch milliseconds, `YYYY-MM-DD`.
-pub fn utc_date(ms: i64) -> String {
+/// `YYYY-MM-DD` of days since the epoch.
+fn day_date(days: i64) -> String {
     // Howard Hinnant's civil_from_days.
-    let z = ms.div_euclid(86_400_000) + 719_468;
+    let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
@@ -216,149 +154,279 @@ pub fn utc_date(ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
-/// Writes `records` to `file`, creating its writer with the first batch (inferring the
-/// JSON columns first, once per export, when asked to decode them).
-fn write_batch(
-    topic: &str,
-    config: &ExportConfig,
-    json_schema: &mut Option<arrow_schema::SchemaRef>,
-    file: &mut OpenFile,
-    records: &[Record],
-) -> anyhow::Result<()> {
-    if config.decode_json && json_schema.is_none() {
-        *json_schema = Some(infer_json(records)?);
+/// Which file a record goes to: its partition and UTC day.
+type FileKey = (u32, i64);
+
+/// The rows of one file's next batch, straight into Arrow column builders.
+struct Rows {
+    first_offset: i64,
+    offsets: Vec<i64>,
+    timestamps: Vec<i64>,
+    keys: BinaryBuilder,
+    values: BinaryBuilder,
+    headers: ListBuilder<StructBuilder>,
+}
+
+impl Rows {
+    fn new(first_offset: i64) -> Rows {
+        let headers = ListBuilder::new(StructBuilder::new(
+            header_fields(),
+            vec![
+                Box::new(StringBuilder::new()),
+                Box::new(BinaryBuilder::new()),
+            ],
+        ))
+        .with_field(Arc::new(Field::new(
+            "item",
+            DataType::Struct(header_fields()),
+            false,
+        )));
+        Rows {
+            first_offset,
+            offsets: Vec::with_capacity(BATCH_ROWS),
+            timestamps: Vec::with_capacity(BATCH_ROWS),
+            keys: BinaryBuilder::with_capacity(BATCH_ROWS, BATCH_ROWS * 16),
+            values: BinaryBuilder::with_capacity(BATCH_ROWS, BATCH_ROWS * 256),
+            headers,
+        }
     }
-    let batch = to_batch(topic, records, json_schema.as_ref())?;
-    if file.writer.is_none() {
-        let props = WriterProperties::builder()
-            .set_compression(config.compression)
-            .set_max_row_group_row_count(Some(config.row_group_rows.max(1)))
-            .build();
-        file.writer = Some(ArrowWriter::try_new(
-            Vec::new(),
-            batch.schema(),
-            Some(props),
-        )?);
+
+    fn len(&self) -> usize {
+        self.offsets.len()
     }
-    file.writer.as_mut().expect("created").write(&batch)?;
-    Ok(())
+
+    fn push(&mut self, r: &RecordRef<'_>) {
+        self.offsets.push(r.offset);
+        self.timestamps.push(r.timestamp);
+        self.keys.append_option(r.key);
+        self.values.append_option(r.value);
+        let entries = self.headers.values();
+        for (k, v) in r.headers {
+            let name = String::from_utf8_lossy(k);
+            entries
+                .field_builder::<StringBuilder>(0)
+                .expect("utf8 key")
+                .append_value(name);
+            entries
+                .field_builder::<BinaryBuilder>(1)
+                .expect("binary value")
+                .append_option(*v);
+            entries.append(true);
+        }
+        self.headers.append(true);
+    }
+
+    /// The Arrow batch of these rows of `topic`'s `partition` (with `value_json` when given
+    /// its schema, inferring it first when asked to and not done yet).
+    fn into_batch(
+        mut self,
+        topic: &str,
+        partition: u32,
+        json: Option<&mut Option<arrow_schema::SchemaRef>>,
+    ) -> anyhow::Result<RecordBatch> {
+        let n = self.len();
+        let values = self.values.finish();
+        let json = match json {
+            None => None,
+            Some(schema) => {
+                if schema.is_none() {
+                    *schema = Some(infer_json(&values)?);
+                }
+                let schema = schema.as_ref().expect("inferred above");
+                Some(json_column(schema, &values)?)
+            }
+        };
+        let mut columns: Vec<(&str, ArrayRef, bool)> = vec![
+            (
+                "topic",
+                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(topic, n))),
+                false,
+            ),
+            (
+                "partition",
+                Arc::new(Int32Array::from_value(partition as i32, n)),
+                false,
+            ),
+            ("offset", Arc::new(Int64Array::from(self.offsets)), false),
+            (
+                "timestamp",
+                Arc::new(TimestampMillisecondArray::from(self.timestamps).with_timezone("UTC")),
+                false,
+            ),
+            ("key", Arc::new(self.keys.finish()), true),
+            ("value", Arc::new(values), true),
+            ("headers", Arc::new(self.headers.finish()), false),
+        ];
+        if let Some(column) = json {
+            columns.push(("value_json", column, true));
+        }
+        Ok(RecordBatch::try_from_iter_with_nullable(columns)?)
+    }
+}
+
+/// A batch of one file's rows, in offset order after the file's earlier batches.
+pub struct Piece {
+    partition: u32,
+    day: i64,
+    /// The offset of its first row: a file begun with this batch is named by it.
+    first_offset: i64,
+    batch: RecordBatch,
+}
+
+/// The decoder's side: records into per-file batches of `BATCH_ROWS` rows.
+pub struct Batcher {
+    topic: String,
+    /// `Some` with `--decode-json` (the columns inferred from the first batch, once).
+    json_schema: Option<Option<arrow_schema::SchemaRef>>,
+    open: HashMap<FileKey, Rows>,
+    /// Records taken.
+    pub rows: u64,
+}
+
+impl Batcher {
+    pub fn new(topic: &str, config: &ExportConfig) -> Batcher {
+        Batcher {
+            topic: topic.to_string(),
+            json_schema: config.decode_json.then_some(None),
+            open: HashMap::new(),
+            rows: 0,
+        }
+    }
+
+    /// Adds one record (records of a partition arrive in offset order); a batch complete
+    /// goes to `out`.
+    pub fn push(&mut self, r: &RecordRef<'_>, out: &mut Vec<Piece>) -> anyhow::Result<()> {
+        let key = (r.partition, utc_day(r.timestamp));
+        let rows = self.open.entry(key).or_insert_with(|| Rows::new(r.offset));
+        rows.push(r);
+        self.rows += 1;
+        if rows.len() >= BATCH_ROWS {
+            let rows = self.open.remove(&key).expect("present");
+            out.push(self.piece(key, rows)?);
+        }
+        Ok(())
+    }
+
+    fn piece(&mut self, (partition, day): FileKey, rows: Rows) -> anyhow::Result<Piece> {
+        let first_offset = rows.first_offset;
+        let batch = rows.into_batch(&self.topic, partition, self.json_schema.as_mut())?;
+        Ok(Piece {
+            partition,
+            day,
+            first_offset,
+            batch,
+        })
+    }
+
+    /// The last batches of a partition (or of every partition).
+    pub fn flush(&mut self, partition: Option<u32>, out: &mut Vec<Piece>) -> anyhow::Result<()> {
+        let mut keys: Vec<FileKey> = self
+            .open
+            .keys()
+            .filter(|(p, _)| partition.is_none_or(|want| *p == want))
+            .copied()
+            .collect();
+        keys.sort_unstable();
+        for k in keys {
+            let rows = self.open.remove(&k).expect("listed");
+            out.push(self.piece(k, rows)?);
+        }
+        Ok(())
+    }
 }
 
 struct OpenFile {
     path: Path,
-    /// Created with the first batch (its schema may depend on inferred JSON columns).
-    writer: Option<ArrowWriter<Vec<u8>>>,
-    pending: Vec<Record>,
+    writer: AsyncArrowWriter<BufWriter>,
 }
 
-/// Writes records into Parquet files under a prefix of a store.
-pub struct Exporter {
+/// The writer's side: batches into Parquet files under a prefix of a store, streamed.
+pub struct Files {
     store: Arc<dyn ObjectStore>,
     prefix: String,
     topic: String,
     config: ExportConfig,
-    open: HashMap<(u32, String), OpenFile>,
-    json_schema: Option<arrow_schema::SchemaRef>,
-    pub files: Vec<String>,
-    pub rows: u64,
-    pub bytes_written: u64,
+    open: HashMap<FileKey, OpenFile>,
+    files: Vec<String>,
+    bytes_written: u64,
 }
 
-impl Exporter {
+impl Files {
     pub fn new(
         store: Arc<dyn ObjectStore>,
         prefix: &str,
         topic: &str,
         config: ExportConfig,
     ) -> Self {
-        Exporter {
+        Files {
             store,
             prefix: prefix.trim_matches('/').to_string(),
             topic: topic.to_string(),
             config,
             open: HashMap::new(),
-            json_schema: None,
             files: Vec::new(),
-            rows: 0,
             bytes_written: 0,
         }
     }
 
-    /// Adds one record (records of a partition arrive in offset order).
-    pub async fn push(&mut self, r: Record) -> anyhow::Result<()> {
-        let key = (r.partition, utc_date(r.timestamp));
+    fn path(&self, (partition, day): FileKey, first_offset: i64) -> Path {
+        let dir = format!(
+            "topic={}/partition={partition}/date={}/part-{first_offset:020}.parquet",
+            self.topic,
+            day_date(day)
+        );
+        if self.prefix.is_empty() {
+            Path::from(dir)
+        } else {
+            Path::from(format!("{}/{dir}", self.prefix))
+        }
+    }
+
+    /// Writes a batch to its file, beginning the file if none is open, and closing it
+    /// once it has grown past the file size.
+    pub async fn write(&mut self, piece: Piece) -> anyhow::Result<()> {
+        let key = (piece.partition, piece.day);
         if !self.open.contains_key(&key) {
-            let dir = format!(
-                "topic={}/partition={}/date={}/part-{:020}.parquet",
-                self.topic, r.partition, key.1, r.offset
-            );
-            let path = if self.prefix.is_empty() {
-                Path::from(dir)
-            } else {
-                Path::from(format!("{}/{dir}", self.prefix))
-            };
-            self.open.insert(
-                key.clone(),
-                OpenFile {
-                    path,
-                    writer: None,
-                    pending: Vec::with_capacity(BATCH_ROWS),
-                },
-            );
+            let path = self.path(key, piece.first_offset);
+            let props = WriterProperties::builder()
+                .set_compression(self.config.compression)
+                .set_max_row_group_row_count(Some(self.config.row_group_rows.max(1)))
+                .build();
+            let upload = BufWriter::with_capacity(self.store.clone(), path.clone(), UPLOAD_PART);
+            let writer = AsyncArrowWriter::try_new(upload, piece.batch.schema(), Some(props))?;
+            self.open.insert(key, OpenFile { path, writer });
         }
         let file = self.open.get_mut(&key).expect("opened above");
-        file.pending.push(r);
-        self.rows += 1;
-        if file.pending.len() >= BATCH_ROWS {
-            let pending = std::mem::take(&mut file.pending);
-            write_batch(
-                &self.topic,
-                &self.config,
-                &mut self.json_schema,
-                file,
-                &pending,
-            )?;
-            let w = file.writer.as_ref().expect("written");
-            if w.bytes_written() as u64 + w.in_progress_size() as u64 >= self.config.file_bytes {
-                let file = self.open.remove(&key).expect("present");
-                self.finish(file).await?;
-            }
+        if let Err(e) = file.writer.write(&piece.batch).await {
+            let file = self.open.remove(&key).expect("present");
+            return Err(abandon(file, e.into()).await);
+        }
+        let w = &file.writer;
+        if w.bytes_written() as u64 + w.in_progress_size() as u64 >= self.config.file_bytes {
+            let file = self.open.remove(&key).expect("present");
+            self.finish(file).await?;
         }
         Ok(())
     }
 
     async fn finish(&mut self, mut file: OpenFile) -> anyhow::Result<()> {
-        if !file.pending.is_empty() {
-            let pending = std::mem::take(&mut file.pending);
-            write_batch(
-                &self.topic,
-                &self.config,
-                &mut self.json_schema,
-                &mut file,
-                &pending,
-            )?;
+        if let Err(e) = file.writer.finish().await {
+            return Err(abandon(file, e.into()).await);
         }
-        let Some(writer) = file.writer else {
-            return Ok(()); // nothing was written to it
-        };
-        let bytes = writer.into_inner()?;
-        self.bytes_written += bytes.len() as u64;
-        self.store
-            .put(&file.path, bytes::Bytes::from(bytes).into())
-            .await
-            .with_context(|| format!("writing {}", file.path))?;
+        self.bytes_written += file.writer.bytes_written() as u64;
         self.files.push(file.path.to_string());
         Ok(())
     }
 
     /// Closes the files of a partition whose records are all written (keeps few files open).
     pub async fn finish_partition(&mut self, partition: u32) -> anyhow::Result<()> {
-        let keys: Vec<_> = self
+        let mut keys: Vec<_> = self
             .open
             .keys()
             .filter(|(p, _)| *p == partition)
-            .cloned()
+            .copied()
             .collect();
+        keys.sort_unstable();
         for k in keys {
             let file = self.open.remove(&k).expect("listed");
             self.finish(file).await?;
@@ -366,24 +434,277 @@ impl Exporter {
         Ok(())
     }
 
-    /// Closes every open file.
-    pub async fn close(mut self) -> anyhow::Result<(Vec<String>, u64, u64)> {
-        let keys: Vec<_> = self.open.keys().cloned().collect();
+    /// Closes every open file: the files written (sorted) and their bytes.
+    pub async fn close(mut self) -> anyhow::Result<(Vec<String>, u64)> {
+        let mut keys: Vec<_> = self.open.keys().copied().collect();
+        keys.sort_unstable();
         for k in keys {
             let file = self.open.remove(&k).expect("listed");
             self.finish(file).await?;
         }
         self.files.sort();
-        Ok((self.files, self.rows, self.bytes_written))
+        Ok((self.files, self.bytes_written))
     }
+
+    /// Gives up every open file (an upload begun is aborted, leaving no part behind).
+    pub async fn abort(mut self) {
+        for (_, file) in self.open.drain() {
+            let _ = file.writer.into_inner().abort().await;
+        }
+    }
+}
+
+/// A file that failed: its upload aborted, the error named by its path.
+async fn abandon(file: OpenFile, e: anyhow::Error) -> anyhow::Error {
+    let _ = file.writer.into_inner().abort().await;
+    e.context(format!("writing {}", file.path))
+}
+
+/// A stage's error that only says a later or earlier stage stopped (that stage's own
+/// error says why).
+#[derive(Debug)]
+struct Stopped(&'static str);
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the {} stopped", self.0)
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+/// What the reader hands the decoder.
+enum Read {
+    Batches(Batches),
+    /// Every record of a partition has been read.
+    PartitionDone(u32),
+    /// Every partition has been read.
+    End,
+}
+
+/// What the decoder hands the writer.
+enum Write {
+    Piece(Piece),
+    PartitionDone(u32),
+    End,
+}
+
+/// What an export did.
+pub struct Exported {
+    pub records: u64,
+    /// Bytes of batches read.
+    pub bytes: u64,
+    pub files: Vec<String>,
+    /// Bytes of Parquet written.
+    pub written: u64,
+}
+
+/// Batches of 4 MiB read ahead of the decoder, and Arrow batches of 8,192 rows ahead of
+/// the writer.
+const READ_AHEAD: usize = 4;
+const DECODED_AHEAD: usize = 4;
+
+/// Exports the records of `plans` in `range`: read here (with the hot tail when `hot` is
+/// given), decoded on one blocking thread and written by `files` on another, overlapping.
+/// `bar` counts the bytes read.
+pub async fn export(
+    src: &mut Source,
+    mut hot: Option<&mut crate::cluster::Cluster>,
+    plans: &[PartitionPlan],
+    range: &Range,
+    mut batcher: Batcher,
+    mut files: Files,
+    bar: &ProgressBar,
+) -> anyhow::Result<Exported> {
+    let (read_tx, mut read_rx) = mpsc::channel::<Read>(READ_AHEAD);
+    let (write_tx, mut write_rx) = mpsc::channel::<Write>(DECODED_AHEAD);
+    let decode_range = range.clone();
+    let decode_bar = bar.clone();
+    let decoder = tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
+        let mut out = Vec::new();
+        let send = |out: &mut Vec<Piece>| -> anyhow::Result<()> {
+            for piece in out.drain(..) {
+                write_tx
+                    .blocking_send(Write::Piece(piece))
+                    .map_err(|_| Stopped("Parquet writer"))?;
+            }
+            Ok(())
+        };
+        loop {
+            match read_rx.blocking_recv() {
+                Some(Read::Batches(b)) => {
+                    let mut failed = None;
+                    b.decode_each(&decode_range, |r| {
+                        if failed.is_none() {
+                            failed = batcher.push(r, &mut out).err();
+                        }
+                    })?;
+                    if let Some(e) = failed {
+                        return Err(e);
+                    }
+                    send(&mut out)?;
+                    decode_bar.set_message(format!("{} records", batcher.rows));
+                }
+                Some(Read::PartitionDone(p)) => {
+                    batcher.flush(Some(p), &mut out)?;
+                    send(&mut out)?;
+                    write_tx
+                        .blocking_send(Write::PartitionDone(p))
+                        .map_err(|_| Stopped("Parquet writer"))?;
+                }
+                Some(Read::End) => {
+                    batcher.flush(None, &mut out)?;
+                    send(&mut out)?;
+                    write_tx
+                        .blocking_send(Write::End)
+                        .map_err(|_| Stopped("Parquet writer"))?;
+                    return Ok(batcher.rows);
+                }
+                None => return Err(Stopped("reader").into()),
+            }
+        }
+    });
+    let runtime = tokio::runtime::Handle::current();
+    let writer = tokio::task::spawn_blocking(move || {
+        runtime.block_on(async move {
+            let done = async {
+                loop {
+                    match write_rx.recv().await {
+                        Some(Write::Piece(piece)) => files.write(piece).await?,
+                        Some(Write::PartitionDone(p)) => files.finish_partition(p).await?,
+                        Some(Write::End) => return Ok(()),
+                        None => return Err(Stopped("decoder").into()),
+                    }
+                }
+            }
+            .await;
+            match done {
+                Ok(()) => files.close().await,
+                Err(e) => {
+                    files.abort().await;
+                    Err(e)
+                }
+            }
+        })
+    });
+    // The reader: here, in the caller's task.
+    let mut bytes = 0u64;
+    let read = async {
+        for plan in plans {
+            let mut reader = PartitionReader::new(plan, range.clone());
+            while let Some(b) = reader.next_batches(src, hot.as_deref_mut()).await? {
+                bytes += b.bytes();
+                bar.inc(b.bytes());
+                if read_tx.send(Read::Batches(b)).await.is_err() {
+                    return Ok(()); // the decoder stopped: its error says why
+                }
+            }
+            if read_tx
+                .send(Read::PartitionDone(plan.partition))
+                .await
+                .is_err()
+            {
+                return Ok(());
+            }
+        }
+        let _ = read_tx.send(Read::End).await;
+        anyhow::Ok(())
+    }
+    .await;
+    drop(read_tx);
+    let decoded = decoder.await.context("the decoder thread")?;
+    let written = writer.await.context("the writer thread")?;
+    let (records, (files, written)) = match (read, decoded, written) {
+        (Ok(()), Ok(records), Ok(written)) => (records, written),
+        (read, decoded, written) => {
+            // The stage that failed says why; the others only saw it stop.
+            let mut failed: Vec<_> = [read.err(), decoded.err(), written.err()]
+                .into_iter()
+                .flatten()
+                .collect();
+            let why = failed.iter().position(|e| !e.is::<Stopped>()).unwrap_or(0);
+            return Err(failed.swap_remove(why));
+        }
+    };
+    Ok(Exported {
+        records,
+        bytes,
+        files,
+        written,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_array::Array;
+    use crate::source::Record;
+    use arrow_array::cast::AsArray;
     use bytes::Bytes;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    fn utc_date(ms: i64) -> String {
+        day_date(utc_day(ms))
+    }
+
+    /// Exports `records` (each partition's in offset order, offsets contiguous) as the
+    /// pipeline does, on this task: encoded into batches of up to 500 records, decoded,
+    /// batched and written. The files written, rows and bytes.
+    async fn export_records(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        topic: &str,
+        config: ExportConfig,
+        records: &[Record],
+    ) -> anyhow::Result<(Vec<String>, u64, u64)> {
+        let mut batcher = Batcher::new(topic, &config);
+        let mut files = Files::new(store, prefix, topic, config);
+        let range = Range::default();
+        let mut out = Vec::new();
+        let mut parts = records
+            .chunk_by(|a, b| a.partition == b.partition)
+            .peekable();
+        while let Some(part) = parts.next() {
+            let p = part[0].partition;
+            for chunk in part.chunks(500) {
+                let raw = crate::publish::encode(chunk)?;
+                let base = chunk[0].offset;
+                let mut stamped = strata_core::batch::stamped_prefix(&raw, base, 0).to_vec();
+                stamped.extend_from_slice(&raw[strata_core::batch::STAMP_LEN..]);
+                let b = Batches::new(
+                    p,
+                    Bytes::from(stamped),
+                    (base as u64, u64::MAX),
+                    Vec::new(),
+                    "test",
+                    false,
+                )?;
+                let mut failed = None;
+                b.decode_each(&range, |r| {
+                    if let Err(e) = batcher.push(r, &mut out) {
+                        failed.get_or_insert(e);
+                    }
+                })?;
+                failed.map_or(Ok(()), Err)?;
+                for piece in out.drain(..) {
+                    files.write(piece).await?;
+                }
+            }
+            if parts.peek().is_some() {
+                batcher.flush(Some(p), &mut out)?;
+                for piece in out.drain(..) {
+                    files.write(piece).await?;
+                }
+                files.finish_partition(p).await?;
+            }
+        }
+        batcher.flush(None, &mut out)?;
+        for piece in out.drain(..) {
+            files.write(piece).await?;
+        }
+        let rows = batcher.rows;
+        let (names, bytes) = files.close().await?;
+        Ok((names, rows, bytes))
+    }
 
     #[test]
     fn dates_are_utc_calendar_days() {
@@ -412,25 +733,24 @@ mod tests {
     async fn json_values_decode_into_typed_columns_when_asked() {
         let store: Arc<dyn ObjectStore> =
             Arc::new(strata_cold::object_store::memory::InMemory::new());
-        let mut e = Exporter::new(
-            store.clone(),
-            "",
-            "t",
-            ExportConfig {
-                decode_json: true,
-                ..ExportConfig::default()
-            },
-        );
-        for o in 0..100 {
-            let mut r = rec(0, o, 0);
-            r.value = Some(Bytes::from(if o == 5 {
-                "not json".to_string()
-            } else {
-                format!(r#"{{"seq": {o}, "amount": {}.5, "memo": "m{o}"}}"#, o * 2)
-            }));
-            e.push(r).await.unwrap();
-        }
-        let (files, _, _) = e.close().await.unwrap();
+        let records: Vec<Record> = (0..100)
+            .map(|o| {
+                let mut r = rec(0, o, 0);
+                r.value = Some(Bytes::from(if o == 5 {
+                    "not json".to_string()
+                } else {
+                    format!(r#"{{"seq": {o}, "amount": {}.5, "memo": "m{o}"}}"#, o * 2)
+                }));
+                r
+            })
+            .collect();
+        let config = ExportConfig {
+            decode_json: true,
+            ..ExportConfig::default()
+        };
+        let (files, _, _) = export_records(store.clone(), "", "t", config, &records)
+            .await
+            .unwrap();
         let bytes = store
             .get(&Path::from(files[0].as_str()))
             .await
@@ -476,27 +796,37 @@ mod tests {
         let store: Arc<dyn ObjectStore> =
             Arc::new(strata_cold::object_store::memory::InMemory::new());
         let day = 86_400_000;
-        let mut e = Exporter::new(
-            store.clone(),
-            "out",
-            "ledger",
-            ExportConfig {
-                row_group_rows: 1000,
-                file_bytes: 64 << 10,
-                ..ExportConfig::default()
-            },
-        );
-        for o in 0..30_000 {
-            e.push(rec(0, o, day * 10 + o)).await.unwrap();
-        }
-        e.push(rec(1, 0, day * 11)).await.unwrap();
-        let (files, rows, _) = e.close().await.unwrap();
+        let config = ExportConfig {
+            row_group_rows: 1000,
+            file_bytes: 64 << 10,
+            ..ExportConfig::default()
+        };
+        let mut records: Vec<Record> = (0..30_000).map(|o| rec(0, o, day * 10 + o)).collect();
+        records.push(rec(1, 0, day * 11));
+        let (files, rows, _) = export_records(store.clone(), "out", "ledger", config, &records)
+            .await
+            .unwrap();
         assert_eq!(rows, 30_001);
         assert!(files.len() >= 3, "split by size: {files:?}");
         assert!(files
             .iter()
             .any(|f| f.starts_with("out/topic=ledger/partition=1/date=1970-01-12/")));
-        // Read everything back: every offset once, values and headers intact.
+        // A file is named by its first offset, and the next picks up where it ended.
+        let firsts: Vec<i64> = files
+            .iter()
+            .filter(|f| f.contains("partition=0/"))
+            .map(|f| f.rsplit("part-").next().unwrap()[..20].parse().unwrap())
+            .collect();
+        assert_eq!(firsts[0], 0);
+        assert!(
+            firsts.iter().skip(1).all(|o| o % BATCH_ROWS as i64 == 0),
+            "{firsts:?}"
+        );
+        // Read everything back: every offset once, every field as it went in.
+        let by_offset: HashMap<(i32, i64), &Record> = records
+            .iter()
+            .map(|r| ((r.partition as i32, r.offset), r))
+            .collect();
         let mut seen = Vec::new();
         for f in &files {
             let bytes = store
@@ -526,19 +856,49 @@ mod tests {
                     .downcast_ref::<Int64Array>()
                     .unwrap()
                     .clone();
-                let v = b
-                    .column_by_name("value")
+                let bin = |name: &str| b.column_by_name(name).unwrap().as_binary::<i32>().clone();
+                let (k, v) = (bin("key"), bin("value"));
+                let ts = b.column_by_name("timestamp").unwrap();
+                let ts = ts
+                    .as_primitive::<arrow_array::types::TimestampMillisecondType>()
+                    .clone();
+                let topic = b
+                    .column_by_name("topic")
                     .unwrap()
-                    .as_any()
-                    .downcast_ref::<BinaryArray>()
+                    .as_string::<i32>()
+                    .clone();
+                let headers = b
+                    .column_by_name("headers")
                     .unwrap()
+                    .as_list::<i32>()
                     .clone();
                 for i in 0..b.num_rows() {
-                    if o.value(i) % 7 == 0 {
-                        assert!(v.is_null(i));
-                    } else {
-                        assert_eq!(v.value(i), &[o.value(i) as u8; 3]);
-                    }
+                    let want = by_offset[&(p.value(i), o.value(i))];
+                    let opt = |a: &BinaryArray| (!a.is_null(i)).then(|| a.value(i).to_vec());
+                    assert_eq!(topic.value(i), "ledger");
+                    assert_eq!(ts.value(i), want.timestamp);
+                    assert_eq!(opt(&k), want.key.as_ref().map(|b| b.to_vec()));
+                    assert_eq!(opt(&v), want.value.as_ref().map(|b| b.to_vec()));
+                    let h = headers.value(i);
+                    let h = h.as_struct();
+                    let (hk, hv) = (
+                        h.column(0).as_string::<i32>(),
+                        h.column(1).as_binary::<i32>(),
+                    );
+                    let got: Vec<(String, Option<Vec<u8>>)> = (0..h.len())
+                        .map(|j| {
+                            (
+                                hk.value(j).to_string(),
+                                (!hv.is_null(j)).then(|| hv.value(j).to_vec()),
+                            )
+                        })
+                        .collect();
+                    let want_h: Vec<(String, Option<Vec<u8>>)> = want
+                        .headers
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.as_ref().map(|v| v.to_vec())))
+                        .collect();
+                    assert_eq!(got, want_h);
                     seen.push((p.value(i), o.value(i)));
                 }
             }

@@ -305,21 +305,50 @@ fn progress(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
+/// What a selection reads: the partitions' plans, the range, a progress bar over their
+/// bytes, the reader and the running cluster for `--include-hot`.
+struct Reading {
+    plans: Vec<source::PartitionPlan>,
+    range: Range,
+    bar: ProgressBar,
+    src: Source,
+    hot: Option<cluster::Cluster>,
+}
+
+impl Reading {
+    async fn open(
+        store: &Arc<dyn ObjectStore>,
+        select: &Select,
+        what: &str,
+    ) -> anyhow::Result<Reading> {
+        let topic = source::find_topic(store, &select.topic, select.cluster.as_deref()).await?;
+        let range = select.range()?;
+        let plans = source::plan(store, &topic, &range).await?;
+        let total: u64 = plans.iter().map(|p| p.bytes()).sum();
+        Ok(Reading {
+            bar: progress(total, what),
+            src: Source::new(store.clone(), select.skip_corrupt).await?,
+            hot: select.hot().await?,
+            plans,
+            range,
+        })
+    }
+}
+
 /// Reads the selected records in partition then offset order, calling `each`.
 async fn for_each_record(
     store: &Arc<dyn ObjectStore>,
     select: &Select,
     what: &str,
     mut each: impl AsyncFnMut(Record) -> anyhow::Result<bool>,
-    mut partition_done: impl AsyncFnMut(u32) -> anyhow::Result<()>,
 ) -> anyhow::Result<(u64, u64, Vec<String>)> {
-    let topic = source::find_topic(store, &select.topic, select.cluster.as_deref()).await?;
-    let range = select.range()?;
-    let plans = source::plan(store, &topic, &range).await?;
-    let total: u64 = plans.iter().map(|p| p.bytes()).sum();
-    let bar = progress(total, what);
-    let mut src = Source::new(store.clone(), select.skip_corrupt).await?;
-    let mut hot = select.hot().await?;
+    let Reading {
+        plans,
+        range,
+        bar,
+        mut src,
+        mut hot,
+    } = Reading::open(store, select, what).await?;
     let (mut records, mut bytes) = (0u64, 0u64);
     'all: for plan in &plans {
         let mut reader = source::PartitionReader::new(plan, range.clone());
@@ -334,7 +363,6 @@ async fn for_each_record(
             }
             bar.set_message(format!("{records} records"));
         }
-        partition_done(plan.partition).await?;
     }
     bar.finish_and_clear();
     Ok((records, bytes, src.skipped))
@@ -495,19 +523,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let limit = limit.unwrap_or(u64::MAX);
             let mut n = 0u64;
             let topic = select.topic.clone();
-            let (records, bytes, skipped) = for_each_record(
-                &store,
-                select,
-                "reading",
-                async |r: Record| {
+            let (records, bytes, skipped) =
+                for_each_record(&store, select, "reading", async |r: Record| {
                     serde_json::to_writer(&mut out, &record_json(&topic, &r))?;
                     out.write_all(b"\n")?;
                     n += 1;
                     Ok(n < limit)
-                },
-                async |_| Ok(()),
-            )
-            .await?;
+                })
+                .await?;
             out.flush()?;
             eprintln!(
                 "{records} records ({:.1} MB of batches) in {:.1} s{}",
@@ -538,33 +561,31 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 compression: export::parse_compression(compression)?,
                 decode_json: *decode_json,
             };
-            let exporter = std::cell::RefCell::new(Some(export::Exporter::new(
-                target,
-                "",
-                &select.topic,
-                config,
-            )));
-            let (records, bytes, skipped) = for_each_record(
-                &store,
-                select,
-                "exporting",
-                async |r: Record| {
-                    let mut e = exporter.borrow_mut().take().expect("present");
-                    let pushed = e.push(r).await;
-                    *exporter.borrow_mut() = Some(e);
-                    pushed.map(|_| true)
-                },
-                async |p| {
-                    let mut e = exporter.borrow_mut().take().expect("present");
-                    let done = e.finish_partition(p).await;
-                    *exporter.borrow_mut() = Some(e);
-                    done
-                },
+            let Reading {
+                plans,
+                range,
+                bar,
+                mut src,
+                mut hot,
+            } = Reading::open(&store, select, "exporting").await?;
+            let done = export::export(
+                &mut src,
+                hot.as_mut(),
+                &plans,
+                &range,
+                export::Batcher::new(&select.topic, &config),
+                export::Files::new(target, "", &select.topic, config),
+                &bar,
             )
             .await?;
-            let exporter = exporter.into_inner().expect("present");
-            let (files, rows, written) = exporter.close().await?;
-            debug_assert_eq!(rows, records);
+            bar.finish_and_clear();
+            let (records, bytes, files, written, skipped) = (
+                done.records,
+                done.bytes,
+                done.files,
+                done.written,
+                src.skipped,
+            );
             eprintln!(
                 "exported {records} records ({:.1} MB of batches) to {} Parquet files ({:.1} MB) under {out} in {:.1} s{}",
                 bytes as f64 / 1e6,

@@ -258,10 +258,12 @@ mod tests {
         );
         // Our decoder gives back every field, headers whole.
         let range = crate::source::Range::default();
-        let (back, next) =
-            crate::source::decode(0, b.clone(), 0, u64::MAX, &range, &[], "t").unwrap();
-        assert_eq!(next, 5);
-        for (i, (g, r)) in back.iter().zip(&recs).enumerate() {
+        let batches =
+            crate::source::Batches::new(0, b.clone(), (0, u64::MAX), Vec::new(), "t", false)
+                .unwrap();
+        assert_eq!(batches.next, Some(5));
+        let step = batches.into_step(&range).unwrap();
+        for (i, (g, r)) in step.records.iter().zip(&recs).enumerate() {
             assert_eq!(g.offset, i as i64);
             assert_eq!(
                 (g.timestamp, &g.key, &g.value, &g.headers),

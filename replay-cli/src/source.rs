@@ -164,19 +164,19 @@ impl Source {
         range.from_offset.unwrap_or(0).max(seg.base_offset)
     }
 
-    /// The records of `seg` in `range` from offset `at`, about 4 MiB of batches, in offset
-    /// order. A damaged object fails the read, or with `skip_corrupt` ends the segment
-    /// there (counted).
-    pub async fn step(
+    /// The batches of `seg` in `range` from offset `at`, about 4 MiB of them, not yet
+    /// decoded (the reader has checked every batch's CRC). A damaged object fails the
+    /// read, or with `skip_corrupt` ends the segment there (counted).
+    pub async fn read(
         &mut self,
         partition: u32,
         seg: &RemoteSegment,
         range: &Range,
         at: u64,
         aborted: &[AbortedTxn],
-    ) -> anyhow::Result<Step> {
+    ) -> anyhow::Result<Batches> {
         let end = range.to_offset.unwrap_or(u64::MAX).min(seg.end_offset);
-        let done = Step::done();
+        let done = Batches::done(partition);
         if at >= end {
             return Ok(done);
         }
@@ -196,55 +196,189 @@ impl Source {
         if got.is_empty() {
             return Ok(done);
         }
-        let bytes = got.len() as u64;
         let aborted: Vec<(i64, u64)> = aborted
             .iter()
             .filter(|t| t.last_offset >= at && t.first_offset < end)
             .map(|t| (t.producer_id, t.first_offset))
             .collect();
-        let (records, next) = decode(partition, got, at, end, range, &aborted, &seg.key)?;
+        Batches::new(partition, got, (at, end), aborted, &seg.key, true)
+    }
+}
+
+/// The offset after the last batch of `got` (read at offset `at`), from the batch headers
+/// alone: a compacted batch may hold fewer records than its offsets span, or none.
+fn after_batches(got: &[u8], at: u64, what: &str) -> anyhow::Result<u64> {
+    let mut next = at;
+    for item in BatchIter::new(got) {
+        let (h, _) = item
+            .map_err(|e| anyhow::anyhow!("decoding the batches of {what} at offset {at}: {e}"))?;
+        next = next.max(h.last_offset() as u64 + 1);
+    }
+    if next <= at {
+        bail!("no progress reading {what} at offset {at}");
+    }
+    Ok(next)
+}
+
+/// Batches read from the cold tier or the hot tail, to be decoded (perhaps on another
+/// thread than the one that read them).
+pub struct Batches {
+    pub partition: u32,
+    got: Bytes,
+    /// Read at this offset; records from `at` up to `end` (exclusive) are in the range.
+    at: u64,
+    end: u64,
+    /// The aborted transactions that meet the range: (producer id, first offset).
+    aborted: Vec<(i64, u64)>,
+    /// What was read, for errors: the object's key or "the hot tail".
+    what: String,
+    /// Every batch's CRC already checked (by the cold reader).
+    checked: bool,
+    /// Where the next read begins (`None`: the segment, or the hot tail, is done).
+    pub next: Option<u64>,
+}
+
+impl Batches {
+    /// The batches `got`, read at offset `at`, for the records below `end`.
+    pub fn new(
+        partition: u32,
+        got: Bytes,
+        (at, end): (u64, u64),
+        aborted: Vec<(i64, u64)>,
+        what: &str,
+        checked: bool,
+    ) -> anyhow::Result<Batches> {
+        let next = after_batches(&got, at, what)?;
+        Ok(Batches {
+            partition,
+            got,
+            at,
+            end,
+            aborted,
+            what: what.to_string(),
+            checked,
+            next: (next < end).then_some(next),
+        })
+    }
+
+    /// Nothing read, nothing more to read.
+    fn done(partition: u32) -> Batches {
+        Batches {
+            partition,
+            got: Bytes::new(),
+            at: 0,
+            end: 0,
+            aborted: Vec::new(),
+            what: String::new(),
+            checked: true,
+            next: None,
+        }
+    }
+
+    /// Bytes of batches read.
+    pub fn bytes(&self) -> u64 {
+        self.got.len() as u64
+    }
+
+    /// Calls `each` with every record of the range in these batches, in offset order.
+    pub fn decode_each(
+        &self,
+        range: &Range,
+        each: impl FnMut(&RecordRef<'_>),
+    ) -> anyhow::Result<()> {
+        if self.got.is_empty() {
+            return Ok(());
+        }
+        decode_each(
+            self.partition,
+            &self.got,
+            self.at,
+            self.end,
+            range,
+            &self.aborted,
+            &self.what,
+            self.checked,
+            each,
+        )
+    }
+
+    /// The records decoded, as a step.
+    pub fn into_step(self, range: &Range) -> anyhow::Result<Step> {
+        let mut records = Vec::new();
+        self.decode_each(range, |r| records.push(r.to_record()))?;
         Ok(Step {
             records,
-            bytes,
-            next: (next < end).then_some(next),
+            bytes: self.bytes(),
         })
     }
 }
 
-/// The records of `range` in the batches `got` (read at offset `at`, for offsets below
-/// `end`), and the offset after the last batch. Each batch is CRC-checked; keys, values and
-/// header values are slices of the decompressed records, headers kept in order (a key may
-/// repeat); control batches (transaction markers) are skipped. `aborted` (producer id,
-/// first offset) are the aborted transactions that meet the range: as a read_committed
-/// consumer does, a producer's transactional batches are dropped from its aborted
-/// transaction's first offset until its abort marker.
-pub fn decode(
+/// One decoded record, borrowing the decompressed records section it lies in.
+pub struct RecordRef<'a> {
+    pub partition: u32,
+    pub offset: i64,
+    pub timestamp: i64,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    /// In order (a key may repeat); keys as they were sent, perhaps not UTF-8.
+    pub headers: &'a [(&'a [u8], Option<&'a [u8]>)],
+    /// The records section the slices lie in.
+    section: &'a Bytes,
+}
+
+impl RecordRef<'_> {
+    /// An owned record: keys, values and header values are slices of the section (no copy).
+    pub fn to_record(&self) -> Record {
+        let slice = |b: &[u8]| self.section.slice_ref(b);
+        Record {
+            partition: self.partition,
+            offset: self.offset,
+            timestamp: self.timestamp,
+            key: self.key.map(slice),
+            value: self.value.map(slice),
+            headers: self
+                .headers
+                .iter()
+                .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.map(slice)))
+                .collect(),
+        }
+    }
+}
+
+/// Calls `each` with the records of `range` in the batches `got` (read at offset `at`, for
+/// offsets below `end`), in offset order. Each batch is CRC-checked unless `checked`
+/// already; keys, values and header values are slices of the decompressed records,
+/// headers kept in order (a key may repeat); control batches (transaction markers) are
+/// skipped. `aborted` (producer id, first offset) are the aborted transactions that meet
+/// the range: as a read_committed consumer does, a producer's transactional batches are
+/// dropped from its aborted transaction's first offset until its abort marker.
+#[allow(clippy::too_many_arguments)]
+fn decode_each(
     partition: u32,
-    got: Bytes,
+    got: &Bytes,
     at: u64,
     end: u64,
     range: &Range,
     aborted: &[(i64, u64)],
     what: &str,
-) -> anyhow::Result<(Vec<Record>, u64)> {
-    let mut next = at;
-    let mut records = Vec::new();
+    checked: bool,
+    mut each: impl FnMut(&RecordRef<'_>),
+) -> anyhow::Result<()> {
     let mut waiting: Vec<(i64, u64)> = aborted.to_vec();
     waiting.sort_by_key(|(_, first)| std::cmp::Reverse(*first));
     let mut aborting = std::collections::HashSet::new();
-    for item in BatchIter::new(&got) {
+    for item in BatchIter::new(got) {
         let (h, span) = item
             .map_err(|e| anyhow::anyhow!("decoding the batches of {what} at offset {at}: {e}"))?;
         let batch = &got[span];
-        verify(batch).map_err(|e| {
-            anyhow::anyhow!(
-                "the batch at offset {} of {what} is damaged: {e}",
-                h.base_offset
-            )
-        })?;
-        // Where the batch ends, from its header: a compacted batch may hold fewer records
-        // than its offsets span, or none.
-        next = next.max(h.last_offset() as u64 + 1);
+        if !checked {
+            verify(batch).map_err(|e| {
+                anyhow::anyhow!(
+                    "the batch at offset {} of {what} is damaged: {e}",
+                    h.base_offset
+                )
+            })?;
+        }
         while waiting
             .last()
             .is_some_and(|(_, first)| *first <= h.base_offset.max(0) as u64)
@@ -267,7 +401,7 @@ pub fn decode(
                 h.base_offset
             )
         })?;
-        for r in raws {
+        for r in &raws {
             let offset = h.base_offset + r.offset_delta;
             let timestamp = match h.log_append_time() {
                 true => h.max_timestamp,
@@ -281,37 +415,30 @@ pub fn decode(
             {
                 continue;
             }
-            let slice = |b: &[u8]| section.slice_ref(b);
-            records.push(Record {
+            each(&RecordRef {
                 partition,
                 offset,
                 timestamp,
-                key: r.key.map(slice),
-                value: r.value.map(slice),
-                headers: r
-                    .headers
-                    .iter()
-                    .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.map(slice)))
-                    .collect(),
+                key: r.key,
+                value: r.value,
+                headers: &r.headers,
+                section: &section,
             });
         }
     }
-    if next <= at {
-        bail!("no progress reading {what} at offset {at}");
-    }
-    Ok((records, next))
+    Ok(())
 }
 
 /// The not-yet-tiered tail of a partition from a running cluster (`--include-hot`): the
-/// records of `range` from `at`, up to the high watermark as the broker answers.
-pub async fn hot_step(
+/// batches of `range` from `at`, up to the high watermark as the broker answers.
+pub async fn hot_read(
     cluster: &mut crate::cluster::Cluster,
     partition: u32,
     range: &Range,
     at: u64,
-) -> anyhow::Result<Step> {
+) -> anyhow::Result<Batches> {
     let end = range.to_offset.unwrap_or(u64::MAX);
-    let done = Step::done();
+    let done = Batches::done(partition);
     if at >= end {
         return Ok(done);
     }
@@ -330,21 +457,14 @@ pub async fn hot_step(
     if got.records.is_empty() || at >= hw {
         return Ok(done);
     }
-    let bytes = got.records.len() as u64;
-    let (records, next) = decode(
+    Batches::new(
         partition,
         got.records,
-        at,
-        end.min(hw),
-        range,
-        &aborted,
+        (at, end.min(hw)),
+        aborted,
         "the hot tail",
-    )?;
-    Ok(Step {
-        records,
-        bytes,
-        next: (next < end.min(hw)).then_some(next),
-    })
+        false,
+    )
 }
 
 /// Steps through one partition's records: its remote segments in order, then, when a
@@ -374,17 +494,29 @@ impl<'a> PartitionReader<'a> {
         src: &mut Source,
         hot: Option<&mut crate::cluster::Cluster>,
     ) -> anyhow::Result<Option<Step>> {
+        match self.next_batches(src, hot).await? {
+            Some(b) => Ok(Some(b.into_step(&self.range)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The next batches read, not yet decoded; `None` at the end.
+    pub async fn next_batches(
+        &mut self,
+        src: &mut Source,
+        hot: Option<&mut crate::cluster::Cluster>,
+    ) -> anyhow::Result<Option<Batches>> {
         let p = self.plan.partition;
         if let Some(seg) = self.plan.segments.get(self.segment) {
             let from = self.at.unwrap_or_else(|| Source::start(seg, &self.range));
-            let step = src
-                .step(p, seg, &self.range, from, &self.plan.aborted)
+            let got = src
+                .read(p, seg, &self.range, from, &self.plan.aborted)
                 .await?;
-            self.at = step.next;
-            if step.next.is_none() {
+            self.at = got.next;
+            if got.next.is_none() {
                 self.segment += 1;
             }
-            return Ok(Some(step));
+            return Ok(Some(got));
         }
         let Some(cluster) = hot else {
             return Ok(None);
@@ -395,10 +527,10 @@ impl<'a> PartitionReader<'a> {
         let from = self
             .at
             .unwrap_or_else(|| self.plan.cold_end.max(self.range.from_offset.unwrap_or(0)));
-        let step = hot_step(cluster, p, &self.range, from).await?;
-        self.at = step.next;
-        self.hot_done = step.next.is_none();
-        Ok(Some(step))
+        let got = hot_read(cluster, p, &self.range, from).await?;
+        self.at = got.next;
+        self.hot_done = got.next.is_none();
+        Ok(Some(got))
     }
 }
 
@@ -407,19 +539,6 @@ pub struct Step {
     pub records: Vec<Record>,
     /// Bytes of batches read.
     pub bytes: u64,
-    /// Where the next step begins (`None`: the segment is done).
-    pub next: Option<u64>,
-}
-
-impl Step {
-    /// Nothing read, nothing more to read.
-    fn done() -> Step {
-        Step {
-            records: Vec::new(),
-            bytes: 0,
-            next: None,
-        }
-    }
 }
 
 /// Milliseconds since the epoch from RFC 3339 (`2026-11-01T00:00:00Z`, or a date alone) or
