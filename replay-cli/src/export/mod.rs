@@ -16,8 +16,11 @@
 //! ranged GETs through the cold reader, CRC checks), the decoder (a blocking thread:
 //! decompression, records straight into Arrow column builders, a batch per file every
 //! 8,192 rows) and the writer (a blocking thread: Parquet encoding, streamed to the store
-//! a row group at a time, as a multipart upload once a file outgrows one part). Bounded
+//! a row group at a time, as a multipart upload once a file outgrows one part; the `value`
+//! column encoded on a helper thread beside the others, see `file`). Bounded
 //! channels between them keep memory to a few batches whatever the export's size.
+
+mod file;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,7 +33,6 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Field, Fields};
 use indicatif::ProgressBar;
-use parquet::arrow::AsyncArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use strata_cold::object_store::buffered::BufWriter;
@@ -278,7 +280,8 @@ pub struct Batcher {
     topic: String,
     /// `Some` with `--decode-json` (the columns inferred from the first batch, once).
     json_schema: Option<Option<arrow_schema::SchemaRef>>,
-    open: HashMap<FileKey, Rows>,
+    /// Few: the days of the partition being read (the last one used first).
+    open: Vec<(FileKey, Rows)>,
     /// Records taken.
     pub rows: u64,
 }
@@ -288,7 +291,7 @@ impl Batcher {
         Batcher {
             topic: topic.to_string(),
             json_schema: config.decode_json.then_some(None),
-            open: HashMap::new(),
+            open: Vec::new(),
             rows: 0,
         }
     }
@@ -297,11 +300,18 @@ impl Batcher {
     /// goes to `out`.
     pub fn push(&mut self, r: &RecordRef<'_>, out: &mut Vec<Piece>) -> anyhow::Result<()> {
         let key = (r.partition, utc_day(r.timestamp));
-        let rows = self.open.entry(key).or_insert_with(|| Rows::new(r.offset));
+        let at = match self.open.iter().rposition(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                self.open.push((key, Rows::new(r.offset)));
+                self.open.len() - 1
+            }
+        };
+        let rows = &mut self.open[at].1;
         rows.push(r);
         self.rows += 1;
         if rows.len() >= BATCH_ROWS {
-            let rows = self.open.remove(&key).expect("present");
+            let (key, rows) = self.open.swap_remove(at);
             out.push(self.piece(key, rows)?);
         }
         Ok(())
@@ -320,15 +330,12 @@ impl Batcher {
 
     /// The last batches of a partition (or of every partition).
     pub fn flush(&mut self, partition: Option<u32>, out: &mut Vec<Piece>) -> anyhow::Result<()> {
-        let mut keys: Vec<FileKey> = self
-            .open
-            .keys()
-            .filter(|(p, _)| partition.is_none_or(|want| *p == want))
-            .copied()
-            .collect();
-        keys.sort_unstable();
-        for k in keys {
-            let rows = self.open.remove(&k).expect("listed");
+        let (mut done, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.open)
+            .into_iter()
+            .partition(|((p, _), _)| partition.is_none_or(|want| *p == want));
+        self.open = open;
+        done.sort_unstable_by_key(|(k, _)| *k);
+        for (k, rows) in done {
             out.push(self.piece(k, rows)?);
         }
         Ok(())
@@ -337,7 +344,7 @@ impl Batcher {
 
 struct OpenFile {
     path: Path,
-    writer: AsyncArrowWriter<BufWriter>,
+    writer: file::FileWriter,
 }
 
 /// The writer's side: batches into Parquet files under a prefix of a store, streamed.
@@ -393,13 +400,13 @@ impl Files {
                 .set_max_row_group_row_count(Some(self.config.row_group_rows.max(1)))
                 .build();
             let upload = BufWriter::with_capacity(self.store.clone(), path.clone(), UPLOAD_PART);
-            let writer = AsyncArrowWriter::try_new(upload, piece.batch.schema(), Some(props))?;
+            let writer = file::FileWriter::try_new(piece.batch.schema(), props, upload)?;
             self.open.insert(key, OpenFile { path, writer });
         }
         let file = self.open.get_mut(&key).expect("opened above");
         if let Err(e) = file.writer.write(&piece.batch).await {
             let file = self.open.remove(&key).expect("present");
-            return Err(abandon(file, e.into()).await);
+            return Err(abandon(file, e).await);
         }
         let w = &file.writer;
         if w.bytes_written() as u64 + w.in_progress_size() as u64 >= self.config.file_bytes {
@@ -411,7 +418,7 @@ impl Files {
 
     async fn finish(&mut self, mut file: OpenFile) -> anyhow::Result<()> {
         if let Err(e) = file.writer.finish().await {
-            return Err(abandon(file, e.into()).await);
+            return Err(abandon(file, e).await);
         }
         self.bytes_written += file.writer.bytes_written() as u64;
         self.files.push(file.path.to_string());
@@ -449,14 +456,14 @@ impl Files {
     /// Gives up every open file (an upload begun is aborted, leaving no part behind).
     pub async fn abort(mut self) {
         for (_, file) in self.open.drain() {
-            let _ = file.writer.into_inner().abort().await;
+            file.writer.abort().await;
         }
     }
 }
 
 /// A file that failed: its upload aborted, the error named by its path.
 async fn abandon(file: OpenFile, e: anyhow::Error) -> anyhow::Error {
-    let _ = file.writer.into_inner().abort().await;
+    file.writer.abort().await;
     e.context(format!("writing {}", file.path))
 }
 
