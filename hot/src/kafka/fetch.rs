@@ -97,6 +97,15 @@ pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
     resp.with_throttle_time_ms(throttle_ms)
 }
 
+/// The records a fetch response carries (its frame refers to them instead of copying them).
+pub(super) fn records_of(resp: &FetchResponse) -> Vec<Bytes> {
+    resp.responses
+        .iter()
+        .flat_map(|t| &t.partitions)
+        .filter_map(|p| p.records.clone())
+        .collect()
+}
+
 async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
     // A partition named twice is read and answered once (its first mention), as Kafka's
     // fetch session keeps one entry per partition: repeats must not multiply the response.

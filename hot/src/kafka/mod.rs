@@ -15,6 +15,7 @@ mod configs;
 mod elections;
 mod fetch;
 pub mod fetch_session;
+mod frame;
 mod group;
 pub mod limits;
 mod log_dirs;
@@ -49,7 +50,7 @@ use kafka_protocol::messages::{
     TxnOffsetCommitRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -191,7 +192,7 @@ pub struct KafkaServer {
 /// What a dispatched request produces.
 pub(crate) enum Reply {
     /// A response frame, ready or coming.
-    Later(JoinHandle<anyhow::Result<BytesMut>>),
+    Later(JoinHandle<anyhow::Result<frame::Frame>>),
     Now(BytesMut),
     /// acks=0 produce: Kafka sends nothing back.
     Nothing,
@@ -349,7 +350,7 @@ impl KafkaServer {
         let writer = tokio::spawn(async move {
             while let Some((reply, _share, request)) = rx.recv().await {
                 let frame = match reply {
-                    Reply::Now(f) => Some(f),
+                    Reply::Now(f) => Some(frame::Frame::from(f)),
                     Reply::Later(handle) => {
                         match handle.await.map_err(anyhow::Error::from).and_then(|r| r) {
                             Ok(f) => Some(f),
@@ -364,7 +365,7 @@ impl KafkaServer {
                     Reply::Nothing => None,
                 };
                 if let Some(frame) = frame {
-                    wr.write_all(&frame).await?;
+                    frame.write(&mut wr).await?;
                 }
                 if let Some((key, arrived)) = request {
                     apis.answered(key, arrived.elapsed());
@@ -716,7 +717,10 @@ impl KafkaServer {
             Body::Produce(req, verified) => produce::handle(ctx, req, verified, &mut turns.refused),
             // one at a time per connection, as clients send them: a connection reads at most
             // one fetch response (kafka.fetch_max_bytes) at a time
-            Body::Fetch(req) => ctx.later(turns.fetches.in_turn(fetch::handle(ctx.clone(), req))),
+            Body::Fetch(req) => ctx.later_sharing(
+                turns.fetches.in_turn(fetch::handle(ctx.clone(), req)),
+                fetch::records_of,
+            ),
             Body::ListOffsets(req) => ctx.later(fetch::list_offsets(ctx.clone(), req)),
             Body::CreateTopics(req) => ctx.later(admin::create_topics(ctx.clone(), req)),
             Body::DeleteTopics(req) => ctx.later(admin::delete_topics(ctx.clone(), req)),
@@ -1212,6 +1216,21 @@ impl Request {
         R: Encodable + HeaderVersion + Send + 'static,
         F: std::future::Future<Output = R> + Send + 'static,
     {
+        self.later_sharing(handler, |_| Vec::new())
+    }
+
+    /// As `later`, with the large byte fields `shared` names (a fetch response's records)
+    /// kept out of the frame's buffer: the frame refers to them and they are written from
+    /// where they are.
+    fn later_sharing<R, F>(
+        &self,
+        handler: F,
+        shared: fn(&R) -> Vec<Bytes>,
+    ) -> Result<Reply, Refusal>
+    where
+        R: Encodable + HeaderVersion + Send + 'static,
+        F: std::future::Future<Output = R> + Send + 'static,
+    {
         let (key, version, correlation_id) = (self.key, self.version, self.correlation_id);
         let timed = self.server.quotas.active().then(|| self.clone());
         Ok(Reply::Later(tokio::spawn(async move {
@@ -1223,7 +1242,13 @@ impl Request {
                 }
                 None => handler.await,
             };
-            encode(key, version, correlation_id, &resp).map_err(|e| {
+            let shared = shared(&resp);
+            let encoded = if shared.is_empty() {
+                encode(key, version, correlation_id, &resp).map(frame::Frame::from)
+            } else {
+                encode_sharing(key, version, correlation_id, &resp, &shared)
+            };
+            encoded.map_err(|e| {
                 tracing::error!(api = ?key, version, error = %e, "cannot encode response; closing connection");
                 anyhow::Error::from(e)
             })
@@ -1259,6 +1284,27 @@ fn encode<R: Encodable + HeaderVersion>(
     let len = (buf.len() - 4) as i32;
     (&mut buf[..4]).put_i32(len);
     Ok(buf)
+}
+
+/// As `encode`, the slices of `shared` the response holds kept as parts of the frame.
+fn encode_sharing<R: Encodable + HeaderVersion>(
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    resp: &R,
+    shared: &[Bytes],
+) -> Result<frame::Frame, Refusal> {
+    let fail = |error| Refusal::Malformed {
+        what: "response",
+        error,
+    };
+    let mut buf = frame::SharingBuf::new(shared);
+    ResponseHeader::default()
+        .with_correlation_id(correlation_id)
+        .encode(&mut buf, key.response_header_version(version))
+        .map_err(fail)?;
+    resp.encode(&mut buf, version).map_err(fail)?;
+    Ok(frame::Frame::Parts(buf.finish()))
 }
 
 fn api_versions_response(error_code: i16) -> ApiVersionsResponse {

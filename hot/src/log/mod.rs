@@ -246,8 +246,7 @@ impl ReadPlan {
         let len = (max_bytes as u64)
             .max(first.total_len() as u64)
             .min(self.available);
-        let mut buf = vec![0u8; len as usize];
-        self.file.read_exact_at(&mut buf, self.position)?;
+        let mut buf = read_new_at(&self.file, len as usize, self.position)?;
         let mut end = 0;
         for item in BatchIter::new(&buf) {
             let (h, range) = item.map_err(bad_batch)?;
@@ -259,6 +258,24 @@ impl ReadPlan {
         buf.truncate(end);
         Ok(Bytes::from(buf))
     }
+}
+
+/// Reads `len` bytes at `pos` into a new buffer without zeroing it first (zeroing an 8 MiB
+/// fetch buffer was a fifth of a broker's CPU while it served a consumer from page cache).
+fn read_new_at(file: &File, len: usize, pos: u64) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        let at = pos + buf.len() as u64;
+        // reads into the spare capacity and extends the vector by what was read
+        match rustix::io::pread(file, rustix::buffer::spare_capacity(&mut buf), at) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
 }
 
 fn bad_batch(e: BatchError) -> io::Error {

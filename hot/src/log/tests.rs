@@ -1011,3 +1011,23 @@ fn transactions_bound_the_last_stable_offset_and_aborts_are_listed_on_every_repl
     assert_eq!(aborted(&log), vec![]);
     assert_eq!(log.last_stable_offset(6), 0);
 }
+
+#[test]
+fn a_read_into_a_fresh_buffer_returns_exactly_the_bytes_asked() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(&data)
+        .unwrap();
+    let f = std::fs::File::open(&path).unwrap();
+    assert_eq!(
+        super::read_new_at(&f, 70_000, 123).unwrap(),
+        &data[123..70_123]
+    );
+    assert_eq!(super::read_new_at(&f, 0, 5).unwrap(), Vec::<u8>::new());
+    let past = super::read_new_at(&f, 10, 99_995).unwrap_err();
+    assert_eq!(past.kind(), std::io::ErrorKind::UnexpectedEof);
+}
