@@ -115,7 +115,17 @@ def test_kafka_python_deletes_group_offsets_except_those_an_active_group_consume
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     consumer = None
     try:
-        admin.alter_group_offsets("offdel", {tp: OffsetAndMetadata(5, "", -1) for tp in (a0, a1, b0)})
+        # The group's coordinator may still be loading its offsets partition (as in Kafka,
+        # COORDINATOR_NOT_AVAILABLE until it has); kafka-python's admin does not retry it.
+        from kafka.errors import CoordinatorNotAvailableError
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                admin.alter_group_offsets("offdel", {tp: OffsetAndMetadata(5, "", -1) for tp in (a0, a1, b0)})
+                break
+            except CoordinatorNotAvailableError:
+                assert time.monotonic() < deadline, "the group's coordinator never became available"
+                time.sleep(0.2)
         assert admin.delete_group_offsets("offdel", [a0, b0]) == {a0: NoError, b0: NoError}
         left = admin.list_group_offsets("offdel")["offdel"]
         assert {tp: o.offset for tp, o in left.items() if o.offset >= 0} == {a1: 5}, left
