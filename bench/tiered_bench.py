@@ -10,6 +10,7 @@
    the cold tier in another process, with that replay's throughput.
 
 Usage: STRATA_BIN=target/release/strata python3 bench/tiered_bench.py [--seconds 10]
+       [--tierbench-args "--record-bytes 100 --segments 36"] [--tierbench-only]
 (strata-tierbench is looked for beside STRATA_BIN.)
 """
 import argparse
@@ -90,6 +91,11 @@ def main():
     ap.add_argument("--history-records", type=int, default=150_000)
     ap.add_argument("--read-cap-mb", type=float, default=40,
                     help="the capped run's [cold] read_bytes_per_sec, in MB/s")
+    ap.add_argument("--tierbench-args", default="--record-bytes 100 --segments 36",
+                    help="strata-tierbench's own flags (the default: 4 partitions x 36 segments "
+                         "x 8 MiB of 100-byte records, about 10.5M records)")
+    ap.add_argument("--tierbench-only", action="store_true",
+                    help="run the library-level figures only, not the broker")
     ap.add_argument("--replay-child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.replay_child:
@@ -119,7 +125,14 @@ def main():
                                                                  "--path-style"]),
                                 ("local directory", ["--url", f"file://{work / 'file-store'}"])):
                 print(f"-- {name}", flush=True)
-                subprocess.run([tierbench, *store, "--dir", str(work / "scratch")], env=env, check=True)
+                # Peak memory as the kernel counts it for the child (/usr/bin/time), beside
+                # the VmHWM the binary prints itself.
+                subprocess.run(["/usr/bin/time", "-f", "peak RSS (/usr/bin/time): %M KiB",
+                                tierbench, *store, "--dir", str(work / "scratch"),
+                                *args.tierbench_args.split()], env=env, check=True)
+                shutil.rmtree(work / "file-store", ignore_errors=True)
+            if args.tierbench_only:
+                return
 
             print("== produce latency on a real-time topic while a group replays cold history", flush=True)
             kafka, ctl, mport = free_port(), free_port(), free_port()

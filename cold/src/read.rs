@@ -1,9 +1,10 @@
 //! Reading remote segments: whole batches from an offset, fetched in fixed-size chunks
 //! (ranged GETs) through a foyer hybrid cache (memory, then local disk), with read-ahead of
-//! the next chunk for sequential replay. Concurrent readers of one chunk share one GET. Every batch read is CRC-checked: a damaged object is an error naming it, never
-//! bad records handed to a consumer.
+//! the next chunks for sequential replay. Concurrent readers of one chunk share one GET.
+//! Every batch read is CRC-checked once: a damaged object is an error naming it, never bad
+//! records handed to a consumer.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -43,7 +44,7 @@ pub struct ReadConfig {
     /// memory only). Chunks evicted from memory go there.
     pub disk_cache_dir: Option<PathBuf>,
     pub disk_cache_bytes: usize,
-    /// Fetch the next chunk in the background after a miss (sequential replay).
+    /// Fetch the next chunks in the background (sequential replay).
     pub read_ahead: bool,
     /// The cold-read budget: GETs at once, and bytes per second (`None`: uncapped), so a
     /// months-long replay cannot starve the broker.
@@ -64,6 +65,10 @@ impl Default for ReadConfig {
         }
     }
 }
+
+/// Chunks a sequential reader keeps fetched ahead of the one it decodes: one GET overlaps
+/// the decoding of the current chunk, the second hides a slow GET.
+const READ_AHEAD_CHUNKS: u64 = 2;
 
 /// Chunks by "object key#chunk number".
 type ChunkCache = foyer::HybridCache<String, Bytes>;
@@ -90,6 +95,8 @@ pub struct RemoteReader {
     config: ReadConfig,
     chunks: ChunkCache,
     indexes: Mutex<HashMap<String, Arc<Vec<OffsetEntry>>>>,
+    /// Chunks being read ahead now, by cache key.
+    ahead: Mutex<HashSet<String>>,
     slots: tokio::sync::Semaphore,
     limiter: crate::limit::Limiter,
     pub stats: ReadStats,
@@ -138,6 +145,7 @@ impl RemoteReader {
             store,
             chunks,
             indexes: Mutex::new(HashMap::new()),
+            ahead: Mutex::new(HashSet::new()),
             slots: tokio::sync::Semaphore::new(config.max_concurrent_reads.max(1)),
             limiter: crate::limit::Limiter::new(config.max_bytes_per_sec),
             stats: ReadStats::default(),
@@ -188,27 +196,56 @@ impl RemoteReader {
         })
     }
 
-    /// Chunk `n` of a segment's object, from the cache or the store.
+    /// Chunk `n` of a segment's object, from the cache or the store. With read-ahead, the
+    /// next [`READ_AHEAD_CHUNKS`] chunks not cached yet are fetched in the background, so
+    /// a sequential replay keeps GETs in flight ahead of its decoding (on every access,
+    /// not only after a miss: a chunk brought by read-ahead is a hit, and the chain must
+    /// not stop there). A chunk already being read ahead is not asked for twice.
     async fn chunk(self: &Arc<Self>, seg: &RemoteSegment, n: u64) -> Result<Bytes, ReadError> {
-        let got = self.cached_or_fetch(seg, n).await?;
-        if got.1 && self.config.read_ahead && (n + 1) * self.config.chunk_size < seg.size_bytes {
-            let (me, seg) = (self.clone(), seg.clone());
-            tokio::spawn(async move {
-                if !me.chunks.contains(&chunk_key(&seg.key, n + 1)) {
-                    let _ = me.cached_or_fetch(&seg, n + 1).await;
+        let bytes = self.cached_or_fetch(seg, n).await?;
+        if self.config.read_ahead {
+            for m in n + 1..=n + READ_AHEAD_CHUNKS {
+                if m * self.config.chunk_size >= seg.size_bytes {
+                    break;
                 }
-            });
+                self.read_ahead(seg, m);
+            }
         }
-        Ok(got.0)
+        Ok(bytes)
     }
 
-    /// The chunk, and whether it took a GET. Readers of a chunk being fetched wait for
-    /// that one GET.
+    /// Fetches chunk `n` into the cache in the background, unless it is there or on its way.
+    fn read_ahead(self: &Arc<Self>, seg: &RemoteSegment, n: u64) {
+        let key = chunk_key(&seg.key, n);
+        if self.chunks.contains(&key) {
+            return;
+        }
+        if !self
+            .ahead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone())
+        {
+            return;
+        }
+        let (me, seg) = (self.clone(), seg.clone());
+        tokio::spawn(async move {
+            // A failed read-ahead is not an error: the reader's own fetch reports it.
+            let _ = me.cached_or_fetch(&seg, n).await;
+            me.ahead
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
+        });
+    }
+
+    /// The chunk, counted as a memory hit, a disk hit or a GET. Readers of a chunk being
+    /// fetched wait for that one GET.
     async fn cached_or_fetch(
         self: &Arc<Self>,
         seg: &RemoteSegment,
         n: u64,
-    ) -> Result<(Bytes, bool), ReadError> {
+    ) -> Result<Bytes, ReadError> {
         let (me, s) = (self.clone(), seg.clone());
         let entry = self
             .chunks
@@ -220,21 +257,13 @@ impl RemoteReader {
                 Some(e) => ReadError::Fetch(e.to_string()),
                 None => ReadError::Cache(e.to_string()),
             })?;
-        let fetched = match entry.source() {
-            foyer::Source::Memory => {
-                self.stats.hits.fetch_add(1, Relaxed);
-                false
-            }
-            foyer::Source::Disk => {
-                self.stats.disk_hits.fetch_add(1, Relaxed);
-                false
-            }
-            foyer::Source::Outer => {
-                self.stats.misses.fetch_add(1, Relaxed);
-                true
-            }
+        let counter = match entry.source() {
+            foyer::Source::Memory => &self.stats.hits,
+            foyer::Source::Disk => &self.stats.disk_hits,
+            foyer::Source::Outer => &self.stats.misses,
         };
-        Ok((entry.value().clone(), fetched))
+        counter.fetch_add(1, Relaxed);
+        Ok(entry.value().clone())
     }
 
     async fn fetch_chunk(&self, seg: &RemoteSegment, n: u64) -> Result<Bytes, ReadError> {
@@ -385,25 +414,37 @@ impl RemoteReader {
     ) -> Result<Bytes, ReadError> {
         let index = self.index(seg).await?;
         let rel = offset.saturating_sub(seg.base_offset);
-        let mut pos = index
-            .iter()
-            .take_while(|e| u64::from(e.relative_offset) <= rel)
-            .last()
-            .map_or(0, |e| u64::from(e.position));
+        let mut pos = match index.partition_point(|e| u64::from(e.relative_offset) <= rel) {
+            0 => 0,
+            i => u64::from(index[i - 1].position),
+        };
         let damaged = |position: u64, why: String| ReadError::Damaged {
             key: seg.key.clone(),
             position,
             why,
         };
         // Walk the batch headers to the range to answer with, then take it whole (a slice
-        // of one cached chunk when it lies in one) and check every batch's CRC.
-        let mut cur = None;
+        // of one cached chunk when it lies in one) and check every batch's CRC. Headers
+        // within the chunk in hand are parsed in place: no cache lookup, no await.
+        let size = self.config.chunk_size;
+        let mut cur: Option<(u64, Bytes)> = None;
         let (mut first, mut end) = (None, pos);
         while pos + HEADER_LEN as u64 <= seg.size_bytes {
-            let header = self
-                .span(seg, &mut cur, pos, pos + HEADER_LEN as u64)
-                .await?;
-            let h = BatchHeader::parse(&header).map_err(|e| damaged(pos, e.to_string()))?;
+            let n = pos / size;
+            let h = if (pos + HEADER_LEN as u64 - 1) / size == n {
+                if cur.as_ref().is_none_or(|(m, _)| *m != n) {
+                    cur = Some((n, self.chunk(seg, n).await?));
+                }
+                let c = &cur.as_ref().expect("set above").1;
+                let at = (pos - n * size) as usize;
+                let header = c
+                    .get(at..at + HEADER_LEN)
+                    .ok_or_else(|| damaged(pos, "object shorter than the manifest says".into()))?;
+                BatchHeader::parse(header)
+            } else {
+                BatchHeader::parse(&self.range(seg, pos, pos + HEADER_LEN as u64).await?)
+            }
+            .map_err(|e| damaged(pos, e.to_string()))?;
             let len = h.total_len() as u64;
             if pos + len > seg.size_bytes {
                 return Err(damaged(pos, "batch runs past the end of the object".into()));
@@ -426,13 +467,11 @@ impl RemoteReader {
             return Ok(Bytes::new());
         };
         let out = self.span(seg, &mut cur, start, end).await?;
+        // Each batch CRC-checked once, here (`verify` parses its header too).
         let mut at = 0;
         while at < out.len() {
-            let h = BatchHeader::parse(&out[at..])
-                .map_err(|e| damaged(start + at as u64, e.to_string()))?;
-            let len = h.total_len();
-            verify(&out[at..at + len]).map_err(|e| damaged(start + at as u64, e.to_string()))?;
-            at += len;
+            let h = verify(&out[at..]).map_err(|e| damaged(start + at as u64, e.to_string()))?;
+            at += h.total_len();
         }
         Ok(out)
     }

@@ -54,6 +54,19 @@ struct Args {
     /// Bytes a consumer asks for per fetch.
     #[arg(long, default_value_t = 1 << 20)]
     fetch_bytes: usize,
+    /// The chunk cache's memory, in MiB. Default: twice the history, so the second pass
+    /// replays from a warm cache; smaller than the history, the first pass recycles memory
+    /// as a broker's bounded cache does and the second is cold again.
+    #[arg(long)]
+    cache_mib: Option<usize>,
+}
+
+/// Peak resident memory of this process (`VmHWM`), in MiB.
+fn peak_rss_mib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib >> 10)
 }
 
 /// Writes one segment file from `base`, about `bytes` long; returns its end offset.
@@ -187,20 +200,24 @@ async fn main() -> anyhow::Result<()> {
     );
 
     // Replay through the reader, as a consumer: fetch after fetch, segment after segment.
+    let cache_bytes = args
+        .cache_mib
+        .map_or((total as usize).max(64 << 20) * 2, |m| m << 20);
     let reader = RemoteReader::open(
         store.clone(),
         ReadConfig {
             chunk_size: args.chunk_bytes,
-            cache_bytes: (total as usize).max(64 << 20) * 2,
+            cache_bytes,
             max_concurrent_reads: args.read_concurrency,
             ..ReadConfig::default()
         },
     )
     .await?;
     for pass in ["empty cache", "warm cache"] {
-        let (h0, m0) = (
+        let (h0, m0, f0) = (
             reader.stats.hits.load(Relaxed),
             reader.stats.misses.load(Relaxed),
+            reader.stats.bytes_fetched.load(Relaxed),
         );
         let started = Instant::now();
         let (mut bytes, mut records) = (0u64, 0u64);
@@ -220,16 +237,23 @@ async fn main() -> anyhow::Result<()> {
         let took = started.elapsed().as_secs_f64();
         let hits = reader.stats.hits.load(Relaxed) - h0;
         let misses = reader.stats.misses.load(Relaxed) - m0;
+        let fetched = reader.stats.bytes_fetched.load(Relaxed) - f0;
         println!(
-            "cold replay, {pass}: {:.1} MB/s, {:.0} records/s = {:.2}x one-at-a-time GET, {:.2}x {} at once; \
-             chunk cache hit ratio {:.1}% ({hits} hits, {misses} GETs)",
+            "cold replay, {pass}: {records} records, {:.1} MB/s, {:.0} records/s = {:.2}x one-at-a-time GET, {:.2}x {} at once; \
+             chunk cache hit ratio {:.1}% ({hits} hits, {misses} fetched or waited for; {:.1} MB fetched)",
             mb_per_s(bytes, took),
             records as f64 / took,
             serial / took,
             parallel / took,
             args.read_concurrency,
             100.0 * hits as f64 / (hits + misses).max(1) as f64,
+            fetched as f64 / 1e6,
         );
     }
+    println!(
+        "peak memory (VmHWM): {} MiB; chunk cache {} MiB",
+        peak_rss_mib().map_or("unknown".into(), |m| m.to_string()),
+        cache_bytes >> 20
+    );
     Ok(())
 }
