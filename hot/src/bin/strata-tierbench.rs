@@ -61,10 +61,10 @@ struct Args {
     cache_mib: Option<usize>,
 }
 
-/// Peak resident memory of this process (`VmHWM`), in MiB.
-fn peak_rss_mib() -> Option<u64> {
+/// Resident memory of this process, in MiB: `VmHWM` (the peak so far) or `VmRSS` (now).
+fn rss_mib(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib >> 10)
 }
@@ -159,6 +159,10 @@ async fn main() -> anyhow::Result<()> {
         mb_per_s(total, took),
         args.partitions
     );
+    println!(
+        "memory after the upload: peak (VmHWM) {} MiB",
+        rss_mib("VmHWM:").map_or("unknown".into(), |m| m.to_string())
+    );
     for segs in &files {
         for s in segs {
             let _ = std::fs::remove_file(&s.log);
@@ -182,12 +186,12 @@ async fn main() -> anyhow::Result<()> {
     let serial = started.elapsed().as_secs_f64();
     use futures_util::StreamExt;
     let started = Instant::now();
-    let fetched: Vec<_> = futures_util::stream::iter(ranges.iter())
+    // Each GET's bytes dropped as it lands, as the serial loop does: collecting them would
+    // hold the whole history in memory and make it this binary's peak.
+    let mut fetched = futures_util::stream::iter(ranges.iter())
         .map(|(path, r)| store.get_range(path, r.clone()))
-        .buffered(args.read_concurrency)
-        .collect()
-        .await;
-    for f in fetched {
+        .buffered(args.read_concurrency);
+    while let Some(f) = fetched.next().await {
         f?;
     }
     let parallel = started.elapsed().as_secs_f64();
@@ -249,10 +253,15 @@ async fn main() -> anyhow::Result<()> {
             100.0 * hits as f64 / (hits + misses).max(1) as f64,
             fetched as f64 / 1e6,
         );
+        println!(
+            "memory after the pass: now (VmRSS) {} MiB, peak (VmHWM) {} MiB",
+            rss_mib("VmRSS:").map_or("unknown".into(), |m| m.to_string()),
+            rss_mib("VmHWM:").map_or("unknown".into(), |m| m.to_string())
+        );
     }
     println!(
         "peak memory (VmHWM): {} MiB; chunk cache {} MiB",
-        peak_rss_mib().map_or("unknown".into(), |m| m.to_string()),
+        rss_mib("VmHWM:").map_or("unknown".into(), |m| m.to_string()),
         cache_bytes >> 20
     );
     Ok(())
