@@ -225,26 +225,32 @@ fn high_watermarks(r: &FetchResponse, ends: &mut [i64]) {
     }
 }
 
+impl<'a> Fetcher<'a> {
+    async fn connect(args: &'a Fetching) -> anyhow::Result<Fetcher<'a>> {
+        let stream = tokio::net::TcpStream::connect(&args.bootstrap)
+            .await
+            .with_context(|| format!("connecting to {}", args.bootstrap))?;
+        stream.set_nodelay(true)?;
+        Ok(Fetcher {
+            args,
+            conn: Conn {
+                stream,
+                correlation: 0,
+                sent_bytes: 0,
+                received_bytes: 0,
+            },
+            offsets: vec![0; args.partitions as usize],
+            sent: HashMap::new(),
+            session: (0, 0),
+            requests: 0,
+            records: 0,
+            bytes: 0,
+        })
+    }
+}
+
 async fn fetching(a: &Fetching, follow: Option<f64>) -> anyhow::Result<()> {
-    let stream = tokio::net::TcpStream::connect(&a.bootstrap)
-        .await
-        .with_context(|| format!("connecting to {}", a.bootstrap))?;
-    stream.set_nodelay(true)?;
-    let mut f = Fetcher {
-        args: a,
-        conn: Conn {
-            stream,
-            correlation: 0,
-            sent_bytes: 0,
-            received_bytes: 0,
-        },
-        offsets: vec![0; a.partitions as usize],
-        sent: HashMap::new(),
-        session: (0, 0),
-        requests: 0,
-        records: 0,
-        bytes: 0,
-    };
+    let mut f = Fetcher::connect(a).await?;
     // The ends: a fetch past every end answers OFFSET_OUT_OF_RANGE, so ask at 0 for nothing.
     let mut ends = vec![0i64; a.partitions as usize];
     {
@@ -256,22 +262,7 @@ async fn fetching(a: &Fetching, follow: Option<f64>) -> anyhow::Result<()> {
             topic: a.topic.clone(),
             ..*a
         };
-        let mut p = Fetcher {
-            args: &probe,
-            conn: Conn {
-                stream: tokio::net::TcpStream::connect(&a.bootstrap).await?,
-                correlation: 0,
-                sent_bytes: 0,
-                received_bytes: 0,
-            },
-            offsets: vec![0; a.partitions as usize],
-            sent: HashMap::new(),
-            session: (0, 0),
-            requests: 0,
-            records: 0,
-            bytes: 0,
-        };
-        let r = p.round().await?;
+        let r = Fetcher::connect(&probe).await?.round().await?;
         high_watermarks(&r, &mut ends);
     }
     let started = Instant::now();
