@@ -380,7 +380,13 @@ async fn replay(
     batch_bytes: usize,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
-    let topic = source::find_topic(store, &select.topic, select.cluster.as_deref()).await?;
+    let Reading {
+        plans,
+        range,
+        bar,
+        mut src,
+        mut hot,
+    } = Reading::open(store, select, "replaying").await?;
     let target_name = to_topic.unwrap_or(&select.topic).to_string();
     let mut target = publish::Target::connect(
         to,
@@ -390,8 +396,6 @@ async fn replay(
         records_per_sec,
     )
     .await?;
-    let range = select.range()?;
-    let plans = source::plan(store, &topic, &range).await?;
     if let Some(p) = plans.iter().find(|p| p.partition >= target.partitions) {
         anyhow::bail!(
             "target topic '{target_name}' has {} partitions; source partition {} has nowhere to go (per-partition order needs partition p -> p)",
@@ -400,9 +404,6 @@ async fn replay(
         );
     }
     let mut cp = publish::resume(checkpoint, &select.topic, &target_name)?;
-    let bar = progress(plans.iter().map(|p| p.bytes()).sum(), "replaying");
-    let mut src = Source::new(store.clone(), select.skip_corrupt).await?;
-    let mut hot = select.hot().await?;
     let (mut skipped_written, mut bytes) = (0u64, 0u64);
     for plan in &plans {
         let p = plan.partition;
