@@ -819,9 +819,14 @@ impl Partition {
                 (log.plan_read(offset, bound(&progress))?, progress)
             };
             if let Some(plan) = plan {
-                let bytes = tokio::task::spawn_blocking(move || plan.read(max_bytes))
-                    .await
-                    .map_err(|e| ReadError::Io(std::io::Error::other(e)))??;
+                // What a follower at the end asks for was just written: from the page cache,
+                // here; anything else on a blocking thread.
+                let bytes = match plan.read_cached(max_bytes)? {
+                    Some(bytes) => bytes,
+                    None => tokio::task::spawn_blocking(move || plan.read(max_bytes))
+                        .await
+                        .map_err(|e| ReadError::Io(std::io::Error::other(e)))??,
+                };
                 if !bytes.is_empty() {
                     return Ok((bytes, progress));
                 }

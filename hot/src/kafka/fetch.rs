@@ -266,15 +266,12 @@ async fn long_poll(
         for w in &mut watchers {
             w.borrow_and_update();
         }
-        let snapshot = topics.clone();
-        let read =
-            tokio::task::spawn_blocking(move || read_all(&snapshot, max_bytes, committed)).await;
-        let (responses, total, any_error) = match read {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!(error = %e, "fetch read task failed");
-                return None;
-            }
+        let (responses, total, any_error) = match read_all(&topics, max_bytes, committed, true) {
+            Some(read) => read,
+            None => match read_all_blocking(topics.clone(), max_bytes, committed).await {
+                Some(read) => read,
+                None => return None,
+            },
         };
         if total >= min_bytes
             || any_error
@@ -286,13 +283,12 @@ async fn long_poll(
         let changed = any_changed(&mut watchers);
         if tokio::time::timeout_at(deadline, changed).await.is_err() {
             // Deadline: answer with what there is (usually nothing) without another wait.
-            let snapshot = topics.clone();
-            let last =
-                tokio::task::spawn_blocking(move || read_all(&snapshot, max_bytes, committed));
-            return match last.await {
-                Ok((responses, _, _)) => Some(responses),
-                Err(_) => None,
-            };
+            if let Some((responses, _, _)) = read_all(&topics, max_bytes, committed, true) {
+                return Some(responses);
+            }
+            return read_all_blocking(topics.clone(), max_bytes, committed)
+                .await
+                .map(|(responses, _, _)| responses);
         }
     }
 }
@@ -305,13 +301,35 @@ async fn any_changed(watchers: &mut [watch::Receiver<Progress>]) {
 
 /// Reads every target once. Returns the response topics, the bytes read, and whether any
 /// partition answered with an error (which ends a long poll at once, as in Kafka).
+/// [`read_all`] on a blocking thread (it may wait for the disk or the cold tier); `None` if
+/// that thread failed.
+async fn read_all_blocking(
+    topics: Arc<Vec<(TopicName, Vec<Target>)>>,
+    max_bytes: usize,
+    committed: bool,
+) -> Option<(Vec<FetchableTopicResponse>, usize, bool)> {
+    match tokio::task::spawn_blocking(move || read_all(&topics, max_bytes, committed, false)).await
+    {
+        Ok(read) => read,
+        Err(e) => {
+            tracing::error!(error = %e, "fetch read task failed");
+            None
+        }
+    }
+}
+
+/// Reads every target: the responses, the bytes they carry, and whether any partition
+/// answered an error. With `cached`, only from the page cache (so on a runtime thread):
+/// `None` if some read would wait for the disk or the cold tier. Without, always `Some`.
 fn read_all(
     topics: &[(TopicName, Vec<Target>)],
     max_bytes: usize,
     committed: bool,
-) -> (Vec<FetchableTopicResponse>, usize, bool) {
+    cached: bool,
+) -> Option<(Vec<FetchableTopicResponse>, usize, bool)> {
     let mut total = 0usize;
     let mut any_error = false;
+    let mut would_block = false;
     let responses = topics
         .iter()
         .map(|(name, targets)| {
@@ -338,12 +356,25 @@ fn read_all(
                     }
                     let budget = t.max_bytes.min(max_bytes.saturating_sub(total));
                     let first = total == 0;
-                    let Read {
+                    let read = read_one(
+                        p,
+                        t.offset,
+                        budget,
+                        first,
+                        t.remote.as_ref(),
+                        committed,
+                        cached,
+                    );
+                    let Some(Read {
                         records,
                         progress,
                         error,
                         last_stable,
-                    } = read_one(p, t.offset, budget, first, t.remote.as_ref(), committed);
+                    }) = read
+                    else {
+                        would_block = true;
+                        return data;
+                    };
                     // Only the first non-empty partition may exceed the budget, by its
                     // first batch (KIP-74); any other keeps to it, even if that leaves it
                     // empty this time.
@@ -371,7 +402,7 @@ fn read_all(
                 .with_partitions(partitions)
         })
         .collect();
-    (responses, total, any_error)
+    (!would_block).then_some((responses, total, any_error))
 }
 
 /// The aborted transactions that meet `records`, read from `offset`: from the local log's
@@ -440,7 +471,8 @@ struct Read {
 /// Reads one partition. `first` lets the first non-empty partition exceed the request's byte
 /// budget by one batch, so a large batch never blocks a consumer (KIP-74); the caller cuts
 /// any other partition's answer to its budget. `committed` (read_committed) reads only
-/// below the last stable offset.
+/// below the last stable offset. `cached` reads only from the page cache: `None` if the
+/// read would wait for the disk or the cold tier.
 fn read_one(
     p: &Partition,
     offset: i64,
@@ -448,15 +480,18 @@ fn read_one(
     first: bool,
     remote: Option<&(Arc<crate::broker::tier::ColdTier>, uuid::Uuid)>,
     committed: bool,
-) -> Read {
+    cached: bool,
+) -> Option<Read> {
     let progress = p.progress();
     // (the local read below learns the last stable offset with its plan; these rarer
     // answers ask for it)
-    let answer = |records: Bytes, error: i16| Read {
-        records,
-        progress,
-        error,
-        last_stable: p.last_stable_offset(),
+    let answer = |records: Bytes, error: i16| {
+        Some(Read {
+            records,
+            progress,
+            error,
+            last_stable: p.last_stable_offset(),
+        })
     };
     if offset < 0 {
         return answer(Bytes::new(), codes::OFFSET_OUT_OF_RANGE);
@@ -469,6 +504,9 @@ fn read_one(
         // Below the local log: the cold tier serves it if it holds it. This runs on the
         // blocking pool, so it may wait for the object store here.
         if let Some((cold, topic_id)) = remote {
+            if cached {
+                return None;
+            }
             if crate::broker::tier::cold_tier_unknown(p) {
                 // Whether the cold tier holds it is not known yet: neither served nor
                 // out of range (a consumer would reset past the cold tier's history).
@@ -497,23 +535,29 @@ fn read_one(
         }
     }
     match p.plan_read(offset as u64, committed) {
-        Ok((None, progress, last_stable)) => Read {
+        Ok((None, progress, last_stable)) => Some(Read {
             records: Bytes::new(),
             progress,
             error: codes::NONE,
             last_stable,
-        },
+        }),
         Ok((Some(plan), progress, last_stable)) => {
-            let answer = |records, error| Read {
-                records,
-                progress,
-                error,
-                last_stable,
+            let answer = |records, error| {
+                Some(Read {
+                    records,
+                    progress,
+                    error,
+                    last_stable,
+                })
             };
             if budget == 0 && !first {
                 return answer(Bytes::new(), codes::NONE);
             }
-            match plan.read(budget) {
+            let read = match cached {
+                true => plan.read_cached(budget).transpose()?,
+                false => plan.read(budget),
+            };
+            match read {
                 Ok(bytes) => answer(bytes, codes::NONE),
                 Err(e) => {
                     tracing::error!(topic = %p.topic, partition = p.index, error = %e, "segment read failed");

@@ -233,20 +233,52 @@ pub struct ReadPlan {
 impl ReadPlan {
     /// Reads up to `max_bytes` of whole batches below the plan's bound; the first batch is
     /// returned whole even when larger than `max_bytes`, so a consumer always progresses.
+    /// May wait for the disk: call it on a blocking thread.
     pub fn read(&self, max_bytes: usize) -> io::Result<Bytes> {
+        let read = self.read_with(max_bytes, |file, len, pos| {
+            read_new_at(file, len, pos).map(Some)
+        })?;
+        Ok(read.expect("a blocking read always reads"))
+    }
+
+    /// [`Self::read`] from the page cache only, without waiting for the disk, so that it may
+    /// run on a runtime thread: `Ok(None)` when some of the bytes are not in memory, or the
+    /// read is longer than [`CACHED_READ_MAX`]; then `read` on a blocking thread does it.
+    ///
+    /// A follower or consumer at the end of the log reads what was just written, which is
+    /// in the page cache; handing that read to the blocking pool cost two thread wake-ups
+    /// per fetch, on the path of every replicated acknowledgement.
+    pub fn read_cached(&self, max_bytes: usize) -> io::Result<Option<Bytes>> {
+        self.read_with(max_bytes, |file, len, pos| {
+            if len > CACHED_READ_MAX {
+                return Ok(None);
+            }
+            let mut buf = vec![0; len];
+            Ok(read_exact_cached(file, &mut buf, pos)?.then_some(buf))
+        })
+    }
+
+    fn read_with(
+        &self,
+        max_bytes: usize,
+        read: impl Fn(&File, usize, u64) -> io::Result<Option<Vec<u8>>>,
+    ) -> io::Result<Option<Bytes>> {
         if self.available < HEADER_LEN as u64 {
-            return Ok(Bytes::new());
+            return Ok(Some(Bytes::new()));
         }
-        let mut header = [0u8; HEADER_LEN];
-        self.file.read_exact_at(&mut header, self.position)?;
+        let Some(header) = read(&self.file, HEADER_LEN, self.position)? else {
+            return Ok(None);
+        };
         let first = BatchHeader::parse(&header).map_err(bad_batch)?;
         if first.last_offset() as u64 >= self.upper {
-            return Ok(Bytes::new());
+            return Ok(Some(Bytes::new()));
         }
         let len = (max_bytes as u64)
             .max(first.total_len() as u64)
             .min(self.available);
-        let mut buf = read_new_at(&self.file, len as usize, self.position)?;
+        let Some(mut buf) = read(&self.file, len as usize, self.position)? else {
+            return Ok(None);
+        };
         let mut end = 0;
         for item in BatchIter::new(&buf) {
             let (h, range) = item.map_err(bad_batch)?;
@@ -256,8 +288,45 @@ impl ReadPlan {
             end = range.end;
         }
         buf.truncate(end);
-        Ok(Bytes::from(buf))
+        Ok(Some(Bytes::from(buf)))
     }
+}
+
+/// The longest read [`ReadPlan::read_cached`] tries on a runtime thread (it zeroes its buffer
+/// first, and copies while the thread serves no other task); longer reads are catch-up reads,
+/// for which a thread hop costs little beside the copy.
+pub const CACHED_READ_MAX: usize = 256 << 10;
+
+/// Cleared for good the first time the kernel or the filesystem refuses `RWF_NOWAIT` reads:
+/// then every read goes to the blocking pool, as before.
+static NOWAIT_READS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Fills `buf` from `pos` if the page cache holds all of it (`preadv2` with `RWF_NOWAIT`);
+/// `false` when some of it would have to come from the disk.
+fn read_exact_cached(file: &File, buf: &mut [u8], pos: u64) -> io::Result<bool> {
+    use rustix::io::{Errno, ReadWriteFlags};
+    use std::sync::atomic::Ordering::Relaxed;
+    if !NOWAIT_READS.load(Relaxed) {
+        return Ok(false);
+    }
+    let mut done = 0;
+    while done < buf.len() {
+        let mut slice = [io::IoSliceMut::new(&mut buf[done..])];
+        match rustix::io::preadv2(file, &mut slice, pos + done as u64, ReadWriteFlags::NOWAIT) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            // a short read returns what is cached; the next call tells whether the rest is
+            Ok(n) => done += n,
+            Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => return Ok(false),
+            Err(Errno::OPNOTSUPP | Errno::INVAL | Errno::NOSYS) => {
+                NOWAIT_READS.store(false, Relaxed);
+                tracing::info!("this kernel or filesystem does not read without waiting (RWF_NOWAIT); every segment read goes to the blocking pool");
+                return Ok(false);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(true)
 }
 
 /// Reads `len` bytes at `pos` into a new buffer without zeroing it first (zeroing an 8 MiB

@@ -1031,3 +1031,60 @@ fn a_read_into_a_fresh_buffer_returns_exactly_the_bytes_asked() {
     let past = super::read_new_at(&f, 10, 99_995).unwrap_err();
     assert_eq!(past.kind(), std::io::ErrorKind::UnexpectedEof);
 }
+
+#[test]
+fn a_cached_read_returns_what_a_blocking_read_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(4096), 0).unwrap();
+    let written = append_many(&mut log, 60);
+    let end = log.end_offset();
+    for from in [0, 1, 7, 40, end - 1] {
+        for upper in [from + 1, end - 1, u64::MAX] {
+            let Some(plan) = log.plan_read(from, upper).unwrap() else {
+                continue;
+            };
+            for max in [0, 100, 1000, 1 << 20] {
+                let cached = plan.read_cached(max).unwrap();
+                assert_eq!(
+                    cached,
+                    Some(plan.read(max).unwrap()),
+                    "from {from}, upper {upper}, max {max}"
+                );
+            }
+        }
+    }
+    assert_eq!(read_all(&log, 0), written);
+}
+
+#[test]
+fn a_cached_read_declines_bytes_not_in_memory_and_long_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(dir.path(), small_config(64 << 20), 0).unwrap();
+    // ~400 KiB of batches, more than a cached read takes
+    for i in 0..400 {
+        log.append(&make(i, 20, 1_000, ProducerIds::NONE), 0)
+            .unwrap();
+    }
+    let plan = log.plan_read(0, u64::MAX).unwrap().unwrap();
+    let long = plan.read(CACHED_READ_MAX + (64 << 10)).unwrap();
+    assert!(long.len() > CACHED_READ_MAX);
+    assert_eq!(
+        plan.read_cached(CACHED_READ_MAX + (64 << 10)).unwrap(),
+        None
+    );
+    assert!(plan.read_cached(4096).unwrap().is_some());
+
+    // Synced, then dropped from the page cache: the bytes are on the disk only.
+    log.take_sync_work().unwrap().run(dir.path()).unwrap();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let f = File::open(&path).unwrap();
+            rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+        }
+    }
+    assert_eq!(plan.read_cached(4096).unwrap(), None);
+    // the blocking read brings them back, and then a cached read finds them
+    let blocking = plan.read(4096).unwrap();
+    assert_eq!(plan.read_cached(4096).unwrap(), Some(blocking));
+}
