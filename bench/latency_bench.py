@@ -13,7 +13,12 @@ consuming them in the same process:
   response out, append to committed on the ISR, and that commit's stages: append to the
   leader's fsync, append to each follower's next fetch past it, a follower's turnaround
   (response in to next fetch out: its append and fsync), and one fsync;
-- CPU seconds per million records of each broker process, and of the generator.
+- CPU seconds per million records of each broker process, and of the generator;
+- metadata propagation: from the topic's creation being committed by the controllers to
+  every broker's Kafka Metadata naming a leader for each of its partitions;
+- controller failover: after the load, SIGKILL of the active controller, then the time until
+  a new one commits a topic creation, and until that topic reaches every broker's Kafka
+  Metadata.
 
 With several partition counts (`--partitions 6,60,600,3000`) it runs each on a fresh
 cluster in turn: the partition-scale table (the same total rate spread thinner).
@@ -35,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
+from confluent_kafka.admin import AdminClient  # noqa: E402
 from test_cluster import Cluster  # noqa: E402
 from replication_bench import bucket_quantile  # noqa: E402
 
@@ -82,6 +88,39 @@ def histogram(c, name):
     return total
 
 
+def all_brokers_see(admins, topic, partitions, started, timeout=120):
+    """Seconds from `started` until every broker's Kafka Metadata names a leader for each of
+    `topic`'s `partitions` partitions (polled back to back: the figure includes a round trip)."""
+    pending = set(admins)
+    while pending:
+        for i in list(pending):
+            md = admins[i].list_topics(topic=topic, timeout=10)
+            t = md.topics.get(topic)
+            if t is not None and t.error is None and len(t.partitions) == partitions and all(
+                    p.leader >= 0 for p in t.partitions.values()):
+                pending.discard(i)
+        if time.monotonic() - started > timeout:
+            sys.exit(f"{topic}: brokers {sorted(pending)} did not show its {partitions} partitions in {timeout} s")
+    return time.monotonic() - started
+
+
+def controller_failover(c, admins):
+    """SIGKILL the active controller; seconds until the survivors commit a topic creation, and
+    until every broker's Metadata shows that topic."""
+    victim = c.leader()
+    c.kill(f"controller-{victim}")
+    killed = time.monotonic()
+    while True:
+        r = c.cli("topic", "create", "failover-probe", "-p", "1", "--replication-factor", "3", check=False)
+        if r.returncode == 0:
+            break
+        if time.monotonic() - killed > 60:
+            sys.exit(f"no controller accepted a topic creation 60 s after controller {victim}'s SIGKILL:\n{r.stderr}")
+        time.sleep(0.05)
+    committed = time.monotonic() - killed
+    return victim, committed, all_brokers_see(admins, "failover-probe", 1, killed)
+
+
 def run_one(args, partitions, tmp):
     work = Path(tmp) / f"p{partitions}"
     work.mkdir(parents=True, exist_ok=True)
@@ -90,8 +129,13 @@ def run_one(args, partitions, tmp):
     try:
         c.start_all()
         topic = f"latency-{partitions}"
+        admins = {i: AdminClient({"bootstrap.servers": f"127.0.0.1:{c.broker_ports[i]}", "log_level": 2})
+                  for i in (1, 2, 3)}
+        for a in admins.values():
+            a.list_topics(timeout=10)
         c.cli("topic", "create", topic, "-p", str(partitions), "--replication-factor", "3",
               "--config", "min.insync.replicas=2")
+        propagation = all_brokers_see(admins, topic, partitions, time.monotonic())
         c.wait_for(lambda m: topic in m["topics"] and all(
             len(p["isr"]) == 3 for p in m["topics"][topic]["partitions"]), "topic with full ISRs",
             timeout=120)
@@ -123,6 +167,13 @@ def run_one(args, partitions, tmp):
         figures["rss_mib"] = rss
         figures["fds"] = fds
         print(f"  brokers: RSS {', '.join(f'{m:.0f}' for m in rss)} MiB; open fds {', '.join(map(str, fds))}")
+        figures["propagation_s"] = propagation
+        print(f"  metadata propagation: topic of {partitions} partitions committed -> every broker's Metadata "
+              f"names all its leaders: {propagation * 1e3:.0f} ms")
+        victim, committed, seen = controller_failover(c, admins)
+        figures["failover_commit_s"], figures["failover_seen_s"] = committed, seen
+        print(f"  controller failover: controller {victim} SIGKILLed -> a topic creation committed after "
+              f"{committed * 1e3:.0f} ms, on every broker's Metadata after {seen * 1e3:.0f} ms")
         return figures
     finally:
         c.stop_all()
@@ -155,11 +206,14 @@ def main():
                   flush=True)
             rows.append((n, run_one(args, n, tmp)))
         if len(rows) > 1:
-            print("\npartitions  ack p99  ack p99.9  e2e p99  broker CPU s / M records (mean)  RSS MiB (mean)  fds (mean)")
+            print("\npartitions  ack p99  ack p99.9  e2e p99  broker CPU s / M records (mean)  RSS MiB (mean)  fds (mean)"
+                  "  propagation ms  failover commit / seen ms")
             for n, f in rows:
                 cpu = sum(b["cpu_s"] for b in f["brokers"]) / len(f["brokers"]) / max(f["ack_ms"]["count"], 1) * 1e6
                 print(f"{n:>10}  {f['ack_ms']['p99']:>7.2f}  {f['ack_ms']['p999']:>9.2f}  {f['e2e_ms']['p99']:>7.2f}  "
-                      f"{cpu:>33.1f}  {sum(f['rss_mib']) / 3:>14.0f}  {sum(f['fds']) / 3:>10.0f}")
+                      f"{cpu:>33.1f}  {sum(f['rss_mib']) / 3:>14.0f}  {sum(f['fds']) / 3:>10.0f}"
+                      f"  {f['propagation_s'] * 1e3:>14.0f}  {f['failover_commit_s'] * 1e3:>8.0f} / "
+                      f"{f['failover_seen_s'] * 1e3:.0f}")
 
 
 if __name__ == "__main__":
