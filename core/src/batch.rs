@@ -481,40 +481,177 @@ pub struct RawRecord<'a> {
 /// Splits an uncompressed records section holding `count` records. `None` when it is
 /// malformed or holds more or fewer bytes than those records.
 pub fn raw_records(section: &[u8], count: i32) -> Option<Vec<RawRecord<'_>>> {
-    let mut pos = 0;
     let mut out = Vec::with_capacity(usize::try_from(count).ok()?.min(4096));
-    for _ in 0..count {
-        let start = pos;
-        let len = read_varint(section, &mut pos)?;
-        let end = pos.checked_add(usize::try_from(len).ok()?)?;
-        if end > section.len() {
+    for r in RecordViews::new(section, count)? {
+        let r = r.ok()?;
+        out.push(RawRecord {
+            bytes: r.bytes,
+            timestamp_delta: r.timestamp_delta,
+            offset_delta: r.offset_delta,
+            key: r.key,
+            value: r.value,
+            headers: r.headers.collect(),
+        });
+    }
+    Some(out)
+}
+
+/// One record of a records section read in place, as [`RecordViews`] yields it: nothing is
+/// allocated (its headers are walked when asked for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordView<'a> {
+    /// The whole record, its length prefix included.
+    pub bytes: &'a [u8],
+    pub timestamp_delta: i64,
+    pub offset_delta: i64,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    pub headers: Headers<'a>,
+}
+
+/// A record's headers in order (a key may repeat), read from its bytes as iterated. The
+/// bytes were checked when the record was read, so iteration never fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Headers<'a> {
+    /// The headers' bytes, their count excluded.
+    buf: &'a [u8],
+    left: usize,
+}
+
+impl Headers<'_> {
+    /// Headers not yet iterated.
+    pub fn len(&self) -> usize {
+        self.left
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.left == 0
+    }
+}
+
+/// One header at `*pos`: its key (never null) and value.
+fn read_header<'a>(buf: &'a [u8], pos: &mut usize) -> Option<(&'a [u8], Option<&'a [u8]>)> {
+    let name = read_bytes(buf, pos)??;
+    Some((name, read_bytes(buf, pos)?))
+}
+
+impl<'a> Iterator for Headers<'a> {
+    type Item = (&'a [u8], Option<&'a [u8]>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
             return None;
         }
-        let rec = &section[..end];
+        let mut pos = 0;
+        // Checked when the record was read: a failure here is a bug, and ends the headers.
+        let Some(header) = read_header(self.buf, &mut pos) else {
+            debug_assert!(false, "headers checked when read");
+            self.left = 0;
+            return None;
+        };
+        self.buf = &self.buf[pos..];
+        self.left -= 1;
+        Some(header)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for Headers<'_> {}
+
+/// The records section is malformed: a record does not parse, or the section holds more or
+/// fewer bytes than its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("malformed records section (at byte {at})")]
+pub struct Malformed {
+    /// Where the record that does not parse begins, or the first byte past the records.
+    pub at: usize,
+}
+
+/// The records of an uncompressed records section holding `count` records, read in place
+/// one at a time (what [`raw_records`] returns, without a vector per batch and per record).
+/// A malformed record, or bytes left over after the last, is yielded as an error once, then
+/// iteration ends: records before it have been yielded already.
+#[derive(Debug, Clone)]
+pub struct RecordViews<'a> {
+    section: &'a [u8],
+    pos: usize,
+    left: usize,
+    failed: bool,
+}
+
+impl<'a> RecordViews<'a> {
+    /// `None` for a negative `count`.
+    pub fn new(section: &'a [u8], count: i32) -> Option<Self> {
+        Some(RecordViews {
+            section,
+            pos: 0,
+            left: usize::try_from(count).ok()?,
+            failed: false,
+        })
+    }
+
+    fn read(&mut self) -> Option<RecordView<'a>> {
+        let start = self.pos;
+        let mut pos = start;
+        let len = read_varint(self.section, &mut pos)?;
+        let end = pos.checked_add(usize::try_from(len).ok()?)?;
+        let rec = self.section.get(..end)?;
         pos += 1; // attributes
         let timestamp_delta = read_varint(rec, &mut pos)?;
         let offset_delta = read_varint(rec, &mut pos)?;
         let key = read_bytes(rec, &mut pos)?;
         let value = read_bytes(rec, &mut pos)?;
-        let count = read_varint(rec, &mut pos)?;
-        let mut headers = Vec::new();
-        for _ in 0..count.max(0) {
-            let name = read_bytes(rec, &mut pos)??;
-            headers.push((name, read_bytes(rec, &mut pos)?));
+        let count = read_varint(rec, &mut pos)?.max(0);
+        let headers_at = pos;
+        for _ in 0..count {
+            read_header(rec, &mut pos)?;
         }
         if pos != end {
             return None;
         }
-        out.push(RawRecord {
-            bytes: &section[start..end],
+        self.pos = end;
+        Some(RecordView {
+            bytes: &self.section[start..end],
             timestamp_delta,
             offset_delta,
             key,
             value,
-            headers,
-        });
+            headers: Headers {
+                buf: &rec[headers_at..end],
+                left: usize::try_from(count).ok()?,
+            },
+        })
     }
-    (pos == section.len()).then_some(out)
+}
+
+impl<'a> Iterator for RecordViews<'a> {
+    type Item = Result<RecordView<'a>, Malformed>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        if self.left == 0 {
+            if self.pos == self.section.len() {
+                return None;
+            }
+            self.failed = true;
+            return Some(Err(Malformed { at: self.pos }));
+        }
+        match self.read() {
+            Some(r) => {
+                self.left -= 1;
+                Some(Ok(r))
+            }
+            None => {
+                self.failed = true;
+                Some(Err(Malformed { at: self.pos }))
+            }
+        }
+    }
 }
 
 /// Builds an uncompressed v2 batch of records with the given keys and values. Used by tests
@@ -956,6 +1093,67 @@ mod tests {
         fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = verify(&bytes);
             let _ = BatchIter::new(&bytes).count();
+        }
+
+        #[test]
+        fn record_views_read_back_what_was_built(
+            records in proptest::collection::vec(
+                (
+                    proptest::option::of(proptest::collection::vec(any::<u8>(), 0..20)),
+                    proptest::option::of(proptest::collection::vec(any::<u8>(), 0..40)),
+                    0i64..1_000,
+                    proptest::collection::vec(
+                        (
+                            proptest::collection::vec(any::<u8>(), 0..8),
+                            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..8)),
+                        ),
+                        0..4,
+                    ),
+                ),
+                1..20,
+            ),
+        ) {
+            let full: Vec<FullRec<'_>> = records
+                .iter()
+                .map(|(k, v, ts, h)| FullRec {
+                    key: k.as_deref(),
+                    value: v.as_deref(),
+                    timestamp: *ts,
+                    headers: h.iter().map(|(k, v)| (&k[..], v.as_deref())).collect(),
+                })
+                .collect();
+            let b = batch_with_headers(&full);
+            let section = &b[HEADER_LEN..];
+            let n = full.len() as i32;
+            let views: Vec<RecordView<'_>> = RecordViews::new(section, n)
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let raws = raw_records(section, n).unwrap();
+            prop_assert_eq!(views.len(), full.len());
+            for ((v, r), want) in views.iter().zip(&raws).zip(&full) {
+                prop_assert_eq!(v.key, want.key);
+                prop_assert_eq!(v.value, want.value);
+                prop_assert_eq!(v.headers.len(), want.headers.len());
+                prop_assert_eq!(v.headers.collect::<Vec<_>>(), want.headers.clone());
+                prop_assert_eq!(v.bytes, r.bytes);
+                prop_assert_eq!((v.offset_delta, v.timestamp_delta), (r.offset_delta, r.timestamp_delta));
+                prop_assert_eq!(&v.headers.collect::<Vec<_>>(), &r.headers);
+            }
+            // Cut short or with a byte too many: an error after the records that parse.
+            for bad in [&section[..section.len() - 1], &[section, &[0u8][..]].concat()[..]] {
+                let got: Vec<_> = RecordViews::new(bad, n).unwrap().collect();
+                prop_assert!(got.last().unwrap().is_err(), "{:?}", got.last());
+                prop_assert!(got[..got.len() - 1].iter().all(|r| r.is_ok()));
+                prop_assert!(raw_records(bad, n).is_none());
+            }
+        }
+
+        #[test]
+        fn record_views_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200), n in 0i32..10) {
+            let got: Vec<_> = RecordViews::new(&bytes, n).unwrap().collect();
+            prop_assert!(got.iter().filter(|r| r.is_err()).count() <= 1);
+            prop_assert_eq!(raw_records(&bytes, n).is_some(), got.iter().all(|r| r.is_ok()) && got.len() == n as usize);
         }
     }
 }

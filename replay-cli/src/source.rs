@@ -11,7 +11,7 @@ use strata_cold::catalog::Topic;
 use strata_cold::manifest::{AbortedTxn, RemoteSegment};
 use strata_cold::object_store::ObjectStore;
 use strata_cold::read::{ReadConfig, ReadError, RemoteReader};
-use strata_core::batch::{raw_records, verify, BatchIter};
+use strata_core::batch::{verify, BatchIter, Headers, RecordViews};
 use strata_core::codec::records_section;
 
 /// Which records: partitions and an offset and time range (inclusive from, exclusive to).
@@ -321,7 +321,7 @@ pub struct RecordRef<'a> {
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
     /// In order (a key may repeat); keys as they were sent, perhaps not UTF-8.
-    pub headers: &'a [(&'a [u8], Option<&'a [u8]>)],
+    pub headers: Headers<'a>,
     /// The records section the slices lie in.
     section: &'a Bytes,
 }
@@ -338,7 +338,6 @@ impl RecordRef<'_> {
             value: self.value.map(slice),
             headers: self
                 .headers
-                .iter()
                 .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.map(slice)))
                 .collect(),
         }
@@ -351,7 +350,9 @@ impl RecordRef<'_> {
 /// headers kept in order (a key may repeat); control batches (transaction markers) are
 /// skipped. `aborted` (producer id, first offset) are the aborted transactions that meet
 /// the range: as a read_committed consumer does, a producer's transactional batches are
-/// dropped from its aborted transaction's first offset until its abort marker.
+/// dropped from its aborted transaction's first offset until its abort marker. Records are
+/// read in place, nothing allocated per record; a malformed batch fails the decode after
+/// `each` has seen the records before its malformed one.
 #[allow(clippy::too_many_arguments)]
 fn decode_each(
     partition: u32,
@@ -395,13 +396,14 @@ fn decode_each(
             continue;
         }
         let section = records_section(batch, &h).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
-        let raws = raw_records(&section, h.record_count).ok_or_else(|| {
+        let malformed = || {
             anyhow::anyhow!(
                 "malformed records in the batch at offset {} of {what}",
                 h.base_offset
             )
-        })?;
-        for r in &raws {
+        };
+        for r in RecordViews::new(&section, h.record_count).ok_or_else(malformed)? {
+            let r = r.map_err(|_| malformed())?;
             let offset = h.base_offset + r.offset_delta;
             let timestamp = match h.log_append_time() {
                 true => h.max_timestamp,
@@ -421,7 +423,7 @@ fn decode_each(
                 timestamp,
                 key: r.key,
                 value: r.value,
-                headers: &r.headers,
+                headers: r.headers,
                 section: &section,
             });
         }

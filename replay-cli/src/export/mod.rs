@@ -212,7 +212,7 @@ impl Rows {
             entries
                 .field_builder::<BinaryBuilder>(1)
                 .expect("binary value")
-                .append_option(*v);
+                .append_option(v);
             entries.append(true);
         }
         self.headers.append(true);
