@@ -3,6 +3,12 @@
 //! the next chunks for sequential replay. Concurrent readers of one chunk share one GET.
 //! Every batch read is CRC-checked once: a damaged object is an error naming it, never bad
 //! records handed to a consumer.
+//!
+//! A reply is a slice of one cached chunk, never a copy: it ends where its chunk ends
+//! (Kafka lets a reply be shorter than asked; the consumer asks again from where it ends),
+//! unless its first batch itself crosses a chunk boundary, when that batch alone is copied.
+//! Chunks are read into recycled buffers (`buffers`), so a long replay does not fault in
+//! fresh memory for each one.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -10,12 +16,16 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
 use object_store::path::Path;
-use object_store::ObjectStore;
+use object_store::{GetOptions, GetResultPayload, ObjectStore};
 use strata_core::batch::{verify, BatchHeader, HEADER_LEN};
 use strata_core::segment::{decode_offset_entries, decode_time_entries, OffsetEntry};
 
 use crate::manifest::RemoteSegment;
+
+mod buffers;
+use buffers::Buffers;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -88,6 +98,9 @@ pub struct ReadStats {
     /// GETs running now, and GETs that waited for the budget.
     pub in_flight: std::sync::atomic::AtomicU64,
     pub throttled: std::sync::atomic::AtomicU64,
+    /// Replies copied out of two or more chunks (their first batch crosses a chunk
+    /// boundary); every other reply is a slice of one chunk.
+    pub copied_replies: std::sync::atomic::AtomicU64,
 }
 
 pub struct RemoteReader {
@@ -99,6 +112,7 @@ pub struct RemoteReader {
     ahead: Mutex<HashSet<String>>,
     slots: tokio::sync::Semaphore,
     limiter: crate::limit::Limiter,
+    buffers: Arc<Buffers>,
     pub stats: ReadStats,
 }
 
@@ -148,6 +162,12 @@ impl RemoteReader {
             ahead: Mutex::new(HashSet::new()),
             slots: tokio::sync::Semaphore::new(config.max_concurrent_reads.max(1)),
             limiter: crate::limit::Limiter::new(config.max_bytes_per_sec),
+            // Enough for the GETs in flight and the chunks being decoded; more come back
+            // as the cache evicts.
+            buffers: Buffers::new(
+                config.chunk_size as usize,
+                config.max_concurrent_reads.max(1) + 2 * READ_AHEAD_CHUNKS as usize + 4,
+            ),
             stats: ReadStats::default(),
             config,
         }))
@@ -156,6 +176,11 @@ impl RemoteReader {
     /// Bytes the memory tier of the chunk cache holds now.
     pub fn cached_bytes(&self) -> usize {
         self.chunks.memory().usage()
+    }
+
+    /// Chunk buffers allocated so far (the others were recycled).
+    pub fn buffers_allocated(&self) -> u64 {
+        self.buffers.allocated.load(Relaxed)
     }
 
     async fn index(&self, seg: &RemoteSegment) -> Result<Arc<Vec<OffsetEntry>>, ReadError> {
@@ -279,10 +304,7 @@ impl RemoteReader {
         };
         self.limiter.take(end - start).await;
         self.stats.in_flight.fetch_add(1, Relaxed);
-        let got = self
-            .store
-            .get_range(&Path::from(seg.key.as_str()), start..end)
-            .await;
+        let got = self.get_into_buffer(seg, start..end).await;
         self.stats.in_flight.fetch_sub(1, Relaxed);
         drop(permit);
         let bytes = got?;
@@ -290,6 +312,61 @@ impl RemoteReader {
             .bytes_fetched
             .fetch_add(bytes.len() as u64, Relaxed);
         Ok(bytes)
+    }
+
+    /// A ranged GET read into a recycled chunk buffer: a local file is read straight into
+    /// it (on the blocking pool), a stream is copied into it as it arrives.
+    async fn get_into_buffer(
+        &self,
+        seg: &RemoteSegment,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, ReadError> {
+        let options = GetOptions {
+            range: Some(range.into()),
+            ..GetOptions::default()
+        };
+        let got = self
+            .store
+            .get_opts(&Path::from(seg.key.as_str()), options)
+            .await?;
+        let mut buf = self.buffers.take((range_len(&got.range)) as usize);
+        let too_long = || ReadError::Damaged {
+            key: seg.key.clone(),
+            position: got.range.start,
+            why: "the store returned more than the range asked for".into(),
+        };
+        match got.payload {
+            GetResultPayload::File(file, path) => {
+                let (at, len) = (got.range.start, range_len(&got.range) as usize);
+                if buf.room(len).is_none() {
+                    return Err(too_long());
+                }
+                buf = tokio::task::spawn_blocking(move || {
+                    use std::os::unix::fs::FileExt;
+                    let room = buf.room(len).expect("checked above");
+                    file.read_exact_at(room, at).map(|()| {
+                        buf.filled(len);
+                        buf
+                    })
+                })
+                .await
+                .map_err(|e| ReadError::Fetch(e.to_string()))?
+                .map_err(|e| {
+                    ReadError::Store(object_store::Error::Generic {
+                        store: "LocalFileSystem",
+                        source: format!("reading {}: {e}", path.display()).into(),
+                    })
+                })?;
+            }
+            GetResultPayload::Stream(mut parts) => {
+                while let Some(part) = parts.next().await {
+                    if !buf.extend(&part?) {
+                        return Err(too_long());
+                    }
+                }
+            }
+        }
+        Ok(buf.freeze())
     }
 
     /// Bytes `[from, to)` of a segment's object.
@@ -343,6 +420,7 @@ impl RemoteReader {
         let size = self.config.chunk_size;
         let n = from / size;
         if (to - 1) / size != n {
+            self.stats.copied_replies.fetch_add(1, Relaxed);
             return self.range(seg, from, to).await;
         }
         if cur.as_ref().is_none_or(|(m, _)| *m != n) {
@@ -405,7 +483,9 @@ impl RemoteReader {
     }
 
     /// Whole batches of `seg` from the one holding `offset`, up to `max_bytes` (the first
-    /// batch whole even when larger, so a consumer always progresses).
+    /// batch whole even when larger, so a consumer always progresses) and up to the end of
+    /// the first batch's chunk: a reply never crosses a chunk boundary unless its first
+    /// batch does, and is then that batch alone.
     pub async fn read(
         self: &Arc<Self>,
         seg: &RemoteSegment,
@@ -454,8 +534,22 @@ impl RemoteReader {
                 continue;
             }
             let start = *first.get_or_insert(pos);
-            if pos > start && pos + len - start > max_bytes as u64 {
+            // After the first batch, only batches that fit in the budget and end within
+            // the first batch's chunk: the reply is then one slice of that chunk.
+            let chunk_end = (start / size + 1) * size;
+            if pos > start && (pos + len - start > max_bytes as u64 || pos + len > chunk_end) {
                 break;
+            }
+            // Each batch taken is CRC-checked once, here, in place, while it is at hand in
+            // the CPU's cache; a batch that crosses a chunk boundary (only ever a reply's
+            // first) is checked below, once copied. Its header lies in its chunk: `cur`.
+            if (pos + len - 1) / size == n {
+                let c = &cur.as_ref().expect("the header's chunk").1;
+                let at = (pos - n * size) as usize;
+                let whole = c
+                    .get(at..at + len as usize)
+                    .ok_or_else(|| damaged(pos, "object shorter than the manifest says".into()))?;
+                verify(whole).map_err(|e| damaged(pos, e.to_string()))?;
             }
             pos += len;
             end = pos;
@@ -467,14 +561,20 @@ impl RemoteReader {
             return Ok(Bytes::new());
         };
         let out = self.span(seg, &mut cur, start, end).await?;
-        // Each batch CRC-checked once, here (`verify` parses its header too).
-        let mut at = 0;
-        while at < out.len() {
-            let h = verify(&out[at..]).map_err(|e| damaged(start + at as u64, e.to_string()))?;
-            at += h.total_len();
+        if start / size != (end - 1) / size {
+            let mut at = 0;
+            while at < out.len() {
+                let h =
+                    verify(&out[at..]).map_err(|e| damaged(start + at as u64, e.to_string()))?;
+                at += h.total_len();
+            }
         }
         Ok(out)
     }
+}
+
+fn range_len(r: &std::ops::Range<u64>) -> u64 {
+    r.end.saturating_sub(r.start)
 }
 
 #[cfg(test)]

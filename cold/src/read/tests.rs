@@ -58,7 +58,6 @@ async fn reads_whole_batches_from_any_offset_across_chunks() {
     // From the middle of a batch: that batch first.
     let got = reader.read(&seg, 125, 1 << 20).await.unwrap();
     assert_eq!(offsets(&got).first(), Some(&120));
-    assert_eq!(offsets(&got).len(), 28);
     // A byte budget smaller than a batch still returns one batch.
     let one = reader.read(&seg, 0, 1).await.unwrap();
     assert_eq!(offsets(&one), vec![0]);
@@ -135,11 +134,15 @@ async fn cold_reads_keep_to_their_bandwidth_budget() {
     .await
     .unwrap();
     let start = tokio::time::Instant::now();
-    let all = reader.read(&seg, 0, 1 << 20).await.unwrap();
+    let all: usize = replay(&reader, &seg, 1 << 20)
+        .await
+        .iter()
+        .map(|(_, b)| b.len())
+        .sum();
     let took = start.elapsed().as_secs_f64();
     // All of it at `rate`, less the first second's credit.
     let floor = (seg.size_bytes - rate) as f64 / rate as f64;
-    assert_eq!(all.len() as u64, seg.size_bytes);
+    assert_eq!(all as u64, seg.size_bytes);
     assert!(
         took >= floor,
         "{took:.2}s for {} bytes at {rate} B/s",
@@ -166,14 +169,14 @@ async fn chunks_evicted_from_memory_are_served_from_the_local_disk() {
     )
     .await
     .unwrap();
-    let first = reader.read(&seg, 0, 1 << 20).await.unwrap();
+    let first = replay(&reader, &seg, 1 << 20).await;
     let fetched = reader.stats.bytes_fetched.load(Relaxed);
     assert_eq!(fetched, seg.size_bytes, "each chunk fetched once");
     // Evicted chunks reach the disk tier in the background.
-    let mut again = Bytes::new();
+    let mut again = Vec::new();
     for _ in 0..50 {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        again = reader.read(&seg, 0, 1 << 20).await.unwrap();
+        again = replay(&reader, &seg, 1 << 20).await;
         if reader.stats.disk_hits.load(Relaxed) > 0 {
             break;
         }
@@ -195,11 +198,12 @@ async fn concurrent_readers_of_a_chunk_share_one_get() {
     let reads: Vec<_> = (0..8)
         .map(|_| {
             let (r, s) = (reader.clone(), seg.clone());
-            tokio::spawn(async move { r.read(&s, 0, 1 << 20).await.unwrap() })
+            tokio::spawn(async move { replay(&r, &s, 1 << 20).await })
         })
         .collect();
     for r in reads {
-        assert_eq!(offsets(&r.await.unwrap()).len(), 40);
+        let batches: usize = r.await.unwrap().iter().map(|(_, b)| offsets(b).len()).sum();
+        assert_eq!(batches, 40);
     }
     assert_eq!(reader.stats.bytes_fetched.load(Relaxed), seg.size_bytes);
 }
@@ -251,4 +255,172 @@ async fn read_ahead_keeps_going_past_chunks_it_brought_and_fetches_each_once() {
     );
     assert_eq!(reader.stats.misses.load(Relaxed), chunks);
     assert!(reader.ahead.lock().unwrap().is_empty());
+}
+
+/// Replays `seg` from its start, `max_bytes` at a time; returns each reply with the byte
+/// position of the object it starts at.
+async fn replay(
+    reader: &Arc<RemoteReader>,
+    seg: &RemoteSegment,
+    max_bytes: usize,
+) -> Vec<(u64, Bytes)> {
+    let (mut at, mut position, mut replies) = (seg.base_offset, 0u64, Vec::new());
+    while at < seg.end_offset {
+        let got = reader.read(seg, at, max_bytes).await.unwrap();
+        at = *offsets(&got).last().unwrap() as u64 + 10;
+        let len = got.len() as u64;
+        replies.push((position, got));
+        position += len;
+    }
+    replies
+}
+
+#[tokio::test]
+async fn a_reply_never_crosses_a_chunk_boundary_unless_its_first_batch_does() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let seg = uploaded(store.clone()).await;
+    let object = store
+        .get(&Path::from(seg.key.as_str()))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let size = 1_000u64; // about four batches a chunk
+    let reader = RemoteReader::open(
+        store,
+        ReadConfig {
+            chunk_size: size,
+            ..small_chunks()
+        },
+    )
+    .await
+    .unwrap();
+    let replies = replay(&reader, &seg, 1 << 20).await;
+    let mut crossing = 0;
+    for (i, (at, got)) in replies.iter().enumerate() {
+        let end = at + got.len() as u64;
+        let batches = offsets(got).len();
+        if at / size != (end - 1) / size {
+            assert_eq!(
+                batches, 1,
+                "reply {i} at {at}..{end} crosses with more than its first batch"
+            );
+            crossing += 1;
+        }
+        // It goes on to its chunk's end: the next batch crosses it (or the object ends).
+        if end < seg.size_bytes && batches > 1 {
+            let next = BatchHeader::parse(&object[end as usize..]).unwrap();
+            assert!(
+                end + next.total_len() as u64 > (at / size + 1) * size,
+                "reply {i} stops short"
+            );
+        }
+    }
+    assert!(crossing > 0, "some batches cross a boundary");
+    assert_eq!(reader.stats.copied_replies.load(Relaxed), crossing);
+    // Every batch once, in order, and the bytes are the object's.
+    let all: Vec<u8> = replies
+        .iter()
+        .flat_map(|(_, b)| b.iter().copied())
+        .collect();
+    assert_eq!(all, object);
+    // The byte budget still bounds a reply within a chunk.
+    let two = reader.read(&seg, 0, 300).await.unwrap();
+    assert_eq!(offsets(&two), vec![0]);
+}
+
+#[tokio::test]
+async fn a_local_directory_is_read_straight_into_chunk_buffers() {
+    use object_store::local::LocalFileSystem;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let seg = uploaded(store.clone()).await;
+    let path = Path::from(seg.key.as_str());
+    let object = store.get(&path).await.unwrap().bytes().await.unwrap();
+    let reader = RemoteReader::open(store.clone(), small_chunks())
+        .await
+        .unwrap();
+    let all: Vec<u8> = replay(&reader, &seg, 2_000)
+        .await
+        .into_iter()
+        .flat_map(|(_, b)| b.to_vec())
+        .collect();
+    assert_eq!(all, object);
+    // A damaged file is named, not served.
+    let mut bytes = object.to_vec();
+    bytes[500] ^= 0xff;
+    store.put(&path, Bytes::from(bytes).into()).await.unwrap();
+    let fresh = RemoteReader::open(store, small_chunks()).await.unwrap();
+    let e = fresh.read(&seg, 0, 1 << 20).await.unwrap_err().to_string();
+    assert!(e.contains(&seg.key) && e.contains("crc"), "{e}");
+}
+
+#[tokio::test]
+async fn a_replay_longer_than_the_cache_recycles_chunk_buffers() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let seg = uploaded(store.clone()).await;
+    let reader = RemoteReader::open(
+        store,
+        ReadConfig {
+            chunk_size: 300,
+            cache_bytes: 1_000, // three chunks
+            read_ahead: true,
+            max_concurrent_reads: 1,
+            ..ReadConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let chunks = seg.size_bytes.div_ceil(300);
+    for _ in 0..2 {
+        replay(&reader, &seg, 1 << 20).await;
+    }
+    assert!(
+        reader.stats.misses.load(Relaxed) >= chunks,
+        "replayed from the store"
+    );
+    // The cache evicts as it goes: most GETs read into a buffer it let go.
+    assert!(
+        reader.buffers_allocated() * 10 < reader.stats.misses.load(Relaxed),
+        "{} buffers allocated for {} chunks fetched",
+        reader.buffers_allocated(),
+        reader.stats.misses.load(Relaxed)
+    );
+}
+
+#[tokio::test]
+async fn a_damaged_batch_is_never_served_whether_it_crosses_a_chunk_or_not() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let seg = uploaded(store.clone()).await;
+    let path = Path::from(seg.key.as_str());
+    let object = store.get(&path).await.unwrap().bytes().await.unwrap();
+    let mut at = 0;
+    let mut crossing = [0, 0];
+    while at < object.len() {
+        let len = BatchHeader::parse(&object[at..]).unwrap().total_len();
+        // A byte in the middle of this batch's records (covered by its CRC).
+        let mut bytes = object.to_vec();
+        bytes[at + len / 2] ^= 0xff;
+        store.put(&path, Bytes::from(bytes).into()).await.unwrap();
+        let reader = RemoteReader::open(store.clone(), small_chunks())
+            .await
+            .unwrap();
+        let (mut offset, mut result) = (0, Ok(()));
+        while offset < seg.end_offset && result.is_ok() {
+            result = reader.read(&seg, offset, 1 << 20).await.map(|got| {
+                offset = *offsets(&got).last().unwrap() as u64 + 10;
+            });
+        }
+        let e = result
+            .expect_err("the damaged batch was served")
+            .to_string();
+        assert!(e.contains(&seg.key) && e.contains("crc"), "{e}");
+        crossing[usize::from(at / 700 != (at + len - 1) / 700)] += 1;
+        at += len;
+    }
+    assert!(crossing[0] > 0 && crossing[1] > 0, "{crossing:?}");
 }

@@ -218,11 +218,14 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     for pass in ["empty cache", "warm cache"] {
-        let (h0, m0, f0) = (
+        let (h0, m0, f0, c0, b0) = (
             reader.stats.hits.load(Relaxed),
             reader.stats.misses.load(Relaxed),
             reader.stats.bytes_fetched.load(Relaxed),
+            reader.stats.copied_replies.load(Relaxed),
+            reader.buffers_allocated(),
         );
+        let mut replies = 0u64;
         let started = Instant::now();
         let (mut bytes, mut records) = (0u64, 0u64);
         for seg in &segments {
@@ -231,6 +234,7 @@ async fn main() -> anyhow::Result<()> {
                 let got = reader.read(seg, at, args.fetch_bytes).await?;
                 anyhow::ensure!(!got.is_empty(), "nothing at offset {at} of {}", seg.key);
                 bytes += got.len() as u64;
+                replies += 1;
                 for b in BatchIter::new(&got) {
                     let (h, _) = b?;
                     records += h.record_count as u64;
@@ -242,6 +246,8 @@ async fn main() -> anyhow::Result<()> {
         let hits = reader.stats.hits.load(Relaxed) - h0;
         let misses = reader.stats.misses.load(Relaxed) - m0;
         let fetched = reader.stats.bytes_fetched.load(Relaxed) - f0;
+        let copied = reader.stats.copied_replies.load(Relaxed) - c0;
+        let allocated = reader.buffers_allocated() - b0;
         println!(
             "cold replay, {pass}: {records} records, {:.1} MB/s, {:.0} records/s = {:.2}x one-at-a-time GET, {:.2}x {} at once; \
              chunk cache hit ratio {:.1}% ({hits} hits, {misses} fetched or waited for; {:.1} MB fetched)",
@@ -252,6 +258,10 @@ async fn main() -> anyhow::Result<()> {
             args.read_concurrency,
             100.0 * hits as f64 / (hits + misses).max(1) as f64,
             fetched as f64 / 1e6,
+        );
+        println!(
+            "  {replies} replies, {copied} of them copied out of two chunks (a first batch across a boundary); \
+             {allocated} chunk buffers allocated (other GETs read into recycled ones)"
         );
         println!(
             "memory after the pass: now (VmRSS) {} MiB, peak (VmHWM) {} MiB",
