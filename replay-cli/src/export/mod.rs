@@ -35,6 +35,7 @@ use arrow_schema::{DataType, Field, Fields};
 use indicatif::ProgressBar;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 use strata_cold::object_store::buffered::BufWriter;
 use strata_cold::object_store::path::Path;
 use strata_cold::object_store::ObjectStore;
@@ -342,6 +343,24 @@ impl Batcher {
     }
 }
 
+/// Columns written without a dictionary: every offset of a row group is distinct, so a
+/// dictionary for them only costs a hash table of 131,072 entries per row group (rebuilt,
+/// grown and probed for every row) before the encoder gives up on it at 1 MiB.
+pub const PLAIN_COLUMNS: &[&str] = &["offset"];
+
+/// The writer's settings: the defaults (dictionary pages and data pages of 1 MiB, page
+/// statistics, zstd level 1), the configured compression and row group size, and no
+/// dictionary for [`PLAIN_COLUMNS`].
+fn writer_properties(config: &ExportConfig) -> WriterProperties {
+    let mut props = WriterProperties::builder()
+        .set_compression(config.compression)
+        .set_max_row_group_row_count(Some(config.row_group_rows.max(1)));
+    for column in PLAIN_COLUMNS {
+        props = props.set_column_dictionary_enabled(ColumnPath::from(*column), false);
+    }
+    props.build()
+}
+
 struct OpenFile {
     path: Path,
     writer: file::FileWriter,
@@ -395,10 +414,7 @@ impl Files {
         let key = (piece.partition, piece.day);
         if !self.open.contains_key(&key) {
             let path = self.path(key, piece.first_offset);
-            let props = WriterProperties::builder()
-                .set_compression(self.config.compression)
-                .set_max_row_group_row_count(Some(self.config.row_group_rows.max(1)))
-                .build();
+            let props = writer_properties(&self.config);
             let upload = BufWriter::with_capacity(self.store.clone(), path.clone(), UPLOAD_PART);
             let writer = file::FileWriter::try_new(piece.batch.schema(), props, upload)?;
             self.open.insert(key, OpenFile { path, writer });
@@ -796,6 +812,38 @@ mod tests {
             .unwrap()
             .clone();
         assert_eq!(memo.value(9), "m9");
+    }
+
+    #[tokio::test]
+    async fn offsets_are_written_without_a_dictionary_the_rest_with_one() {
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(strata_cold::object_store::memory::InMemory::new());
+        let records: Vec<Record> = (0..2_000).map(|o| rec(0, o, o)).collect();
+        let (files, _, _) =
+            export_records(store.clone(), "", "t", ExportConfig::default(), &records)
+                .await
+                .unwrap();
+        let bytes = store
+            .get(&Path::from(files[0].as_str()))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let meta = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .metadata()
+            .clone();
+        for c in meta.row_group(0).columns() {
+            let path = c.column_path().string();
+            let dictionary = c.dictionary_page_offset().is_some();
+            assert_eq!(
+                dictionary,
+                !PLAIN_COLUMNS.contains(&path.as_str()),
+                "{path}: {:?}",
+                c.encodings().collect::<Vec<_>>()
+            );
+        }
     }
 
     #[tokio::test]
