@@ -612,7 +612,25 @@ fn skipped_note(skipped: &[String]) -> String {
     }
 }
 
+/// glibc's malloc serves blocks past its mmap threshold with fresh mappings and gives the top
+/// of a heap back to the kernel once 2x that threshold lies free there. The Parquet writer
+/// allocates and frees buffers of about a MiB for every page of every column (the zstd output
+/// reservation among them), so with the defaults each one faulted its pages in again (6% of
+/// an export's CPU, in the kernel). Keeping up to 64 MiB of freed memory per heap stops that.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_freed_memory() {
+    // SAFETY: mallopt only sets allocator parameters; it is called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn keep_freed_memory() {}
+
 fn main() -> ExitCode {
+    keep_freed_memory();
     let cli = Cli::parse();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
