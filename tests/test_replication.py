@@ -379,6 +379,52 @@ def test_a_replica_stuck_opening_is_reported_and_recovers_when_unblocked(cluster
     assert cluster.broker_metrics(victim).get("strata_partitions_stuck_opening") == 0
 
 
+def test_replicas_stuck_opening_do_not_hold_up_the_others(cluster):
+    """A broker opens replica logs side by side, at most 16 at once. More replicas stuck
+    opening than that (each epoch checkpoint a FIFO nobody writes) must not keep the
+    replicas queued behind them closed: a stuck open gives its slot back after
+    replica_open_timeout, and the topic after them (in the order the broker opens them) opens,
+    catches up and rejoins the ISR."""
+    import os
+
+    stuck = 20
+    create_topic(cluster, "a-stuck", partitions=stuck)
+    create_topic(cluster, "b-healthy", partitions=1)
+    for topic in ("a-stuck", "b-healthy"):
+        load = Load(cluster, topic=topic).start()
+        load.wait_acked(200)
+        load.finish()
+    victim = partition_leaders(cluster, "b-healthy")[0] % 3 + 1  # a follower of b-healthy
+    cluster.kill(f"broker-{victim}")
+    logs = cluster.workdir / f"broker-{victim}" / "logs"
+    saved = {}
+    for i in range(stuck):
+        checkpoint = logs / f"a-stuck-{i}" / "leader-epoch-checkpoint"
+        saved[checkpoint] = checkpoint.read_text() if checkpoint.exists() else ""
+        checkpoint.unlink(missing_ok=True)
+        os.mkfifo(checkpoint)
+    # b-healthy takes writes while the victim is down, so its replica there has to catch up
+    load = Load(cluster, topic="b-healthy").start()
+    load.wait_acked(200)
+    load.finish()
+    cluster.start(f"broker-{victim}")
+
+    wait_full_isr(cluster, "b-healthy", timeout=OPEN_TIMEOUT_S * 2 + 30)
+    # every stuck open is reported once it has run replica_open_timeout (the last 4 began
+    # when the first 16 gave their slots back)
+    deadline = time.monotonic() + 30
+    while cluster.broker_metrics(victim).get("strata_partitions_stuck_opening") != stuck:
+        assert time.monotonic() < deadline, cluster.broker_metrics(victim).get("strata_partitions_stuck_opening")
+        time.sleep(0.2)
+
+    for checkpoint, content in saved.items():
+        fd = os.open(checkpoint, os.O_WRONLY)
+        os.write(fd, content.encode())
+        os.close(fd)
+    wait_full_isr(cluster, "a-stuck", timeout=60)
+    assert cluster.broker_metrics(victim).get("strata_partitions_stuck_opening") == 0
+
+
 def test_a_stalled_follower_leaves_the_isr_by_lag_and_rejoins(tmp_path):
     """With replica_lag_time_max (1 s) shorter than the lease (3 s), a SIGSTOPped follower is
     removed from the ISR by its leader (AlterIsr) before the controllers fence it; writes go

@@ -292,6 +292,8 @@ pub struct Broker {
     metrics: crate::metrics::Metrics,
     /// Replica logs still opening (recovering) in the background, by directory.
     opening: Mutex<HashMap<PathBuf, reconcile::Opening>>,
+    /// Bounds the replica logs opened at once (see [`reconcile::OPENS_AT_ONCE`]).
+    open_slots: Arc<tokio::sync::Semaphore>,
     /// Poked when a background open finishes, so the metadata is applied again.
     reconcile_again: Arc<tokio::sync::Notify>,
     /// Whether copies of replicas moved away while this broker was down have been looked
@@ -341,6 +343,7 @@ impl Broker {
             layout_version: tokio::sync::watch::channel(0).0,
             metrics: crate::metrics::Metrics::default(),
             opening: Mutex::new(HashMap::new()),
+            open_slots: Arc::new(tokio::sync::Semaphore::new(reconcile::OPENS_AT_ONCE)),
             reconcile_again: Arc::new(tokio::sync::Notify::new()),
             strays_checked: std::sync::atomic::AtomicBool::new(false),
             groups: std::sync::OnceLock::new(),
@@ -528,7 +531,7 @@ impl Broker {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .values()
-            .filter(|o| o.started.elapsed() > limit)
+            .filter(|o| o.started.get().is_some_and(|s| s.elapsed() > limit))
             .count()
     }
 
