@@ -1,7 +1,6 @@
 //! One Parquet file written as `ArrowWriter` writes it (the same row groups, pages and
-//! bytes), with the `value` column encoded on a second thread while this one encodes the
-//! others: values are most of a Kafka record's bytes, so most of the encoding and
-//! compression. Each row group is handed to the upload as soon as it is closed.
+//! bytes), with the `value` and `key` columns encoded on a second thread while this one
+//! encodes the others. Each row group is handed to the upload as soon as it is closed.
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
@@ -14,8 +13,10 @@ use parquet::file::writer::SerializedFileWriter;
 use strata_cold::object_store::buffered::BufWriter;
 use tokio::io::AsyncWriteExt;
 
-/// The column encoded beside the others.
-const HELPER_COLUMN: &str = "value";
+/// The columns encoded beside the others: the values (most of a record's bytes, so of the
+/// encoding and compression) and the keys (hashed into their dictionary row by row), about
+/// half the work of a file of Kafka records.
+const HELPER_COLUMNS: &[&str] = &["value", "key"];
 
 pub struct FileWriter {
     file: SerializedFileWriter<Vec<u8>>,
@@ -74,7 +75,7 @@ impl FileWriter {
         Ok(())
     }
 
-    /// Encodes `batch` into the row group: the helper column on a scoped thread, the rest
+    /// Encodes `batch` into the row group: the helper columns on a scoped thread, the rest
     /// here.
     fn encode(&mut self, batch: &RecordBatch) -> anyhow::Result<()> {
         if self.columns.is_none() {
@@ -82,38 +83,35 @@ impl FileWriter {
             self.columns = Some(self.factory.create_column_writers(index)?);
         }
         let writers = self.columns.as_mut().expect("created above");
-        let mut leaves: Vec<ArrowLeafColumn> = Vec::with_capacity(writers.len());
-        let mut helper = None;
+        let mut leaves: Vec<(ArrowLeafColumn, bool)> = Vec::with_capacity(writers.len());
         for (field, column) in self.schema.fields().iter().zip(batch.columns()) {
-            let mut of_field = compute_leaves(field.as_ref(), column)?;
-            if field.name() == HELPER_COLUMN && of_field.len() == 1 {
-                helper = Some(leaves.len());
-            }
-            leaves.append(&mut of_field);
+            let beside = HELPER_COLUMNS.contains(&field.name().as_str());
+            leaves.extend(
+                compute_leaves(field.as_ref(), column)?
+                    .into_iter()
+                    .map(|leaf| (leaf, beside)),
+            );
         }
-        match helper {
-            None => {
-                for (w, leaf) in writers.iter_mut().zip(&leaves) {
-                    w.write(leaf)?;
-                }
-            }
-            Some(h) => std::thread::scope(|s| -> anyhow::Result<()> {
-                let (before, after) = writers.split_at_mut(h);
-                let (own, after) = after.split_first_mut().expect("the helper's writer");
-                let leaf = &leaves[h];
-                let beside = s.spawn(move || own.write(leaf));
-                let others = before
-                    .iter_mut()
-                    .chain(after.iter_mut())
-                    .zip(leaves[..h].iter().chain(&leaves[h + 1..]));
-                for (w, leaf) in others {
-                    w.write(leaf)?;
-                }
-                beside
+        let (beside, here): (Vec<_>, Vec<_>) = writers
+            .iter_mut()
+            .zip(&leaves)
+            .partition(|(_, (_, beside))| *beside);
+        let write = |columns: Vec<(&mut ArrowColumnWriter, &(ArrowLeafColumn, bool))>| {
+            columns
+                .into_iter()
+                .try_for_each(|(w, (leaf, _))| w.write(leaf))
+        };
+        if beside.is_empty() {
+            write(here)?;
+        } else {
+            std::thread::scope(|s| -> anyhow::Result<()> {
+                let helper = s.spawn(|| write(beside));
+                write(here)?;
+                helper
                     .join()
                     .map_err(|_| anyhow::anyhow!("the column encoder panicked"))??;
                 Ok(())
-            })?,
+            })?;
         }
         self.rows += batch.num_rows();
         Ok(())
