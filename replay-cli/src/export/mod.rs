@@ -26,11 +26,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Context;
-use arrow_array::builder::{BinaryBuilder, ListBuilder, StringBuilder, StructBuilder};
+use arrow_array::builder::{ArrayBuilder, BinaryBuilder, StringBuilder};
 use arrow_array::{
-    Array, ArrayRef, BinaryArray, Int32Array, Int64Array, RecordBatch, StringArray,
-    TimestampMillisecondArray,
+    Array, ArrayRef, BinaryArray, Int32Array, Int64Array, ListArray, RecordBatch, StringArray,
+    StructArray, TimestampMillisecondArray,
 };
+use arrow_buffer::{OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Fields};
 use indicatif::ProgressBar;
 use parquet::basic::{Compression, ZstdLevel};
@@ -40,6 +41,8 @@ use strata_cold::object_store::buffered::BufWriter;
 use strata_cold::object_store::path::Path;
 use strata_cold::object_store::ObjectStore;
 use tokio::sync::mpsc;
+
+use strata_core::batch::Headers;
 
 use crate::source::{Batches, PartitionPlan, PartitionReader, Range, RecordRef, Source};
 
@@ -167,30 +170,62 @@ struct Rows {
     timestamps: Vec<i64>,
     keys: BinaryBuilder,
     values: BinaryBuilder,
-    headers: ListBuilder<StructBuilder>,
+    headers: HeaderColumns,
+}
+
+/// The `headers` column's buffers, filled row by row and put together as a list of
+/// structs at the end (a `ListBuilder<StructBuilder>` finds its field builders by dynamic
+/// downcast for every header).
+struct HeaderColumns {
+    keys: StringBuilder,
+    values: BinaryBuilder,
+    /// Where each row's headers begin, and the end.
+    offsets: Vec<i32>,
+}
+
+impl HeaderColumns {
+    fn new() -> HeaderColumns {
+        let mut offsets = Vec::with_capacity(BATCH_ROWS + 1);
+        offsets.push(0);
+        HeaderColumns {
+            keys: StringBuilder::with_capacity(BATCH_ROWS, BATCH_ROWS * 8),
+            values: BinaryBuilder::with_capacity(BATCH_ROWS, BATCH_ROWS * 8),
+            offsets,
+        }
+    }
+
+    fn push(&mut self, headers: Headers<'_>) {
+        for (k, v) in headers {
+            self.keys.append_value(String::from_utf8_lossy(k));
+            self.values.append_option(v);
+        }
+        self.offsets.push(self.keys.len() as i32);
+    }
+
+    fn finish(mut self) -> anyhow::Result<ListArray> {
+        let entries = StructArray::try_new(
+            header_fields(),
+            vec![Arc::new(self.keys.finish()), Arc::new(self.values.finish())],
+            None,
+        )?;
+        Ok(ListArray::try_new(
+            Arc::new(Field::new("item", DataType::Struct(header_fields()), false)),
+            OffsetBuffer::new(ScalarBuffer::from(self.offsets)),
+            Arc::new(entries),
+            None,
+        )?)
+    }
 }
 
 impl Rows {
     fn new(first_offset: i64) -> Rows {
-        let headers = ListBuilder::new(StructBuilder::new(
-            header_fields(),
-            vec![
-                Box::new(StringBuilder::new()),
-                Box::new(BinaryBuilder::new()),
-            ],
-        ))
-        .with_field(Arc::new(Field::new(
-            "item",
-            DataType::Struct(header_fields()),
-            false,
-        )));
         Rows {
             first_offset,
             offsets: Vec::with_capacity(BATCH_ROWS),
             timestamps: Vec::with_capacity(BATCH_ROWS),
             keys: BinaryBuilder::with_capacity(BATCH_ROWS, BATCH_ROWS * 16),
             values: BinaryBuilder::with_capacity(BATCH_ROWS, BATCH_ROWS * 256),
-            headers,
+            headers: HeaderColumns::new(),
         }
     }
 
@@ -203,20 +238,7 @@ impl Rows {
         self.timestamps.push(r.timestamp);
         self.keys.append_option(r.key);
         self.values.append_option(r.value);
-        let entries = self.headers.values();
-        for (k, v) in r.headers {
-            let name = String::from_utf8_lossy(k);
-            entries
-                .field_builder::<StringBuilder>(0)
-                .expect("utf8 key")
-                .append_value(name);
-            entries
-                .field_builder::<BinaryBuilder>(1)
-                .expect("binary value")
-                .append_option(v);
-            entries.append(true);
-        }
-        self.headers.append(true);
+        self.headers.push(r.headers);
     }
 
     /// The Arrow batch of these rows of `topic`'s `partition` (with `value_json` when given
@@ -258,7 +280,7 @@ impl Rows {
             ),
             ("key", Arc::new(self.keys.finish()), true),
             ("value", Arc::new(values), true),
-            ("headers", Arc::new(self.headers.finish()), false),
+            ("headers", Arc::new(self.headers.finish()?), false),
         ];
         if let Some(column) = json {
             columns.push(("value_json", column, true));
