@@ -338,25 +338,19 @@ impl RemoteReader {
         match got.payload {
             GetResultPayload::File(file, path) => {
                 let (at, len) = (got.range.start, range_len(&got.range) as usize);
-                if buf.room(len).is_none() {
+                if len > buf.room() {
                     return Err(too_long());
                 }
-                buf = tokio::task::spawn_blocking(move || {
-                    use std::os::unix::fs::FileExt;
-                    let room = buf.room(len).expect("checked above");
-                    file.read_exact_at(room, at).map(|()| {
-                        buf.filled(len);
-                        buf
-                    })
-                })
-                .await
-                .map_err(|e| ReadError::Fetch(e.to_string()))?
-                .map_err(|e| {
-                    ReadError::Store(object_store::Error::Generic {
-                        store: "LocalFileSystem",
-                        source: format!("reading {}: {e}", path.display()).into(),
-                    })
-                })?;
+                buf =
+                    tokio::task::spawn_blocking(move || buf.read_file(file, at, len).map(|()| buf))
+                        .await
+                        .map_err(|e| ReadError::Fetch(e.to_string()))?
+                        .map_err(|e| {
+                            ReadError::Store(object_store::Error::Generic {
+                                store: "LocalFileSystem",
+                                source: format!("reading {}: {e}", path.display()).into(),
+                            })
+                        })?;
             }
             GetResultPayload::Stream(mut parts) => {
                 while let Some(part) = parts.next().await {

@@ -33,59 +33,73 @@ impl Buffers {
     /// shorter one (a segment's last chunk), a new one of that size, never kept, so the
     /// cache's weight of a chunk stays the memory it holds.
     pub(super) fn take(self: &Arc<Self>, len: usize) -> Buffer {
+        // Never zeroed: bytes are only ever appended, so no pass over the memory before
+        // the read (zeroing a fresh buffer costs as much as the read's own copy).
         self.allocated.fetch_add(1, Relaxed);
         if len < self.size {
             return Buffer {
-                buf: vec![0; len],
-                len: 0,
+                buf: Vec::with_capacity(len),
                 home: None,
             };
         }
         let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let buf = match free {
-            Some(buf) => {
+            Some(mut buf) => {
                 self.allocated.fetch_sub(1, Relaxed);
+                buf.clear();
                 buf
             }
-            None => vec![0; self.size],
+            None => Vec::with_capacity(self.size),
         };
         Buffer {
             buf,
-            len: 0,
             home: Some(self.clone()),
         }
     }
 }
 
-/// One chunk's bytes: the first `len` of a chunk-sized buffer, which goes back to its
-/// free list when dropped.
+/// One chunk's bytes, in a buffer of the chunk's capacity that goes back to its free list
+/// when dropped.
 #[derive(Debug)]
 pub(super) struct Buffer {
     buf: Vec<u8>,
-    len: usize,
     /// The free list it goes back to, if any.
     home: Option<Arc<Buffers>>,
 }
 
 impl Buffer {
-    /// The first `n` bytes of the room left, to be filled and then counted by [`Buffer::filled`].
-    /// `None` when fewer than `n` are left.
-    pub(super) fn room(&mut self, n: usize) -> Option<&mut [u8]> {
-        self.buf.get_mut(self.len..self.len.checked_add(n)?)
-    }
-
-    pub(super) fn filled(&mut self, n: usize) {
-        self.len = (self.len + n).min(self.buf.len());
+    /// Room left for this many bytes.
+    pub(super) fn room(&self) -> usize {
+        self.buf.capacity() - self.buf.len()
     }
 
     /// Appends `part`; false when it does not fit.
     pub(super) fn extend(&mut self, part: &[u8]) -> bool {
-        match self.room(part.len()) {
-            Some(room) => room.copy_from_slice(part),
-            None => return false,
+        if part.len() > self.room() {
+            return false;
         }
-        self.filled(part.len());
+        self.buf.extend_from_slice(part);
         true
+    }
+
+    /// Appends `len` bytes of `file` from byte `at` (blocking). std reads into the spare
+    /// capacity without zeroing it first.
+    pub(super) fn read_file(
+        &mut self,
+        mut file: std::fs::File,
+        at: u64,
+        len: usize,
+    ) -> std::io::Result<()> {
+        use std::io::{Read, Seek};
+        if len > self.room() {
+            return Err(std::io::Error::other("more than a chunk"));
+        }
+        file.seek(std::io::SeekFrom::Start(at))?;
+        let read = file.take(len as u64).read_to_end(&mut self.buf)?;
+        if read < len {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(())
     }
 
     /// Shared bytes that hand the buffer back when the last of them (and of their slices)
@@ -97,7 +111,7 @@ impl Buffer {
 
 impl AsRef<[u8]> for Buffer {
     fn as_ref(&self) -> &[u8] {
-        &self.buf[..self.len]
+        &self.buf
     }
 }
 
@@ -136,8 +150,8 @@ mod tests {
         let again = buffers.take(16);
         assert_eq!(again.as_ref(), b"", "reused empty");
         assert_eq!(buffers.allocated.load(Relaxed), 2);
-        let mut again = again;
-        assert_eq!(again.room(16).map(|r| r.as_ptr()), Some(at.wrapping_sub(6)));
+        assert_eq!(again.room(), 16);
+        assert_eq!(again.buf.as_ptr(), at.wrapping_sub(6));
     }
 
     #[test]
