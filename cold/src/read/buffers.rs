@@ -155,6 +155,22 @@ mod tests {
     }
 
     #[test]
+    fn a_file_range_is_read_into_the_buffer_it_was_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, (0..=255u8).cycle().take(10_000).collect::<Vec<_>>()).unwrap();
+        let buffers = Buffers::new(16, 1);
+        let mut b = buffers.take(16);
+        b.read_file(std::fs::File::open(&path).unwrap(), 4, 16)
+            .unwrap();
+        assert_eq!(b.as_ref(), (4..20).collect::<Vec<u8>>());
+        assert_eq!(b.buf.capacity(), 16, "no larger allocation");
+        let mut short = buffers.take(16);
+        let e = short.read_file(std::fs::File::open(&path).unwrap(), 9_990, 16);
+        assert_eq!(e.unwrap_err().kind(), std::io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
     fn the_free_list_keeps_at_most_keep_buffers() {
         let buffers = Buffers::new(8, 1);
         let (a, b) = (buffers.take(8), buffers.take(8));
