@@ -796,13 +796,7 @@ mod tests {
         let (files, _, _) = export_records(store.clone(), "", "t", config, &records)
             .await
             .unwrap();
-        let bytes = store
-            .get(&Path::from(files[0].as_str()))
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
+        let bytes = bytes_of(&store, &files[0]).await;
         let b = ParquetRecordBatchReaderBuilder::try_new(bytes)
             .unwrap()
             .build()
@@ -836,6 +830,16 @@ mod tests {
         assert_eq!(memo.value(9), "m9");
     }
 
+    async fn bytes_of(store: &Arc<dyn ObjectStore>, file: &str) -> bytes::Bytes {
+        store
+            .get(&Path::from(file))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn offsets_are_written_without_a_dictionary_the_rest_with_one() {
         let store: Arc<dyn ObjectStore> =
@@ -845,13 +849,7 @@ mod tests {
             export_records(store.clone(), "", "t", ExportConfig::default(), &records)
                 .await
                 .unwrap();
-        let bytes = store
-            .get(&Path::from(files[0].as_str()))
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
+        let bytes = bytes_of(&store, &files[0]).await;
         let meta = ParquetRecordBatchReaderBuilder::try_new(bytes)
             .unwrap()
             .metadata()
