@@ -375,14 +375,23 @@ impl Broker {
         let mut opening = self.opening.lock().unwrap_or_else(|e| e.into_inner());
         for t in m.topics.values() {
             let prev = current.get(&t.name).filter(|p| p.spec.id == t.id);
+            let mut to_open = t
+                .partitions
+                .iter()
+                .enumerate()
+                .filter(|(i, pr)| {
+                    pr.replicas.contains(&node)
+                        && !prev.is_some_and(|p| matches!(p.partitions.get(*i), Some(Some(_))))
+                })
+                .peekable();
+            // (most metadata changes open nothing: the configs are merged only when needed)
+            if to_open.peek().is_none() {
+                continue;
+            }
             let Ok(config) = self.log_config(&known_configs(t)) else {
                 continue;
             };
-            for (i, pr) in t.partitions.iter().enumerate() {
-                let open = prev.is_some_and(|p| matches!(p.partitions.get(i), Some(Some(_))));
-                if !pr.replicas.contains(&node) || open {
-                    continue;
-                }
+            for (i, _) in to_open {
                 let dir = self.partition_dir(&t.name, i as u32);
                 if let std::collections::hash_map::Entry::Vacant(slot) = opening.entry(dir) {
                     let dir = slot.key().clone();

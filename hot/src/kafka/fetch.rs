@@ -266,13 +266,7 @@ async fn long_poll(
         for w in &mut watchers {
             w.borrow_and_update();
         }
-        let (responses, total, any_error) = match read_all(&topics, max_bytes, committed, true) {
-            Some(read) => read,
-            None => match read_all_blocking(topics.clone(), max_bytes, committed).await {
-                Some(read) => read,
-                None => return None,
-            },
-        };
+        let (responses, total, any_error) = read_now(&topics, max_bytes, committed).await?;
         if total >= min_bytes
             || any_error
             || tokio::time::Instant::now() >= deadline
@@ -283,10 +277,7 @@ async fn long_poll(
         let changed = any_changed(&mut watchers);
         if tokio::time::timeout_at(deadline, changed).await.is_err() {
             // Deadline: answer with what there is (usually nothing) without another wait.
-            if let Some((responses, _, _)) = read_all(&topics, max_bytes, committed, true) {
-                return Some(responses);
-            }
-            return read_all_blocking(topics.clone(), max_bytes, committed)
+            return read_now(&topics, max_bytes, committed)
                 .await
                 .map(|(responses, _, _)| responses);
         }
@@ -299,15 +290,18 @@ async fn any_changed(watchers: &mut [watch::Receiver<Progress>]) {
     let _ = futures_util::future::select_all(changes).await;
 }
 
-/// Reads every target once. Returns the response topics, the bytes read, and whether any
-/// partition answered with an error (which ends a long poll at once, as in Kafka).
-/// [`read_all`] on a blocking thread (it may wait for the disk or the cold tier); `None` if
-/// that thread failed.
-async fn read_all_blocking(
-    topics: Arc<Vec<(TopicName, Vec<Target>)>>,
+/// Reads every target once: from the page cache on this thread when all of it is there,
+/// else on a blocking thread (it may wait for the disk or the cold tier). `None` if that
+/// thread failed.
+async fn read_now(
+    topics: &Arc<Vec<(TopicName, Vec<Target>)>>,
     max_bytes: usize,
     committed: bool,
 ) -> Option<(Vec<FetchableTopicResponse>, usize, bool)> {
+    if let Some(read) = read_all(topics, max_bytes, committed, true) {
+        return Some(read);
+    }
+    let topics = topics.clone();
     match tokio::task::spawn_blocking(move || read_all(&topics, max_bytes, committed, false)).await
     {
         Ok(read) => read,
@@ -318,9 +312,10 @@ async fn read_all_blocking(
     }
 }
 
-/// Reads every target: the responses, the bytes they carry, and whether any partition
-/// answered an error. With `cached`, only from the page cache (so on a runtime thread):
-/// `None` if some read would wait for the disk or the cold tier. Without, always `Some`.
+/// Reads every target once: the response topics, the bytes read, and whether any partition
+/// answered with an error (which ends a long poll at once, as in Kafka). With `cached`, only
+/// from the page cache (so on a runtime thread): `None` as soon as a read would wait for the
+/// disk or the cold tier. Without, always `Some`.
 fn read_all(
     topics: &[(TopicName, Vec<Target>)],
     max_bytes: usize,
@@ -337,6 +332,10 @@ fn read_all(
                 .iter()
                 .map(|t| {
                     let data = PartitionData::default().with_partition_index(t.index);
+                    if would_block {
+                        // (answered again, whole, on a blocking thread)
+                        return data;
+                    }
                     let p = match &t.partition {
                         Ok(p) => p,
                         Err(code) => {
