@@ -2,7 +2,11 @@
 //! (ranged GETs) through a foyer hybrid cache (memory, then local disk), with read-ahead of
 //! the next chunks for sequential replay. Concurrent readers of one chunk share one GET.
 //! Every batch read is CRC-checked once: a damaged object is an error naming it, never bad
-//! records handed to a consumer.
+//! records handed to a consumer. The check runs right after a chunk's GET, on the blocking
+//! pool, over the whole batches the chunk holds from the first one the offset index places
+//! in it; the chunk is cached with that checked span, and a consumer's read checks only the
+//! batches outside it (a chunk's head before that first index entry, a batch that crosses
+//! into the next chunk, a chunk that came back from the local-disk tier).
 //!
 //! A reply is a slice of one cached chunk, never a copy: it ends where its chunk ends
 //! (Kafka lets a reply be shorter than asked; the consumer asks again from where it ends),
@@ -81,7 +85,72 @@ impl Default for ReadConfig {
 const READ_AHEAD_CHUNKS: u64 = 2;
 
 /// Chunks by "object key#chunk number".
-type ChunkCache = foyer::HybridCache<String, Bytes>;
+type ChunkCache = foyer::HybridCache<String, Chunk>;
+
+/// A cached chunk: its bytes, and the span of them (positions within the chunk) made of
+/// whole batches whose CRCs were checked right after the GET.
+#[derive(Debug, Clone)]
+struct Chunk {
+    bytes: Bytes,
+    checked: std::ops::Range<usize>,
+}
+
+impl Chunk {
+    /// The chunk with its whole batches from `first` (where a batch starts, if one is known
+    /// to start in it) checked: see [`check_batches`].
+    fn checked_from(bytes: Bytes, first: Option<usize>) -> Chunk {
+        let checked = first.map_or(0..0, |at| check_batches(&bytes, at));
+        Chunk { bytes, checked }
+    }
+
+    /// Whether the batch at `[at, at + len)` of the chunk was checked after the GET.
+    fn was_checked(&self, at: usize, len: usize) -> bool {
+        self.checked.start <= at && at + len <= self.checked.end
+    }
+}
+
+/// The local-disk tier stores a chunk's bytes only: a chunk read back from it has nothing
+/// checked, so each batch is checked again as it is served (the disk may have damaged it).
+impl foyer::Code for Chunk {
+    fn encode(&self, writer: &mut impl std::io::Write) -> foyer::Result<()> {
+        self.bytes.encode(writer)
+    }
+
+    fn decode(reader: &mut impl std::io::Read) -> foyer::Result<Self> {
+        Ok(Chunk {
+            bytes: Bytes::decode(reader)?,
+            checked: 0..0,
+        })
+    }
+
+    fn estimated_size(&self) -> usize {
+        self.bytes.estimated_size()
+    }
+}
+
+/// The span of `chunk` from `first` (a batch's start) made of whole batches that pass their
+/// CRC check: it ends before the first batch that does not end within the chunk, does not
+/// parse, or fails its check (a consumer's read checks that one itself and names the damage).
+fn check_batches(chunk: &[u8], first: usize) -> std::ops::Range<usize> {
+    let mut at = first.min(chunk.len());
+    let start = at;
+    while let Some(Ok(h)) = chunk.get(at..).map(verify) {
+        at += h.total_len();
+    }
+    start..at
+}
+
+/// Where, within the chunk `[start, end)` of a segment's object, the first batch that
+/// `index` places in it starts: the object's start for its first chunk, else the first
+/// index entry in the chunk (none: no batch of the chunk is known to start anywhere).
+fn first_batch_in(index: &[OffsetEntry], start: u64, end: u64) -> Option<usize> {
+    if start == 0 {
+        return Some(0);
+    }
+    let i = index.partition_point(|e| u64::from(e.position) < start);
+    let at = u64::from(index.get(i)?.position);
+    (at < end).then(|| (at - start) as usize)
+}
 
 fn chunk_key(key: &str, n: u64) -> String {
     format!("{key}#{n}")
@@ -101,6 +170,10 @@ pub struct ReadStats {
     /// Replies copied out of two or more chunks (their first batch crosses a chunk
     /// boundary); every other reply is a slice of one chunk.
     pub copied_replies: std::sync::atomic::AtomicU64,
+    /// Bytes of batches CRC-checked right after their chunk's GET, and by a consumer's
+    /// read (batches outside the span checked after the GET).
+    pub checked_on_fetch: std::sync::atomic::AtomicU64,
+    pub checked_on_read: std::sync::atomic::AtomicU64,
 }
 
 pub struct RemoteReader {
@@ -127,7 +200,7 @@ impl RemoteReader {
             .memory(config.cache_bytes.max(1))
             // Each shard holds a share of the budget: keep shards several chunks large.
             .with_shards((config.cache_bytes / (4 * config.chunk_size as usize).max(1)).clamp(1, 8))
-            .with_weighter(|k: &String, v: &Bytes| k.len() + v.len());
+            .with_weighter(|k: &String, v: &Chunk| k.len() + v.bytes.len());
         let disk = match &config.disk_cache_dir {
             Some(dir) if config.disk_cache_bytes > 0 => Some(dir),
             _ => None,
@@ -226,8 +299,8 @@ impl RemoteReader {
     /// a sequential replay keeps GETs in flight ahead of its decoding (on every access,
     /// not only after a miss: a chunk brought by read-ahead is a hit, and the chain must
     /// not stop there). A chunk already being read ahead is not asked for twice.
-    async fn chunk(self: &Arc<Self>, seg: &RemoteSegment, n: u64) -> Result<Bytes, ReadError> {
-        let bytes = self.cached_or_fetch(seg, n).await?;
+    async fn chunk(self: &Arc<Self>, seg: &RemoteSegment, n: u64) -> Result<Chunk, ReadError> {
+        let chunk = self.cached_or_fetch(seg, n).await?;
         if self.config.read_ahead {
             for m in n + 1..=n + READ_AHEAD_CHUNKS {
                 if m * self.config.chunk_size >= seg.size_bytes {
@@ -236,7 +309,7 @@ impl RemoteReader {
                 self.read_ahead(seg, m);
             }
         }
-        Ok(bytes)
+        Ok(chunk)
     }
 
     /// Fetches chunk `n` into the cache in the background, unless it is there or on its way.
@@ -270,7 +343,7 @@ impl RemoteReader {
         self: &Arc<Self>,
         seg: &RemoteSegment,
         n: u64,
-    ) -> Result<Bytes, ReadError> {
+    ) -> Result<Chunk, ReadError> {
         let (me, s) = (self.clone(), seg.clone());
         let entry = self
             .chunks
@@ -291,9 +364,10 @@ impl RemoteReader {
         Ok(entry.value().clone())
     }
 
-    async fn fetch_chunk(&self, seg: &RemoteSegment, n: u64) -> Result<Bytes, ReadError> {
+    async fn fetch_chunk(&self, seg: &RemoteSegment, n: u64) -> Result<Chunk, ReadError> {
         let start = n * self.config.chunk_size;
         let end = (start + self.config.chunk_size).min(seg.size_bytes);
+        let first = first_batch_in(&self.index(seg).await?, start, end);
         // The cold-read budget: GETs at once and bytes per second.
         let permit = match self.slots.try_acquire() {
             Ok(p) => p,
@@ -304,23 +378,28 @@ impl RemoteReader {
         };
         self.limiter.take(end - start).await;
         self.stats.in_flight.fetch_add(1, Relaxed);
-        let got = self.get_into_buffer(seg, start..end).await;
+        let got = self.get_into_buffer(seg, start..end, first).await;
         self.stats.in_flight.fetch_sub(1, Relaxed);
         drop(permit);
-        let bytes = got?;
+        let chunk = got?;
         self.stats
             .bytes_fetched
-            .fetch_add(bytes.len() as u64, Relaxed);
-        Ok(bytes)
+            .fetch_add(chunk.bytes.len() as u64, Relaxed);
+        self.stats
+            .checked_on_fetch
+            .fetch_add(chunk.checked.len() as u64, Relaxed);
+        Ok(chunk)
     }
 
-    /// A ranged GET read into a recycled chunk buffer: a local file is read straight into
-    /// it (on the blocking pool), a stream is copied into it as it arrives.
+    /// A ranged GET read into a recycled chunk buffer, then its whole batches from `first`
+    /// CRC-checked: a local file is read straight into it and checked in one trip to the
+    /// blocking pool, a stream is copied into it as it arrives and then checked there.
     async fn get_into_buffer(
         &self,
         seg: &RemoteSegment,
         range: std::ops::Range<u64>,
-    ) -> Result<Bytes, ReadError> {
+        first: Option<usize>,
+    ) -> Result<Chunk, ReadError> {
         let options = GetOptions {
             range: Some(range.into()),
             ..GetOptions::default()
@@ -341,16 +420,18 @@ impl RemoteReader {
                 if len > buf.room() {
                     return Err(too_long());
                 }
-                buf =
-                    tokio::task::spawn_blocking(move || buf.read_file(file, at, len).map(|()| buf))
-                        .await
-                        .map_err(|e| ReadError::Fetch(e.to_string()))?
-                        .map_err(|e| {
-                            ReadError::Store(object_store::Error::Generic {
-                                store: "LocalFileSystem",
-                                source: format!("reading {}: {e}", path.display()).into(),
-                            })
-                        })?;
+                tokio::task::spawn_blocking(move || {
+                    buf.read_file(file, at, len)
+                        .map(|()| Chunk::checked_from(buf.freeze(), first))
+                })
+                .await
+                .map_err(|e| ReadError::Fetch(e.to_string()))?
+                .map_err(|e| {
+                    ReadError::Store(object_store::Error::Generic {
+                        store: "LocalFileSystem",
+                        source: format!("reading {}: {e}", path.display()).into(),
+                    })
+                })
             }
             GetResultPayload::Stream(mut parts) => {
                 while let Some(part) = parts.next().await {
@@ -358,9 +439,12 @@ impl RemoteReader {
                         return Err(too_long());
                     }
                 }
+                let bytes = buf.freeze();
+                tokio::task::spawn_blocking(move || Chunk::checked_from(bytes, first))
+                    .await
+                    .map_err(|e| ReadError::Fetch(e.to_string()))
             }
         }
-        Ok(buf.freeze())
     }
 
     /// Bytes `[from, to)` of a segment's object.
@@ -373,7 +457,7 @@ impl RemoteReader {
         let size = self.config.chunk_size;
         let (first, last) = (from / size, (to - 1) / size);
         if first == last {
-            let c = self.chunk(seg, first).await?;
+            let c = self.chunk(seg, first).await?.bytes;
             let at = (from - first * size) as usize;
             let end = (to - first * size) as usize;
             if end > c.len() {
@@ -387,7 +471,7 @@ impl RemoteReader {
         }
         let mut out = BytesMut::with_capacity((to - from) as usize);
         for n in first..=last {
-            let c = self.chunk(seg, n).await?;
+            let c = self.chunk(seg, n).await?.bytes;
             let lo = from.max(n * size) - n * size;
             let hi = to.min((n + 1) * size) - n * size;
             let part = c
@@ -407,7 +491,7 @@ impl RemoteReader {
     async fn span(
         self: &Arc<Self>,
         seg: &RemoteSegment,
-        cur: &mut Option<(u64, Bytes)>,
+        cur: &mut Option<(u64, Chunk)>,
         from: u64,
         to: u64,
     ) -> Result<Bytes, ReadError> {
@@ -420,7 +504,7 @@ impl RemoteReader {
         if cur.as_ref().is_none_or(|(m, _)| *m != n) {
             *cur = Some((n, self.chunk(seg, n).await?));
         }
-        let c = &cur.as_ref().expect("set above").1;
+        let c = &cur.as_ref().expect("set above").1.bytes;
         let (at, end) = ((from - n * size) as usize, (to - n * size) as usize);
         if end > c.len() {
             return Err(ReadError::Damaged {
@@ -501,7 +585,7 @@ impl RemoteReader {
         // of one cached chunk when it lies in one) and check every batch's CRC. Headers
         // within the chunk in hand are parsed in place: no cache lookup, no await.
         let size = self.config.chunk_size;
-        let mut cur: Option<(u64, Bytes)> = None;
+        let mut cur: Option<(u64, Chunk)> = None;
         let (mut first, mut end) = (None, pos);
         while pos + HEADER_LEN as u64 <= seg.size_bytes {
             let n = pos / size;
@@ -509,7 +593,7 @@ impl RemoteReader {
                 if cur.as_ref().is_none_or(|(m, _)| *m != n) {
                     cur = Some((n, self.chunk(seg, n).await?));
                 }
-                let c = &cur.as_ref().expect("set above").1;
+                let c = &cur.as_ref().expect("set above").1.bytes;
                 let at = (pos - n * size) as usize;
                 let header = c
                     .get(at..at + HEADER_LEN)
@@ -534,16 +618,21 @@ impl RemoteReader {
             if pos > start && (pos + len - start > max_bytes as u64 || pos + len > chunk_end) {
                 break;
             }
-            // Each batch taken is CRC-checked once, here, in place, while it is at hand in
-            // the CPU's cache; a batch that crosses a chunk boundary (only ever a reply's
-            // first) is checked below, once copied. Its header lies in its chunk: `cur`.
+            // Each batch taken is CRC-checked once: most were, right after their chunk's GET
+            // (both walks start where the offset index says a batch starts, so within the
+            // checked span they are the same batches); the others here, in place. A batch
+            // that crosses a chunk boundary (only ever a reply's first) is checked below,
+            // once copied. Its header lies in its chunk: `cur`.
             if (pos + len - 1) / size == n {
                 let c = &cur.as_ref().expect("the header's chunk").1;
                 let at = (pos - n * size) as usize;
-                let whole = c
-                    .get(at..at + len as usize)
-                    .ok_or_else(|| damaged(pos, "object shorter than the manifest says".into()))?;
-                verify(whole).map_err(|e| damaged(pos, e.to_string()))?;
+                if !c.was_checked(at, len as usize) {
+                    let whole = c.bytes.get(at..at + len as usize).ok_or_else(|| {
+                        damaged(pos, "object shorter than the manifest says".into())
+                    })?;
+                    verify(whole).map_err(|e| damaged(pos, e.to_string()))?;
+                    self.stats.checked_on_read.fetch_add(len, Relaxed);
+                }
             }
             pos += len;
             end = pos;
@@ -562,6 +651,9 @@ impl RemoteReader {
                     verify(&out[at..]).map_err(|e| damaged(start + at as u64, e.to_string()))?;
                 at += h.total_len();
             }
+            self.stats
+                .checked_on_read
+                .fetch_add(out.len() as u64, Relaxed);
         }
         Ok(out)
     }

@@ -394,33 +394,147 @@ async fn a_replay_longer_than_the_cache_recycles_chunk_buffers() {
 
 #[tokio::test]
 async fn a_damaged_batch_is_never_served_whether_it_crosses_a_chunk_or_not() {
+    use std::sync::atomic::Ordering::Relaxed;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let seg = uploaded(store.clone()).await;
     let path = Path::from(seg.key.as_str());
     let object = store.get(&path).await.unwrap().bytes().await.unwrap();
-    let mut at = 0;
-    let mut crossing = [0, 0];
-    while at < object.len() {
-        let len = BatchHeader::parse(&object[at..]).unwrap().total_len();
-        // A byte in the middle of this batch's records (covered by its CRC).
-        let mut bytes = object.to_vec();
-        bytes[at + len / 2] ^= 0xff;
-        store.put(&path, Bytes::from(bytes).into()).await.unwrap();
-        let reader = RemoteReader::open(store.clone(), small_chunks())
-            .await
-            .unwrap();
-        let (mut offset, mut result) = (0, Ok(()));
-        while offset < seg.end_offset && result.is_ok() {
-            result = reader.read(&seg, offset, 1 << 20).await.map(|got| {
-                offset = *offsets(&got).last().unwrap() as u64 + 10;
-            });
+    // Chunks smaller than a batch (most batches cross), and chunks of several batches,
+    // most of them checked right after the GET (read ahead or not): the damage is caught
+    // on either path.
+    for (size, read_ahead) in [(700, false), (2_000, false), (2_000, true)] {
+        let (mut at, mut crossing, mut checked_on_fetch) = (0, [0, 0], 0);
+        while at < object.len() {
+            let len = BatchHeader::parse(&object[at..]).unwrap().total_len();
+            // A byte in the middle of this batch's records (covered by its CRC).
+            let mut bytes = object.to_vec();
+            bytes[at + len / 2] ^= 0xff;
+            store.put(&path, Bytes::from(bytes).into()).await.unwrap();
+            let config = ReadConfig {
+                chunk_size: size,
+                read_ahead,
+                ..small_chunks()
+            };
+            let reader = RemoteReader::open(store.clone(), config).await.unwrap();
+            let (mut offset, mut result) = (0, Ok(()));
+            while offset < seg.end_offset && result.is_ok() {
+                result = reader.read(&seg, offset, 1 << 20).await.map(|got| {
+                    offset = *offsets(&got).last().unwrap() as u64 + 10;
+                });
+            }
+            let e = result
+                .expect_err("the damaged batch was served")
+                .to_string();
+            assert!(e.contains(&seg.key) && e.contains("crc"), "{e}");
+            let at_u64 = at as u64;
+            crossing[usize::from(at_u64 / size != (at_u64 + len as u64 - 1) / size)] += 1;
+            checked_on_fetch += reader.stats.checked_on_fetch.load(Relaxed);
+            at += len;
         }
-        let e = result
-            .expect_err("the damaged batch was served")
-            .to_string();
-        assert!(e.contains(&seg.key) && e.contains("crc"), "{e}");
-        crossing[usize::from(at / 700 != (at + len - 1) / 700)] += 1;
-        at += len;
+        assert!(crossing[0] > 0 && crossing[1] > 0, "{size}: {crossing:?}");
+        if size == 2_000 {
+            assert!(checked_on_fetch > 0, "batches checked after their GET");
+        }
     }
-    assert!(crossing[0] > 0 && crossing[1] > 0, "{crossing:?}");
+}
+
+#[tokio::test]
+async fn each_batch_is_checked_once_after_its_get_or_by_the_read() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let seg = uploaded(store.clone()).await;
+    let object = store
+        .get(&Path::from(seg.key.as_str()))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let reader = RemoteReader::open(
+        store,
+        ReadConfig {
+            chunk_size: 2_000,
+            read_ahead: true,
+            ..small_chunks()
+        },
+    )
+    .await
+    .unwrap();
+    let all: Vec<u8> = replay(&reader, &seg, 1 << 20)
+        .await
+        .into_iter()
+        .flat_map(|(_, b)| b.to_vec())
+        .collect();
+    assert_eq!(all, object);
+    let on_fetch = reader.stats.checked_on_fetch.load(Relaxed);
+    let on_read = reader.stats.checked_on_read.load(Relaxed);
+    assert_eq!(
+        reader.stats.bytes_fetched.load(Relaxed),
+        seg.size_bytes,
+        "each chunk fetched once"
+    );
+    // Each chunk's span checked after the GET, and every batch outside the spans by the
+    // read that served it: the object once, no batch twice, none skipped.
+    assert_eq!(on_fetch + on_read, seg.size_bytes, "{on_fetch} + {on_read}");
+    assert!(
+        on_fetch > on_read,
+        "{on_fetch} after the GET, {on_read} by reads"
+    );
+    // A warm replay checks nothing again: the cached chunks carry what was checked,
+    // and the batches across chunk boundaries are copied and checked again.
+    replay(&reader, &seg, 1 << 20).await;
+    assert_eq!(reader.stats.checked_on_fetch.load(Relaxed), on_fetch);
+    assert_eq!(reader.stats.checked_on_read.load(Relaxed), 2 * on_read);
+}
+
+#[test]
+fn the_check_after_a_get_stops_before_a_batch_it_cannot_vouch_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.log");
+    write_segment(&path, 0, 6);
+    let object = std::fs::read(&path).unwrap();
+    let mut starts = vec![0];
+    while *starts.last().unwrap() < object.len() {
+        let at = *starts.last().unwrap();
+        starts.push(at + BatchHeader::parse(&object[at..]).unwrap().total_len());
+    }
+    assert_eq!(starts.len(), 7);
+    // Whole batches from the first one given, up to the last that ends in the chunk.
+    let chunk = &object[..starts[4] + 10];
+    assert_eq!(check_batches(chunk, 0), 0..starts[4]);
+    assert_eq!(check_batches(chunk, starts[1]), starts[1]..starts[4]);
+    assert_eq!(check_batches(&object, starts[2]), starts[2]..object.len());
+    // A damaged batch ends the span before it; the read checks it and names it.
+    let mut damaged = object.clone();
+    damaged[(starts[2] + starts[3]) / 2] ^= 0xff;
+    assert_eq!(check_batches(&damaged, 0), 0..starts[2]);
+    // Starting past the end, or in no batch at all: nothing checked.
+    assert!(check_batches(chunk, chunk.len() + 5).is_empty());
+    assert!(check_batches(&object, 3).is_empty());
+    let mut chunk = Chunk::checked_from(Bytes::from(object.clone()), Some(starts[1]));
+    assert!(chunk.was_checked(starts[1], starts[2] - starts[1]));
+    assert!(!chunk.was_checked(0, starts[1]));
+    // The local-disk tier keeps a chunk's bytes only: read back, nothing is checked.
+    use foyer::Code;
+    let mut encoded = Vec::new();
+    chunk.encode(&mut encoded).unwrap();
+    chunk = Chunk::decode(&mut &encoded[..]).unwrap();
+    assert_eq!(chunk.bytes, object);
+    assert!(chunk.checked.is_empty());
+}
+
+#[test]
+fn the_first_batch_in_a_chunk_is_the_first_the_index_places_there() {
+    let index: Vec<OffsetEntry> = [(10, 1_500), (20, 2_600), (30, 4_100)]
+        .into_iter()
+        .map(|(relative_offset, position)| OffsetEntry {
+            relative_offset,
+            position,
+        })
+        .collect();
+    assert_eq!(first_batch_in(&index, 0, 1_000), Some(0));
+    assert_eq!(first_batch_in(&index, 1_000, 2_000), Some(500));
+    assert_eq!(first_batch_in(&index, 1_500, 2_500), Some(0));
+    assert_eq!(first_batch_in(&index, 2_700, 4_100), None);
+    assert_eq!(first_batch_in(&index, 4_200, 5_000), None);
 }

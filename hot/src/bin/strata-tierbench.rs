@@ -225,6 +225,10 @@ async fn main() -> anyhow::Result<()> {
             reader.stats.copied_replies.load(Relaxed),
             reader.buffers_allocated(),
         );
+        let (k0, r0) = (
+            reader.stats.checked_on_fetch.load(Relaxed),
+            reader.stats.checked_on_read.load(Relaxed),
+        );
         let mut replies = 0u64;
         let started = Instant::now();
         let (mut bytes, mut records) = (0u64, 0u64);
@@ -248,6 +252,8 @@ async fn main() -> anyhow::Result<()> {
         let fetched = reader.stats.bytes_fetched.load(Relaxed) - f0;
         let copied = reader.stats.copied_replies.load(Relaxed) - c0;
         let allocated = reader.buffers_allocated() - b0;
+        let on_fetch = reader.stats.checked_on_fetch.load(Relaxed) - k0;
+        let on_read = reader.stats.checked_on_read.load(Relaxed) - r0;
         println!(
             "cold replay, {pass}: {records} records, {:.1} MB/s, {:.0} records/s = {:.2}x one-at-a-time GET, {:.2}x {} at once; \
              chunk cache hit ratio {:.1}% ({hits} hits, {misses} fetched or waited for; {:.1} MB fetched)",
@@ -262,6 +268,11 @@ async fn main() -> anyhow::Result<()> {
         println!(
             "  {replies} replies, {copied} of them copied out of two chunks (a first batch across a boundary); \
              {allocated} chunk buffers allocated (other GETs read into recycled ones)"
+        );
+        println!(
+            "  CRC-checked: {:.1} MB right after the GET (blocking pool), {:.1} MB by the consumer's read",
+            on_fetch as f64 / 1e6,
+            on_read as f64 / 1e6
         );
         println!(
             "memory after the pass: now (VmRSS) {} MiB, peak (VmHWM) {} MiB",
