@@ -57,9 +57,7 @@ pub fn decompress_within(codec: Compression, body: &[u8], limit: usize) -> Resul
         }
         Compression::Gzip => read_within(flate2::read::MultiGzDecoder::new(body), limit),
         Compression::Snappy => snappy_within(body, limit),
-        Compression::Lz4 => lz4::Decoder::new(body)
-            .map_err(|e| e.to_string())
-            .and_then(|d| read_within(d, limit)),
+        Compression::Lz4 => lz4_frames::decompress_within(body, limit),
         Compression::Zstd => zstd::stream::read::Decoder::new(body)
             .map_err(|e| e.to_string())
             .and_then(|d| read_within(d, limit)),
@@ -85,6 +83,265 @@ fn read_within(r: impl Read, limit: usize) -> Result<Vec<u8>, String> {
         return Err(too_large(limit));
     }
     Ok(out)
+}
+
+/// Kafka's lz4: the LZ4 frame format (`doc/lz4_Frame_format.md` of lz4), which the Java
+/// client, librdkafka and our own `compress_at` write with independent blocks of at most
+/// 64 KiB. Each block is decompressed straight into the one output buffer, sized before the
+/// first block from the frame's content size or its block sizes (never past the limit), so
+/// that no byte is zeroed first or copied twice (LZ4F's streaming decoder under
+/// `read_to_end` wrote into an output grown by doubling, each growth zeroed first and the
+/// bytes before it copied by `realloc`, and into a buffer of its own when the room left was
+/// smaller than a block).
+///
+/// What LZ4F checks is checked here too: magic, version, reserved bits, the header
+/// checksum, block sizes, block and content checksums (xxHash32) when the frame has them,
+/// the content size when it states one. Frames may follow one another (skippable frames are
+/// skipped); a frame cut short is an error (LZ4F through `read_to_end` ended the output
+/// there without one). Linked blocks are decoded with the 64 KiB before them as their
+/// dictionary; a dictionary id is read and otherwise ignored, as LZ4F does.
+mod lz4_frames {
+    use std::os::raw::{c_char, c_int};
+
+    use twox_hash::XxHash32;
+
+    const MAGIC: u32 = 0x184D_2204;
+    /// Skippable frames: 0x184D2A50 to 0x184D2A5F.
+    const SKIPPABLE: u32 = 0x184D_2A50;
+    /// The high bit of a block's size: its bytes are stored as they are.
+    const STORED: u32 = 1 << 31;
+    /// What a linked block may refer back to.
+    const WINDOW: usize = 64 << 10;
+
+    extern "C" {
+        // liblz4's (lz4.h, LZ4LIB_API), compiled into the binary by lz4-sys, which binds
+        // `LZ4_decompress_safe` but not this one.
+        fn LZ4_decompress_safe_usingDict(
+            src: *const c_char,
+            dst: *mut c_char,
+            src_size: c_int,
+            dst_capacity: c_int,
+            dict_start: *const c_char,
+            dict_size: c_int,
+        ) -> c_int;
+    }
+
+    /// The frame descriptor's flags.
+    struct Frame {
+        linked: bool,
+        block_checksums: bool,
+        content_checksum: bool,
+        content_size: Option<u64>,
+        block_max: usize,
+    }
+
+    /// Why the output has the room it has: a block that does not fit it is over the limit,
+    /// or over the frame's own content size.
+    #[derive(Clone, Copy)]
+    enum Room {
+        Limit,
+        ContentSize(u64),
+        Blocks,
+    }
+
+    fn cut() -> String {
+        "an lz4 frame is cut short".to_string()
+    }
+
+    fn le32(input: &[u8], at: usize) -> Result<u32, String> {
+        input
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .ok_or_else(cut)
+    }
+
+    fn xxh32(bytes: &[u8]) -> u32 {
+        XxHash32::oneshot(0, bytes)
+    }
+
+    /// `body` (one or more frames) decompressed, at most `limit` bytes of it.
+    pub(super) fn decompress_within(body: &[u8], limit: usize) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        loop {
+            let magic = le32(body, at)?;
+            if magic & 0xFFFF_FFF0 == SKIPPABLE {
+                let len = le32(body, at + 4)? as usize;
+                at = (at + 8).checked_add(len).ok_or_else(cut)?;
+                if at > body.len() {
+                    return Err(cut());
+                }
+            } else if magic == MAGIC {
+                at += frame(&body[at..], &mut out, limit)?;
+            } else {
+                return Err(format!("not an lz4 frame (magic number {magic:#010x})"));
+            }
+            if at == body.len() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// The descriptor after the magic number, and where the first block begins.
+    fn descriptor(input: &[u8]) -> Result<(Frame, usize), String> {
+        let (&flg, &bd) = (input.get(4).ok_or_else(cut)?, input.get(5).ok_or_else(cut)?);
+        if flg >> 6 != 1 {
+            return Err(format!("an lz4 frame of version {} (1 is known)", flg >> 6));
+        }
+        if flg & 0b10 != 0 || bd & 0b1000_1111 != 0 {
+            return Err("an lz4 frame descriptor has reserved bits set".to_string());
+        }
+        let block_max = match (bd >> 4) & 0b111 {
+            4 => 64 << 10,
+            5 => 256 << 10,
+            6 => 1 << 20,
+            7 => 4 << 20,
+            id => {
+                return Err(format!(
+                    "an lz4 frame has block size id {id} (4 to 7 are known)"
+                ))
+            }
+        };
+        let has_size = flg & 0b1000 != 0;
+        let has_dict = flg & 0b1 != 0;
+        let checksum_at = 6 + if has_size { 8 } else { 0 } + if has_dict { 4 } else { 0 };
+        let header = input.get(..checksum_at + 1).ok_or_else(cut)?;
+        if (xxh32(&header[4..checksum_at]) >> 8) as u8 != header[checksum_at] {
+            return Err("an lz4 frame's header checksum does not match".to_string());
+        }
+        let content_size =
+            has_size.then(|| u64::from_le_bytes(header[6..14].try_into().expect("8 bytes")));
+        let frame = Frame {
+            linked: flg & 0b10_0000 == 0,
+            block_checksums: flg & 0b1_0000 != 0,
+            content_checksum: flg & 0b100 != 0,
+            content_size,
+            block_max,
+        };
+        Ok((frame, checksum_at + 1))
+    }
+
+    /// One frame (`input` begins with its magic number) appended to `out`, which may hold
+    /// at most `limit` bytes in all. The bytes of the frame read.
+    fn frame(input: &[u8], out: &mut Vec<u8>, limit: usize) -> Result<usize, String> {
+        let (f, first_block) = descriptor(input)?;
+        let checksum_len = if f.block_checksums { 4 } else { 0 };
+        // First the block sizes, each checked against the frame and the input: the most
+        // the blocks can hold sizes the output before anything is decompressed.
+        let mut most = 0usize;
+        let mut at = first_block;
+        loop {
+            let size = le32(input, at)?;
+            at += 4;
+            if size == 0 {
+                break;
+            }
+            let len = (size & !STORED) as usize;
+            if len > f.block_max {
+                return Err(format!(
+                    "an lz4 block of {len} bytes in a frame of blocks of at most {}",
+                    f.block_max
+                ));
+            }
+            at += len + checksum_len;
+            if at > input.len() {
+                return Err(cut());
+            }
+            most = most.saturating_add(if size & STORED != 0 { len } else { f.block_max });
+        }
+        let end = at + if f.content_checksum { 4 } else { 0 };
+        if end > input.len() {
+            return Err(cut());
+        }
+        let left = limit - out.len();
+        let (room, why) = match f.content_size {
+            Some(n) if n > left as u64 => return Err(super::too_large(limit)),
+            Some(n) => (n as usize, Room::ContentSize(n)),
+            None if most > left => (left, Room::Limit),
+            None => (most, Room::Blocks),
+        };
+        let over = || match why {
+            Room::Limit => super::too_large(limit),
+            Room::ContentSize(n) => format!("an lz4 frame holds more than its content size, {n}"),
+            // a block's room is its block size here: one that does not fit is damaged
+            Room::Blocks => "an lz4 block is damaged".to_string(),
+        };
+        out.reserve_exact(room);
+        let start = out.len();
+        let room_end = start + room;
+        let mut at = first_block;
+        loop {
+            let size = le32(input, at)?;
+            at += 4;
+            if size == 0 {
+                break;
+            }
+            let len = (size & !STORED) as usize;
+            let block = &input[at..at + len];
+            at += len;
+            if f.block_checksums {
+                if xxh32(block) != le32(input, at)? {
+                    return Err("an lz4 block's checksum does not match".to_string());
+                }
+                at += 4;
+            }
+            let free = room_end - out.len();
+            if size & STORED != 0 {
+                if len > free {
+                    return Err(over());
+                }
+                out.extend_from_slice(block);
+                continue;
+            }
+            let capacity = free.min(f.block_max);
+            let dict = if f.linked {
+                (out.len() - start).min(WINDOW)
+            } else {
+                0
+            };
+            let tail = out.len();
+            // SAFETY: `out` has `free >= capacity` bytes reserved past its length, and liblz4
+            // writes at most `capacity` bytes at `dst` and returns how many (or a negative
+            // number, writing nothing it reports); it reads only `block` and the `dict`
+            // bytes of `out` just before `dst`, all initialized. Only the bytes it reports
+            // written are taken into `out`'s length.
+            let n = unsafe {
+                let base = out.as_mut_ptr();
+                LZ4_decompress_safe_usingDict(
+                    block.as_ptr().cast(),
+                    base.add(tail).cast(),
+                    len as c_int,
+                    capacity as c_int,
+                    base.add(tail - dict).cast_const().cast(),
+                    dict as c_int,
+                )
+            };
+            let Ok(n) = usize::try_from(n) else {
+                return Err(if capacity < f.block_max {
+                    // does not fit what is left (or is damaged, which the batch's CRC-32C,
+                    // checked before this, makes unlikely)
+                    over()
+                } else {
+                    "an lz4 block is damaged".to_string()
+                });
+            };
+            // SAFETY: liblz4 initialized these `n <= capacity` bytes.
+            unsafe { out.set_len(tail + n) };
+        }
+        let content = &out[start..];
+        if let Some(n) = f.content_size {
+            if content.len() as u64 != n {
+                return Err(format!(
+                    "an lz4 frame holds {} bytes, its content size says {n}",
+                    content.len()
+                ));
+            }
+        }
+        if f.content_checksum && xxh32(content) != le32(input, at)? {
+            return Err("an lz4 frame's content checksum does not match".to_string());
+        }
+        Ok(end)
+    }
 }
 
 /// xerial-framed snappy (what the Java client writes: a magic header, then blocks each
@@ -429,6 +686,270 @@ mod tests {
             );
             let e = decompress_within(codec, &bomb, 1 << 20).unwrap_err();
             assert!(e.contains("more than 1048576 bytes"), "{codec:?}: {e}");
+        }
+    }
+
+    /// Bytes that compress well for a while, then not at all (`lz4` stores those blocks
+    /// as they are), and so on.
+    fn half_random(len: usize) -> Vec<u8> {
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        (0..len)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if (i / 50_000) % 2 == 0 {
+                    (i % 97) as u8
+                } else {
+                    x as u8
+                }
+            })
+            .collect()
+    }
+
+    /// `raw` as LZ4F (the `lz4` crate's encoder) frames it with these options.
+    fn lz4f_frame(raw: &[u8], o: &Lz4Options) -> Vec<u8> {
+        use lz4::liblz4::{BlockChecksum, BlockMode, ContentChecksum};
+        use std::io::Write;
+        let mut b = lz4::EncoderBuilder::new();
+        b.block_size(o.block_size.clone())
+            .block_mode(if o.linked {
+                BlockMode::Linked
+            } else {
+                BlockMode::Independent
+            })
+            .block_checksum(if o.block_checksums {
+                BlockChecksum::BlockChecksumEnabled
+            } else {
+                BlockChecksum::NoBlockChecksum
+            })
+            .checksum(if o.content_checksum {
+                ContentChecksum::ChecksumEnabled
+            } else {
+                ContentChecksum::NoChecksum
+            });
+        if o.content_size {
+            b.content_size(raw.len() as u64);
+        }
+        let mut e = b.build(Vec::new()).unwrap();
+        e.write_all(raw).unwrap();
+        let (out, done) = e.finish();
+        done.unwrap();
+        out
+    }
+
+    #[derive(Clone, Debug)]
+    struct Lz4Options {
+        block_size: lz4::liblz4::BlockSize,
+        linked: bool,
+        block_checksums: bool,
+        content_checksum: bool,
+        content_size: bool,
+    }
+
+    impl Lz4Options {
+        fn all() -> Vec<Lz4Options> {
+            use lz4::liblz4::BlockSize;
+            let mut all = Vec::new();
+            for block_size in [BlockSize::Max64KB, BlockSize::Max256KB, BlockSize::Max4MB] {
+                for bits in 0..16u8 {
+                    all.push(Lz4Options {
+                        block_size: block_size.clone(),
+                        linked: bits & 1 != 0,
+                        block_checksums: bits & 2 != 0,
+                        content_checksum: bits & 4 != 0,
+                        content_size: bits & 8 != 0,
+                    });
+                }
+            }
+            all
+        }
+    }
+
+    /// The old way: LZ4F's streaming decoder read to the end.
+    fn lz4f_decoded(frame: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        lz4::Decoder::new(frame)
+            .unwrap()
+            .read_to_end(&mut out)
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn lz4_frames_of_every_kind_decompress_as_lz4f_does() {
+        for len in [0, 1, 1_000, 65_536, 300_000] {
+            let raw = half_random(len);
+            for o in Lz4Options::all() {
+                let frame = lz4f_frame(&raw, &o);
+                let out = decompress_within(Compression::Lz4, &frame, raw.len())
+                    .unwrap_or_else(|e| panic!("{len} bytes, {o:?}: {e}"));
+                assert!(out == raw, "{len} bytes, {o:?}");
+                assert!(lz4f_decoded(&frame) == raw, "{len} bytes, {o:?}");
+                // the limit one byte short
+                if len > 0 {
+                    let e = decompress_within(Compression::Lz4, &frame, len - 1).unwrap_err();
+                    assert!(e.contains("more than"), "{len} bytes, {o:?}: {e}");
+                }
+            }
+        }
+    }
+
+    /// An lz4 frame put together by hand: `flg` and 64 KiB blocks, each `(stored, bytes)`;
+    /// a content size, block and content checksums as `flg` says.
+    fn lz4_frame_by_hand(flg: u8, blocks: &[(bool, &[u8])], content: &[u8]) -> Vec<u8> {
+        let xxh = |b: &[u8]| twox_hash::XxHash32::oneshot(0, b);
+        let mut f = 0x184D_2204_u32.to_le_bytes().to_vec();
+        f.extend_from_slice(&[flg, 0x40]);
+        if flg & 0x08 != 0 {
+            f.extend_from_slice(&(content.len() as u64).to_le_bytes());
+        }
+        f.push((xxh(&f[4..]) >> 8) as u8);
+        for (stored, data) in blocks {
+            let len = data.len() as u32 | if *stored { 1 << 31 } else { 0 };
+            f.extend_from_slice(&len.to_le_bytes());
+            f.extend_from_slice(data);
+            if flg & 0x10 != 0 {
+                f.extend_from_slice(&xxh(data).to_le_bytes());
+            }
+        }
+        f.extend_from_slice(&0u32.to_le_bytes());
+        if flg & 0x04 != 0 {
+            f.extend_from_slice(&xxh(content).to_le_bytes());
+        }
+        f
+    }
+
+    /// Independent blocks, block checksums, content size, content checksum.
+    const ALL_FLAGS: u8 = 0x40 | 0x20 | 0x10 | 0x08 | 0x04;
+
+    #[test]
+    fn lz4_stored_blocks_checksums_and_content_size_are_checked() {
+        let words = b"settlement settlement settlement".repeat(10);
+        let packed = lz4::block::compress(&words, None, false).unwrap();
+        let content = [&b"stored first, "[..], &words, b", stored last"].concat();
+        let blocks: [(bool, &[u8]); 3] = [
+            (true, b"stored first, "),
+            (false, &packed),
+            (true, b", stored last"),
+        ];
+        let lz4 = |f: &[u8]| decompress_within(Compression::Lz4, f, 1 << 20);
+        let frame = lz4_frame_by_hand(ALL_FLAGS, &blocks, &content);
+        assert_eq!(lz4(&frame).unwrap(), content);
+        assert_eq!(lz4f_decoded(&frame), content);
+        for flg in [0x60, 0x40 | 0x10, 0x60 | 0x04, 0x60 | 0x08] {
+            let frame = lz4_frame_by_hand(flg, &blocks, &content);
+            assert_eq!(lz4(&frame).unwrap(), content, "{flg:#x}");
+        }
+        // a byte of each checksum changed, and a content size one short
+        let header_checksum = 4 + 2 + 8;
+        let first_block_checksum = header_checksum + 1 + 4 + 14;
+        for (at, what) in [
+            (header_checksum, "header checksum"),
+            (first_block_checksum, "block's checksum"),
+            (frame.len() - 1, "content checksum"),
+        ] {
+            let mut bad = frame.clone();
+            bad[at] ^= 1;
+            let e = lz4(&bad).unwrap_err();
+            assert!(e.contains(what), "{what}: {e}");
+        }
+        let mut short = lz4_frame_by_hand(0x60 | 0x08, &blocks, &content);
+        short[6] -= 1;
+        short[14] = (twox_hash::XxHash32::oneshot(0, &short[4..14]) >> 8) as u8;
+        let e = lz4(&short).unwrap_err();
+        assert!(e.contains("more than its content size"), "{e}");
+        // a block longer than the frame's block size, version 0, reserved bits
+        let big = vec![7u8; (64 << 10) + 1];
+        let e = lz4(&lz4_frame_by_hand(0x60, &[(true, &big)], &big)).unwrap_err();
+        assert!(e.contains("at most 65536"), "{e}");
+        for flg in [0x20, 0x62] {
+            assert!(lz4(&lz4_frame_by_hand(flg, &blocks, &content)).is_err());
+        }
+    }
+
+    #[test]
+    fn lz4_frames_follow_one_another_and_skippable_frames_are_skipped() {
+        let (a, b) = (half_random(100_000), b"and the rest".to_vec());
+        let mut body = compress(Compression::Lz4, &a).unwrap();
+        body.extend_from_slice(&0x184D_2A53_u32.to_le_bytes());
+        body.extend_from_slice(&3u32.to_le_bytes());
+        body.extend_from_slice(b"xyz");
+        body.extend_from_slice(&compress(Compression::Lz4, &b).unwrap());
+        let out = decompress_within(Compression::Lz4, &body, 1 << 20).unwrap();
+        assert!(out == [a.clone(), b.clone()].concat());
+        // the two frames' output is held to the one limit
+        let e = decompress_within(Compression::Lz4, &body, a.len() + 1).unwrap_err();
+        assert!(e.contains("more than"), "{e}");
+        // something after the frames that is not one
+        body.extend_from_slice(b"junk");
+        assert!(decompress_within(Compression::Lz4, &body, 1 << 20).is_err());
+    }
+
+    /// LZ4F read to the end ended its output where the input ended: a frame cut short
+    /// between blocks came out short, without an error.
+    #[test]
+    fn an_lz4_frame_cut_short_is_an_error() {
+        let raw = half_random(200_000);
+        for o in Lz4Options::all().into_iter().step_by(5) {
+            let frame = lz4f_frame(&raw, &o);
+            for cut in 0..frame.len() {
+                let r = decompress_within(Compression::Lz4, &frame[..cut], raw.len());
+                assert!(r.is_err(), "{o:?}: cut at {cut} of {}", frame.len());
+            }
+        }
+    }
+
+    /// A frame that claims a content size past the limit is refused before anything is
+    /// allocated (1 TiB here would abort the test); stored blocks are held to the limit too.
+    #[test]
+    fn an_lz4_bomb_is_refused_before_allocating() {
+        let mut claim = 0x184D_2204_u32.to_le_bytes().to_vec();
+        claim.extend_from_slice(&[0x68, 0x40]);
+        claim.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        claim.push((twox_hash::XxHash32::oneshot(0, &claim[4..]) >> 8) as u8);
+        claim.extend_from_slice(&0u32.to_le_bytes());
+        let e = decompress_within(Compression::Lz4, &claim, MAX_DECOMPRESSED_BATCH).unwrap_err();
+        assert!(e.contains("more than"), "{e}");
+        let block = vec![0u8; 64 << 10];
+        let blocks = vec![(true, &block[..]); 20];
+        let stored = lz4_frame_by_hand(0x60, &blocks, &[]);
+        let e = decompress_within(Compression::Lz4, &stored, 1 << 20).unwrap_err();
+        assert!(e.contains("more than 1048576 bytes"), "{e}");
+        assert_eq!(
+            decompress_within(Compression::Lz4, &stored, 20 << 16)
+                .unwrap()
+                .len(),
+            20 << 16
+        );
+    }
+
+    proptest::proptest! {
+        /// Any frame LZ4F writes comes back whole; a frame with any one byte changed is an
+        /// error or some output, never a panic.
+        #[test]
+        fn lz4_frames_round_trip_and_damage_never_panics(
+            runs in proptest::collection::vec((proptest::prelude::any::<u8>(), 1..300usize), 0..400),
+            options in 0..48usize,
+            flip in proptest::prelude::any::<proptest::sample::Index>(),
+            by in 1..=255u8,
+        ) {
+            let raw: Vec<u8> = runs
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &(b, n))| {
+                    // a run of one byte, or as many bytes each different
+                    (0..n).map(move |j| if i % 3 == 0 { b.wrapping_add(j as u8) } else { b })
+                })
+                .collect();
+            let frame = lz4f_frame(&raw, &Lz4Options::all()[options]);
+            proptest::prop_assert_eq!(
+                decompress_within(Compression::Lz4, &frame, raw.len()).unwrap(),
+                raw.clone()
+            );
+            let mut bad = frame.clone();
+            bad[flip.index(frame.len())] ^= by;
+            let _ = decompress_within(Compression::Lz4, &bad, raw.len() + 1024);
         }
     }
 
