@@ -80,9 +80,11 @@ impl Default for ReadConfig {
     }
 }
 
-/// Chunks a sequential reader keeps fetched ahead of the one it decodes: one GET overlaps
-/// the decoding of the current chunk, the second hides a slow GET.
-const READ_AHEAD_CHUNKS: u64 = 2;
+/// Chunks a sequential reader keeps fetched ahead of the one it decodes. A GET is now the
+/// slow side (read, page faults and the CRC check, on the blocking pool; the consumer's
+/// thread waits for it most of the time): four in flight keep both cores on them where
+/// two left gaps (docs/benchmarks.md, issue 20's fifth stop).
+const READ_AHEAD_CHUNKS: u64 = 4;
 
 /// Chunks by "object key#chunk number".
 type ChunkCache = foyer::HybridCache<String, Chunk>;
