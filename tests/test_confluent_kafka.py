@@ -249,3 +249,73 @@ def test_consumers_started_together_get_one_generation(broker):
     assert len(assigned["a"]) == 1 and len(assigned["b"]) == 1 and revoked == {"a": 0, "b": 0}, (
         f"assignments {assigned}, revocations {revoked}: the group rebalanced more than once")
     assert sorted(assigned["a"][0] + assigned["b"][0]) == [0, 1, 2, 3] and assigned["a"][0] and assigned["b"][0], assigned
+
+
+def test_large_reads_are_sent_from_the_segment_files_and_read_the_same(broker):
+    """Issue 20, item 4: on a plaintext listener a fetch sends large reads that are in the
+    page cache straight from the segment files (sendfile). A consumer reads every byte the
+    same as with `kafka.sendfile = false`, and the metric shows the files were sent."""
+    from conftest import scrape_metrics
+
+    topic = "ck-sendfile"
+    partitions, per_partition, size = 3, 600, 9_000
+    broker.create_topic(topic, partitions)
+    producer = Producer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "acks": "all",
+                                      "linger.ms": 200, "batch.size": 1_000_000,
+                                      "compression.type": "none"}))
+
+    pattern = bytes(range(251)) * (size // 251 + 2)
+
+    def value(p, i):
+        head = f"{p}:{i}:".encode()
+        at = (p * 7 + i) % 251
+        return head + pattern[at:at + size - len(head)]
+
+    for i in range(per_partition):
+        for p in range(partitions):
+            while True:
+                try:
+                    producer.produce(topic, value=value(p, i), partition=p)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+    assert producer.flush(60) == 0
+
+    def read_all():
+        consumer = Consumer(rdkafka_conf({"bootstrap.servers": broker.bootstrap, "group.id": "sendfile",
+                                          "enable.auto.commit": False, "enable.partition.eof": True}))
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        got = {p: 0 for p in range(partitions)}
+        done = set()
+        try:
+            deadline = time.monotonic() + 60
+            while len(done) < partitions:
+                assert time.monotonic() < deadline, f"read {got} of {per_partition} each within 60 s"
+                m = consumer.poll(0.5)
+                if m is None:
+                    continue
+                if m.error():
+                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                    if got[m.partition()] == per_partition:
+                        done.add(m.partition())
+                    continue
+                p, i = m.partition(), got[m.partition()]
+                assert m.offset() == i, (p, m.offset(), i)
+                assert m.value() == value(p, i), f"partition {p} offset {i}: bytes differ"
+                got[p] += 1
+        finally:
+            consumer.close()
+        return scrape_metrics(broker.metrics_port)
+
+    total = partitions * per_partition * size
+    m = read_all()
+    sent = m["strata_fetched_from_file_bytes_total"]
+    print(f"sent from the files: {sent:.0f} of {m['strata_fetched_bytes_total']:.0f} fetched, {total} produced")
+    assert sent >= 0.5 * total, f"{sent:.0f} of {total} record bytes sent from the files"
+    assert sent <= m["strata_fetched_bytes_total"]
+
+    broker.extra_env["STRATA__KAFKA__SENDFILE"] = "false"
+    broker.restart()
+    m = read_all()
+    assert m["strata_fetched_from_file_bytes_total"] == 0
+    assert m["strata_fetched_bytes_total"] >= total

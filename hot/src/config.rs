@@ -282,6 +282,9 @@ pub struct KafkaSection {
     /// The longest a fetch may wait for data, whatever its `max_wait_ms`.
     #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
     pub fetch_max_wait: Duration,
+    /// Fetches on plaintext listeners send large reads from the page cache straight from
+    /// the segment files (`sendfile`), as Kafka does; `false` reads them and writes them.
+    pub sendfile: bool,
     /// Fetch sessions (KIP-227) the broker keeps (Kafka's
     /// `max.incremental.fetch.session.cache.slots`); 0 turns them off.
     pub fetch_session_cache_slots: usize,
@@ -737,6 +740,7 @@ impl Default for KafkaSection {
             max_connections_per_ip_overrides: BTreeMap::new(),
             fetch_max_bytes: 55 << 20,
             fetch_max_wait: Duration::from_secs(30),
+            sendfile: true,
             fetch_session_cache_slots: 1000,
             fetch_session_cache_partitions: 200_000,
             listeners: Vec::new(),
@@ -1285,6 +1289,8 @@ impl ServerConfig {
         // only where OAUTHBEARER is offered
         let oauth =
             oauth.filter(|_| sasl_mechanisms.contains(&crate::kafka::sasl::Mechanism::OAuthBearer));
+        // (TLS encrypts every byte in this process: nothing to send from a file)
+        let sendfile = self.kafka.sendfile && tls.is_none();
         Ok(ListenerConfig {
             name: l.name.clone(),
             protocol: l.protocol,
@@ -1302,6 +1308,7 @@ impl ServerConfig {
             frame_timeout: self.kafka.frame_timeout,
             fetch_max_bytes: self.kafka.fetch_max_bytes,
             fetch_max_wait: self.kafka.fetch_max_wait,
+            sendfile,
         })
     }
 

@@ -150,6 +150,8 @@ pub struct Metrics {
     pub produced_bytes: AtomicU64,
     pub fetch_requests: AtomicU64,
     pub fetched_bytes: AtomicU64,
+    /// Of `fetched_bytes`, those sent from the segment files (`sendfile`) without being read.
+    pub fetched_from_file_bytes: AtomicU64,
     /// Record bytes sent to followers.
     pub replicated_bytes: AtomicU64,
     pub isr_shrinks: AtomicU64,
@@ -515,6 +517,11 @@ fn broker(out: &mut Out<'_>, broker: &Broker) -> fmt::Result {
         "strata_fetched_bytes_total",
         "Record bytes returned by fetches.",
         load(&m.fetched_bytes),
+    )?;
+    out.counter(
+        "strata_fetched_from_file_bytes_total",
+        "Of the record bytes fetches returned, those sent from the segment files (sendfile) without being read.",
+        load(&m.fetched_from_file_bytes),
     )?;
     out.histogram(
         "strata_produce_latency_seconds",

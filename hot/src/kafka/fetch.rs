@@ -27,6 +27,7 @@ use kafka_protocol::messages::{
 use tokio::sync::watch;
 
 use super::fetch_session::{self, Plan, Wanted};
+use super::frame::Spanned;
 use super::{codes, Request};
 use crate::broker::{Partition, Progress, Route};
 
@@ -69,14 +70,16 @@ fn lookup_partition(
     }
 }
 
-pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
+/// A fetch's response, and the segment-file spans its records' stand-ins stand for (sent
+/// from the files on a plaintext listener).
+pub(super) async fn handle(ctx: Request, req: FetchRequest) -> (FetchResponse, Vec<Spanned>) {
     use std::sync::atomic::Ordering::Relaxed;
     let started = std::time::Instant::now();
     let broker = ctx.broker().clone();
     let quota_ctx = ctx.clone();
-    let resp = handle_inner(ctx, req).await;
+    let (resp, spans) = handle_inner(ctx, req).await;
     if resp.throttle_time_ms > 0 {
-        return resp;
+        return (resp, spans);
     }
     let mut bytes = 0;
     for t in &resp.responses {
@@ -88,13 +91,16 @@ pub(super) async fn handle(ctx: Request, req: FetchRequest) -> FetchResponse {
     }
     let m = broker.metrics();
     m.fetch_requests.fetch_add(1, Relaxed);
+    let from_file: usize = spans.iter().map(|s| s.span.len).sum();
+    m.fetched_from_file_bytes
+        .fetch_add(from_file as u64, Relaxed);
     m.fetch_latency.observe(started.elapsed());
     let throttle_ms = if bytes > 0 {
         quota_ctx.throttle(QuotaKey::ConsumerByteRate, bytes as f64)
     } else {
         0
     };
-    resp.with_throttle_time_ms(throttle_ms)
+    (resp.with_throttle_time_ms(throttle_ms), spans)
 }
 
 /// The records a fetch response carries (its frame refers to them instead of copying them).
@@ -106,7 +112,7 @@ pub(super) fn records_of(resp: &FetchResponse) -> Vec<Bytes> {
         .collect()
 }
 
-async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
+async fn handle_inner(ctx: Request, req: FetchRequest) -> (FetchResponse, Vec<Spanned>) {
     // A partition named twice is read and answered once (its first mention), as Kafka's
     // fetch session keeps one entry per partition: repeats must not multiply the response.
     let mut seen = std::collections::HashSet::new();
@@ -145,7 +151,7 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
         Plan::Sessionless(asked)
     };
     if let Plan::Refused(code) = plan {
-        return FetchResponse::default().with_error_code(code);
+        return (FetchResponse::default().with_error_code(code), Vec::new());
     }
     // A consumer over its consumer_byte_rate is answered at once with its throttle time and
     // no data, as Kafka does, and its connection is not read from until the time is over.
@@ -156,9 +162,10 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
             Plan::Incremental { id, .. } => id,
             _ => fetch_session::INVALID_SESSION_ID,
         };
-        return FetchResponse::default()
+        let resp = FetchResponse::default()
             .with_session_id(id)
             .with_throttle_time_ms(owed);
+        return (resp, Vec::new());
     }
     let limits = ctx.listener();
     let wait = Duration::from_millis(req.max_wait_ms.max(0) as u64).min(limits.fetch_max_wait);
@@ -175,11 +182,16 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
     let topics = targets(&ctx, plan.partitions(), rack);
     // (isolation_level exists from v4; 1 = read_committed)
     let committed = ctx.version >= 4 && req.isolation_level == 1;
-    let Some(responses) = long_poll(topics, wait, max_bytes, min_bytes, committed).await else {
-        return FetchResponse::default().with_error_code(-1);
+    let read = Reading {
+        max_bytes,
+        committed,
+        spans: limits.sendfile,
+    };
+    let Some((responses, spans)) = long_poll(topics, wait, min_bytes, read).await else {
+        return (FetchResponse::default().with_error_code(-1), Vec::new());
     };
     let sessions = ctx.fetch_sessions();
-    match plan {
+    let resp = match plan {
         Plan::Sessionless(_) | Plan::Refused(_) => {
             FetchResponse::default().with_responses(responses)
         }
@@ -192,8 +204,26 @@ async fn handle_inner(ctx: Request, req: FetchRequest) -> FetchResponse {
         Plan::Incremental { id, .. } => FetchResponse::default()
             .with_session_id(id)
             .with_responses(sessions.changed(id, responses)),
-    }
+    };
+    (resp, spans)
 }
+
+/// How a fetch reads its partitions.
+#[derive(Clone, Copy)]
+struct Reading {
+    /// The most record bytes in the response (KIP-74's first batch aside).
+    max_bytes: usize,
+    /// read_committed: only below the last stable offset.
+    committed: bool,
+    /// Records read on the blocking pool may be answered as spans of their segment files
+    /// (a plaintext listener sends them with `sendfile`).
+    spans: bool,
+}
+
+/// What one read of a fetch's partitions found: the response topics, the bytes read,
+/// whether any partition answered with an error, and the spans the records' stand-ins
+/// stand for.
+type ReadAll = (Vec<FetchableTopicResponse>, usize, bool, Vec<Spanned>);
 
 /// What to read for `wanted`, grouped by topic (consecutive partitions of one topic share
 /// an entry, as a response lists them): the local replica, or the error to answer; and for
@@ -250,10 +280,9 @@ fn targets(ctx: &Request, wanted: &[Wanted], rack: &str) -> Arc<Vec<(TopicName, 
 async fn long_poll(
     topics: Arc<Vec<(TopicName, Vec<Target>)>>,
     wait: Duration,
-    max_bytes: usize,
     min_bytes: usize,
-    committed: bool,
-) -> Option<Vec<FetchableTopicResponse>> {
+    read: Reading,
+) -> Option<(Vec<FetchableTopicResponse>, Vec<Spanned>)> {
     let mut watchers: Vec<watch::Receiver<Progress>> = topics
         .iter()
         .flat_map(|(_, ts)| {
@@ -266,20 +295,20 @@ async fn long_poll(
         for w in &mut watchers {
             w.borrow_and_update();
         }
-        let (responses, total, any_error) = read_now(&topics, max_bytes, committed).await?;
+        let (responses, total, any_error, spans) = read_now(&topics, read).await?;
         if total >= min_bytes
             || any_error
             || tokio::time::Instant::now() >= deadline
             || watchers.is_empty()
         {
-            return Some(responses);
+            return Some((responses, spans));
         }
         let changed = any_changed(&mut watchers);
         if tokio::time::timeout_at(deadline, changed).await.is_err() {
             // Deadline: answer with what there is (usually nothing) without another wait.
-            return read_now(&topics, max_bytes, committed)
+            return read_now(&topics, read)
                 .await
-                .map(|(responses, _, _)| responses);
+                .map(|(responses, _, _, spans)| (responses, spans));
         }
     }
 }
@@ -293,17 +322,12 @@ async fn any_changed(watchers: &mut [watch::Receiver<Progress>]) {
 /// Reads every target once: from the page cache on this thread when all of it is there,
 /// else on a blocking thread (it may wait for the disk or the cold tier). `None` if that
 /// thread failed.
-async fn read_now(
-    topics: &Arc<Vec<(TopicName, Vec<Target>)>>,
-    max_bytes: usize,
-    committed: bool,
-) -> Option<(Vec<FetchableTopicResponse>, usize, bool)> {
-    if let Some(read) = read_all(topics, max_bytes, committed, true) {
+async fn read_now(topics: &Arc<Vec<(TopicName, Vec<Target>)>>, read: Reading) -> Option<ReadAll> {
+    if let Some(read) = read_all(topics, read, true) {
         return Some(read);
     }
     let topics = topics.clone();
-    match tokio::task::spawn_blocking(move || read_all(&topics, max_bytes, committed, false)).await
-    {
+    match tokio::task::spawn_blocking(move || read_all(&topics, read, false)).await {
         Ok(read) => read,
         Err(e) => {
             tracing::error!(error = %e, "fetch read task failed");
@@ -315,13 +339,15 @@ async fn read_now(
 /// Reads every target once: the response topics, the bytes read, and whether any partition
 /// answered with an error (which ends a long poll at once, as in Kafka). With `cached`, only
 /// from the page cache (so on a runtime thread): `None` as soon as a read would wait for the
-/// disk or the cold tier. Without, always `Some`.
-fn read_all(
-    topics: &[(TopicName, Vec<Target>)],
-    max_bytes: usize,
-    committed: bool,
-    cached: bool,
-) -> Option<(Vec<FetchableTopicResponse>, usize, bool)> {
+/// disk or the cold tier. Without, always `Some`, and with `read.spans` large reads in the
+/// page cache are answered as spans of their segment files.
+fn read_all(topics: &[(TopicName, Vec<Target>)], read: Reading, cached: bool) -> Option<ReadAll> {
+    let Reading {
+        max_bytes,
+        committed,
+        ..
+    } = read;
+    let mut spans = (read.spans && !cached).then(Vec::new);
     let mut total = 0usize;
     let mut any_error = false;
     let mut would_block = false;
@@ -363,12 +389,14 @@ fn read_all(
                         t.remote.as_ref(),
                         committed,
                         cached,
+                        spans.as_mut(),
                     );
                     let Some(Read {
                         records,
                         progress,
                         error,
                         last_stable,
+                        spanned,
                     }) = read
                     else {
                         would_block = true;
@@ -386,8 +414,13 @@ fn read_all(
                     any_error |= error != codes::NONE;
                     // read_committed: the aborted transactions among the records answered,
                     // which the consumer drops (Kafka answers null for read_uncommitted)
-                    let aborted =
-                        committed.then(|| aborted_among(p, t.offset, &records, t.remote.as_ref()));
+                    let aborted = committed.then(|| {
+                        // (a span's bytes are not read: its last offset came with it)
+                        let end = spanned
+                            .map(|last| last as i64)
+                            .or_else(|| last_offset(&records));
+                        aborted_among(p, t.offset, end, t.remote.as_ref())
+                    });
                     data.with_error_code(error)
                         .with_high_watermark(progress.high_watermark as i64)
                         .with_last_stable_offset(last_stable as i64)
@@ -401,22 +434,27 @@ fn read_all(
                 .with_partitions(partitions)
         })
         .collect();
-    (!would_block).then_some((responses, total, any_error))
+    (!would_block).then(|| (responses, total, any_error, spans.unwrap_or_default()))
 }
 
-/// The aborted transactions that meet `records`, read from `offset`: from the local log's
-/// list, and for a tiered topic from the cold tier's manifest too (records read from the
-/// cold tier, whose local segments retention has deleted).
+/// The offset of the last record in `records`, whole batches.
+fn last_offset(records: &Bytes) -> Option<i64> {
+    strata_core::batch::BatchIter::new(records)
+        .map_while(|b| b.ok().map(|(h, _)| h.last_offset()))
+        .last()
+}
+
+/// The aborted transactions that meet the records answered from `offset` up to `end` (the
+/// last record's offset, `None` when there are none): from the local log's list, and for a
+/// tiered topic from the cold tier's manifest too (records read from the cold tier, whose
+/// local segments retention has deleted).
 fn aborted_among(
     p: &Partition,
     offset: i64,
-    records: &Bytes,
+    end: Option<i64>,
     remote: Option<&(Arc<crate::broker::tier::ColdTier>, uuid::Uuid)>,
 ) -> Vec<AbortedTransaction> {
-    let Some(end) = strata_core::batch::BatchIter::new(records)
-        .map_while(|b| b.ok().map(|(h, _)| h.last_offset()))
-        .last()
-    else {
+    let Some(end) = end else {
         return Vec::new();
     };
     let (from, to) = (offset.max(0) as u64, end as u64 + 1);
@@ -465,13 +503,18 @@ struct Read {
     progress: Progress,
     error: i16,
     last_stable: u64,
+    /// When `records` is a span's stand-in: the span's last offset.
+    spanned: Option<u64>,
 }
 
 /// Reads one partition. `first` lets the first non-empty partition exceed the request's byte
 /// budget by one batch, so a large batch never blocks a consumer (KIP-74); the caller cuts
 /// any other partition's answer to its budget. `committed` (read_committed) reads only
 /// below the last stable offset. `cached` reads only from the page cache: `None` if the
-/// read would wait for the disk or the cold tier.
+/// read would wait for the disk or the cold tier. With `spans`, a local read that is all in
+/// the page cache may be answered with a stand-in for its span of the segment file (pushed
+/// on `spans`), sent from the file when the response is written.
+#[allow(clippy::too_many_arguments)]
 fn read_one(
     p: &Partition,
     offset: i64,
@@ -480,6 +523,7 @@ fn read_one(
     remote: Option<&(Arc<crate::broker::tier::ColdTier>, uuid::Uuid)>,
     committed: bool,
     cached: bool,
+    spans: Option<&mut Vec<Spanned>>,
 ) -> Option<Read> {
     let progress = p.progress();
     // (the local read below learns the last stable offset with its plan; these rarer
@@ -490,6 +534,7 @@ fn read_one(
             progress,
             error,
             last_stable: p.last_stable_offset(),
+            spanned: None,
         })
     };
     if offset < 0 {
@@ -539,6 +584,7 @@ fn read_one(
             progress,
             error: codes::NONE,
             last_stable,
+            spanned: None,
         }),
         Ok((Some(plan), progress, last_stable)) => {
             let answer = |records, error| {
@@ -547,10 +593,29 @@ fn read_one(
                     progress,
                     error,
                     last_stable,
+                    spanned: None,
                 })
             };
             if budget == 0 && !first {
                 return answer(Bytes::new(), codes::NONE);
+            }
+            if let Some(spans) = spans {
+                match span_of(&plan, budget, first, spans) {
+                    Ok(Some((records, last))) => {
+                        return Some(Read {
+                            records,
+                            progress,
+                            error: codes::NONE,
+                            last_stable,
+                            spanned: Some(last),
+                        })
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::error!(topic = %p.topic, partition = p.index, error = %e, "segment read failed");
+                        return answer(Bytes::new(), codes::KAFKA_STORAGE_ERROR);
+                    }
+                }
             }
             let read = match cached {
                 true => plan.read_cached(budget).transpose()?,
@@ -571,6 +636,34 @@ fn read_one(
             answer(Bytes::new(), codes::read(&e))
         }
     }
+}
+
+/// `plan`'s read as a span of its segment file, when it is worth one (see
+/// `ReadPlan::span`): a stand-in for the records (placed after the response's earlier
+/// stand-ins) and the span's last offset. `Ok(None)`: read the records instead.
+fn span_of(
+    plan: &crate::log::ReadPlan,
+    budget: usize,
+    first: bool,
+    spans: &mut Vec<Spanned>,
+) -> std::io::Result<Option<(Bytes, u64)>> {
+    let Some(span) = plan.span(budget)? else {
+        return Ok(None);
+    };
+    if !first && span.len > budget {
+        // (only a first batch larger than the budget: the caller answers none)
+        return Ok(None);
+    }
+    let at = spans.iter().map(|s| s.bytes.len()).sum();
+    let Some(bytes) = super::frame::stand_in(at, span.len) else {
+        return Ok(None);
+    };
+    let last = span.last_offset;
+    spans.push(Spanned {
+        bytes: bytes.clone(),
+        span,
+    });
+    Ok(Some((bytes, last)))
 }
 
 /// The whole batches at the front of `records` that end below `bound`.

@@ -5,12 +5,17 @@
 //! write.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::io::IoSlice;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use bytes::buf::UninitSlice;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::protocol::buf::ByteBufMut;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use crate::log::FileSpan;
 
 /// Byte fields shorter than this are copied: a part of their own costs more than the copy.
 const MIN_SHARED: usize = 4096;
@@ -28,25 +33,121 @@ impl From<BytesMut> for Frame {
 }
 
 impl Frame {
-    pub(crate) async fn write<W: tokio::io::AsyncWrite + Unpin>(
-        self,
-        wr: &mut W,
-    ) -> std::io::Result<()> {
-        use tokio::io::AsyncWriteExt;
+    pub(crate) async fn write<W: FrameWrite>(self, wr: &mut W) -> std::io::Result<()> {
         match self {
             Frame::Flat(b) => wr.write_all(&b).await,
-            Frame::Parts(mut p) => wr.write_all_buf(&mut p).await,
+            Frame::Parts(p) => {
+                for piece in p.pieces {
+                    match piece {
+                        Piece::Bytes(mut run) => wr.write_all_buf(&mut run).await?,
+                        Piece::File(span) => wr.write_span(&span).await?,
+                    }
+                }
+                Ok(())
+            }
         }
     }
 }
 
-/// A frame's bytes in order, some of them shared with the log reads they came from.
+/// A connection's writing half, as a frame needs it: bytes, and spans of segment files.
+pub(crate) trait FrameWrite: AsyncWrite + Unpin + Send {
+    /// Writes `span`'s bytes. By default they are read (on the blocking pool, as the disk
+    /// may be involved) and written; a plain TCP connection sends them from the file.
+    fn write_span(&mut self, span: &FileSpan) -> impl Future<Output = std::io::Result<()>> + Send {
+        async move { write_span_read(self, span, 0).await }
+    }
+}
+
+async fn write_span_read<W: AsyncWrite + Unpin + Send + ?Sized>(
+    wr: &mut W,
+    span: &FileSpan,
+    skip: usize,
+) -> std::io::Result<()> {
+    let span = span.clone();
+    let bytes = tokio::task::spawn_blocking(move || span.read_from(skip))
+        .await
+        .map_err(std::io::Error::other)??;
+    wr.write_all(&bytes).await
+}
+
+impl<S: tokio::io::AsyncRead + AsyncWrite + Send> FrameWrite for tokio::io::WriteHalf<S> {}
+
+/// Cleared for good the first time the kernel refuses `sendfile` from a segment file to a
+/// socket: then spans are read and written.
+static SENDFILE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+impl FrameWrite for tokio::net::tcp::OwnedWriteHalf {
+    /// `sendfile` from the segment file: the kernel hands the page-cache pages to the
+    /// socket, with no read into the broker's memory and no copy back out of it. The span
+    /// is in the page cache (`ReadPlan::span` checks), so the call does not wait for the
+    /// disk on this runtime thread.
+    async fn write_span(&mut self, span: &FileSpan) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        use tokio::io::Interest;
+        let stream: &tokio::net::TcpStream = self.as_ref();
+        let mut sent = 0usize;
+        while sent < span.len {
+            if !SENDFILE.load(Relaxed) {
+                return write_span_read(self, span, sent).await;
+            }
+            stream.writable().await?;
+            let want = (span.len - sent).min(SENDFILE_CHUNK);
+            let mut at = span.position + sent as u64;
+            let done = stream.try_io(Interest::WRITABLE, || {
+                rustix::fs::sendfile(stream, &*span.file, Some(&mut at), want)
+                    .map_err(std::io::Error::from)
+            });
+            match done {
+                Ok(0) => {
+                    // The segment was cut below what the fetch planned (a truncation): the
+                    // frame's length is sent already, so the connection cannot go on.
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "segment file ended before the fetch's records; closing the connection",
+                    ));
+                }
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e)
+                    if sent == 0
+                        && matches!(
+                            e.raw_os_error(),
+                            Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+                        ) =>
+                {
+                    SENDFILE.store(false, Relaxed);
+                    tracing::info!(error = %e, "this kernel or filesystem does not sendfile from segment files; fetches read their records instead");
+                }
+                Err(e) => return Err(e),
+            }
+            // (a long span shares the thread with the runtime's other tasks)
+            tokio::task::consume_budget().await;
+        }
+        Ok(())
+    }
+}
+
+/// The most one `sendfile` call is asked to send.
+const SENDFILE_CHUNK: usize = 4 << 20;
+
+/// A frame's bytes in order: runs of bytes (some shared with the log reads they came
+/// from), and spans of segment files sent from the file.
 pub(crate) struct Parts {
+    pieces: Vec<Piece>,
+}
+
+enum Piece {
+    Bytes(Run),
+    File(FileSpan),
+}
+
+/// Consecutive byte parts of a frame, written with one vectored write.
+struct Run {
     parts: VecDeque<Bytes>,
     remaining: usize,
 }
 
-impl Buf for Parts {
+impl Buf for Run {
     fn remaining(&self) -> usize {
         self.remaining
     }
@@ -79,54 +180,138 @@ impl Buf for Parts {
     }
 }
 
-/// An encoding buffer that keeps a slice of one of `shared` as a reference to it.
+/// A segment-file span standing in a response as a records field: `bytes` is a stand-in
+/// of the span's length (see [`stand_in`]) that the encoder copies from, and the frame
+/// sends the span where the stand-in would go.
+pub(crate) struct Spanned {
+    pub bytes: Bytes,
+    pub span: FileSpan,
+}
+
+/// How much address space stand-ins take: a response's stand-ins lie side by side in it.
+const STAND_IN_SPACE: usize = 4 << 30;
+
+/// `len` bytes at `at` in the stand-in space: addresses no other memory has, so an encoder's
+/// copy from them is recognised (by address, in [`SharingBuf::put_slice`]) and replaced by
+/// the span they stand for. The space is zero pages mapped read-only and never touched;
+/// `None` past its end, or if it could not be mapped (then the records are read instead).
+pub(crate) fn stand_in(at: usize, len: usize) -> Option<Bytes> {
+    static SPACE: OnceLock<Option<&'static [u8]>> = OnceLock::new();
+    let space = SPACE.get_or_init(|| {
+        // SAFETY: a new private anonymous read-only mapping, never unmapped, so the slice
+        // stays valid (reads give zeros) for the life of the process.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                STAND_IN_SPACE,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            );
+            (p != libc::MAP_FAILED)
+                .then(|| std::slice::from_raw_parts(p as *const u8, STAND_IN_SPACE))
+        }
+    });
+    let space: &'static [u8] = (*space)?;
+    let end = at.checked_add(len).filter(|&end| end <= space.len())?;
+    Some(Bytes::from_static(&space[at..end]))
+}
+
+/// An encoding buffer that keeps a slice of one of `shared` as a reference to it, and puts
+/// a span where the encoder copies one of `spans`' stand-ins.
 pub(crate) struct SharingBuf<'a> {
     shared: &'a [Bytes],
-    /// Finished parts, `frozen` bytes in all.
-    parts: Vec<Bytes>,
+    spans: &'a [Spanned],
+    /// Finished pieces, `frozen` bytes in all.
+    pieces: Vec<Piece>,
+    run: VecDeque<Bytes>,
     frozen: usize,
     tail: BytesMut,
+    /// A span that could not be read back when `flatten` needed it.
+    failed: Option<std::io::Error>,
 }
 
 impl<'a> SharingBuf<'a> {
-    pub(crate) fn new(shared: &'a [Bytes]) -> Self {
+    pub(crate) fn new(shared: &'a [Bytes], spans: &'a [Spanned]) -> Self {
         SharingBuf {
             shared,
-            parts: Vec::new(),
+            spans,
+            pieces: Vec::new(),
+            run: VecDeque::new(),
             frozen: 0,
             tail: BytesMut::with_capacity(256),
+            failed: None,
         }
     }
 
     /// Copies the shared parts back into one buffer, for an encoder that goes back over
     /// bytes already written (none does for the responses shared so far; this keeps it
-    /// correct if one ever does).
+    /// correct if one ever does). Spans are read from their files.
     fn flatten(&mut self) {
-        if self.parts.is_empty() {
+        if self.pieces.is_empty() && self.run.is_empty() {
             return;
         }
         let mut all = BytesMut::with_capacity(self.frozen + self.tail.len());
-        for p in self.parts.drain(..) {
-            all.extend_from_slice(&p);
+        self.close_run();
+        for piece in self.pieces.drain(..) {
+            match piece {
+                Piece::Bytes(run) => run.parts.iter().for_each(|p| all.extend_from_slice(p)),
+                Piece::File(span) => match span.read_from(0) {
+                    Ok(bytes) => all.extend_from_slice(&bytes),
+                    Err(e) => {
+                        all.resize(all.len() + span.len, 0);
+                        self.failed.get_or_insert(e);
+                    }
+                },
+            }
         }
         all.extend_from_slice(&self.tail);
         self.tail = all;
         self.frozen = 0;
     }
 
-    /// The frame: a big-endian length, then what was encoded.
-    pub(crate) fn finish(mut self) -> Parts {
-        let len = self.frozen + self.tail.len();
-        let mut parts = VecDeque::with_capacity(self.parts.len() + 2);
-        parts.push_back(Bytes::copy_from_slice(&(len as i32).to_be_bytes()));
-        parts.extend(self.parts.drain(..));
+    /// Moves the tail into the current run.
+    fn freeze_tail(&mut self) {
         if !self.tail.is_empty() {
-            parts.push_back(self.tail.freeze());
+            let done = self.tail.split().freeze();
+            self.frozen += done.len();
+            self.run.push_back(done);
         }
-        Parts {
-            parts,
-            remaining: len + 4,
+    }
+
+    /// Ends the current run of byte parts.
+    fn close_run(&mut self) {
+        if !self.run.is_empty() {
+            let parts = std::mem::take(&mut self.run);
+            let remaining = parts.iter().map(Bytes::len).sum();
+            self.pieces.push(Piece::Bytes(Run { parts, remaining }));
         }
+    }
+
+    /// The frame: a big-endian length, then what was encoded. An error if a span had to be
+    /// read back and could not be.
+    pub(crate) fn finish(mut self) -> std::io::Result<Parts> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
+        let len = self.frozen + self.tail.len();
+        self.freeze_tail();
+        self.close_run();
+        let mut pieces = Vec::with_capacity(self.pieces.len() + 1);
+        let head = Bytes::copy_from_slice(&(len as i32).to_be_bytes());
+        match self.pieces.first_mut() {
+            Some(Piece::Bytes(run)) => {
+                run.parts.push_front(head);
+                run.remaining += 4;
+            }
+            _ => pieces.push(Piece::Bytes(Run {
+                parts: VecDeque::from([head]),
+                remaining: 4,
+            })),
+        }
+        pieces.append(&mut self.pieces);
+        Ok(Parts { pieces })
     }
 }
 
@@ -152,16 +337,23 @@ unsafe impl BufMut for SharingBuf<'_> {
     }
 
     fn put_slice(&mut self, src: &[u8]) {
+        // (stand-ins first: they are among the records `shared` lists too)
+        if let Some(s) = self.spans.iter().find(|s| within(&s.bytes, src)) {
+            let skip = src.as_ptr() as usize - s.bytes.as_ptr() as usize;
+            let mut span = s.span.clone();
+            span.position += skip as u64;
+            span.len = src.len();
+            self.freeze_tail();
+            self.close_run();
+            self.frozen += span.len;
+            self.pieces.push(Piece::File(span));
+            return;
+        }
         if src.len() >= MIN_SHARED {
             if let Some(owner) = self.shared.iter().find(|b| within(b, src)) {
-                let part = owner.slice_ref(src);
-                if !self.tail.is_empty() {
-                    let done = self.tail.split().freeze();
-                    self.frozen += done.len();
-                    self.parts.push(done);
-                }
-                self.frozen += part.len();
-                self.parts.push(part);
+                self.freeze_tail();
+                self.frozen += src.len();
+                self.run.push_back(owner.slice_ref(src));
                 return;
             }
         }
@@ -194,13 +386,25 @@ impl ByteBufMut for SharingBuf<'_> {
 mod tests {
     use super::*;
 
-    fn collect(mut p: Parts) -> (Vec<u8>, usize) {
-        let parts = p.parts.len();
+    /// The frame's bytes (spans read from their files), and how many parts it has.
+    fn collect(p: Parts) -> (Vec<u8>, usize) {
         let mut out = Vec::new();
-        while p.has_remaining() {
-            let c = p.chunk().to_vec();
-            p.advance(c.len());
-            out.extend(c);
+        let mut parts = 0;
+        for piece in p.pieces {
+            match piece {
+                Piece::Bytes(mut run) => {
+                    parts += run.parts.len();
+                    while run.has_remaining() {
+                        let c = run.chunk().to_vec();
+                        run.advance(c.len());
+                        out.extend(c);
+                    }
+                }
+                Piece::File(span) => {
+                    parts += 1;
+                    out.extend(span.read_from(0).unwrap());
+                }
+            }
         }
         (out, parts)
     }
@@ -209,7 +413,7 @@ mod tests {
     fn shared_slices_are_parts_and_the_bytes_are_the_same() {
         let records = Bytes::from(vec![7u8; 10_000]);
         let other = vec![1u8; 5_000];
-        let mut b = SharingBuf::new(std::slice::from_ref(&records));
+        let mut b = SharingBuf::new(std::slice::from_ref(&records), &[]);
         b.put_i32(42);
         b.put_slice(&records[100..9_000]);
         b.put_slice(&other); // not shared: copied
@@ -219,7 +423,7 @@ mod tests {
         expected.extend(&records[100..9_000]);
         expected.extend(&other);
         expected.extend(&records[..10]);
-        let (bytes, parts) = collect(b.finish());
+        let (bytes, parts) = collect(b.finish().unwrap());
         assert_eq!(bytes, expected);
         assert_eq!(parts, 4, "length, head, the shared records, the rest");
     }
@@ -227,7 +431,7 @@ mod tests {
     #[test]
     fn going_back_over_a_shared_part_flattens_it() {
         let records = Bytes::from(vec![7u8; 10_000]);
-        let mut b = SharingBuf::new(std::slice::from_ref(&records));
+        let mut b = SharingBuf::new(std::slice::from_ref(&records), &[]);
         let gap = b.offset();
         b.put_i32(0);
         b.put_slice(&records[..]);
@@ -235,7 +439,7 @@ mod tests {
         b.range(gap..gap + 4).copy_from_slice(&9i32.to_be_bytes());
         b.seek(end);
         b.put_u8(1);
-        let (bytes, _) = collect(b.finish());
+        let (bytes, _) = collect(b.finish().unwrap());
         assert_eq!(&bytes[4..8], &9i32.to_be_bytes());
         assert_eq!(bytes.len(), 4 + 4 + 10_000 + 1);
         assert_eq!(bytes[8..10_008], records[..]);
@@ -268,11 +472,159 @@ mod tests {
             resp.encode(&mut flat, version).unwrap();
             let len = (flat.len() - 4) as i32;
             flat[..4].copy_from_slice(&len.to_be_bytes());
-            let mut shared = SharingBuf::new(&records);
+            let mut shared = SharingBuf::new(&records, &[]);
             resp.encode(&mut shared, version).unwrap();
-            let (bytes, parts) = collect(shared.finish());
+            let (bytes, parts) = collect(shared.finish().unwrap());
             assert_eq!(bytes, flat.to_vec(), "v{version}");
             assert!(parts >= 5, "v{version}: the records are parts ({parts})");
         }
+    }
+
+    #[test]
+    fn a_stand_in_is_sent_as_its_span_of_the_file() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment");
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(&data)
+            .unwrap();
+        let file = std::sync::Arc::new(std::fs::File::open(&path).unwrap());
+        let span = |position: u64, len: usize| FileSpan {
+            file: file.clone(),
+            position,
+            len,
+            last_offset: 0,
+        };
+        // two stand-ins side by side, and records read into memory between them
+        let spans = [
+            Spanned {
+                bytes: stand_in(0, 100_000).unwrap(),
+                span: span(1_000, 100_000),
+            },
+            Spanned {
+                bytes: stand_in(100_000, 70_000).unwrap(),
+                span: span(200_000, 70_000),
+            },
+        ];
+        let read = Bytes::from(vec![9u8; 8_000]);
+        let mut b = SharingBuf::new(std::slice::from_ref(&read), &spans);
+        b.put_i32(7);
+        b.put_slice(&spans[0].bytes);
+        b.put_slice(&read);
+        b.put_i16(3);
+        b.put_slice(&spans[1].bytes[..50_000]);
+        let mut expected = (4 + 100_000 + 8_000 + 2 + 50_000i32).to_be_bytes().to_vec();
+        expected.extend(7i32.to_be_bytes());
+        expected.extend(&data[1_000..101_000]);
+        expected.extend(&read);
+        expected.extend(3i16.to_be_bytes());
+        expected.extend(&data[200_000..250_000]);
+        let parts = b.finish().unwrap();
+        let files = parts
+            .pieces
+            .iter()
+            .filter(|p| matches!(p, Piece::File(_)))
+            .count();
+        assert_eq!(files, 2, "the stand-ins are spans of the file");
+        let (bytes, _) = collect(parts);
+        assert_eq!(bytes.len(), expected.len());
+        assert!(bytes == expected, "the frame's bytes");
+    }
+
+    #[test]
+    fn going_back_over_a_span_reads_it_into_the_frame() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment");
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 249) as u8).collect();
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(&data)
+            .unwrap();
+        let spans = [Spanned {
+            bytes: stand_in(0, 90_000).unwrap(),
+            span: FileSpan {
+                file: std::sync::Arc::new(std::fs::File::open(&path).unwrap()),
+                position: 5_000,
+                len: 90_000,
+                last_offset: 0,
+            },
+        }];
+        let mut b = SharingBuf::new(&[], &spans);
+        let gap = b.offset();
+        b.put_i32(0);
+        b.put_slice(&spans[0].bytes);
+        b.range(gap..gap + 4).copy_from_slice(&9i32.to_be_bytes());
+        b.put_u8(1);
+        let parts = b.finish().unwrap();
+        assert!(parts.pieces.iter().all(|p| matches!(p, Piece::Bytes(_))));
+        let (bytes, _) = collect(parts);
+        assert_eq!(&bytes[4..8], &9i32.to_be_bytes());
+        assert!(bytes[8..90_008] == data[5_000..95_000]);
+        assert_eq!(bytes[90_008], 1);
+    }
+
+    #[test]
+    fn stand_ins_are_refused_past_their_space() {
+        assert!(stand_in(0, 1 << 20).is_some());
+        assert!(stand_in(STAND_IN_SPACE - 10, 10).is_some());
+        assert!(stand_in(STAND_IN_SPACE - 10, 11).is_none());
+        assert!(stand_in(usize::MAX, 2).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_span_is_sent_over_tcp_from_the_file() {
+        use std::io::Write;
+        use tokio::io::AsyncReadExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment");
+        // more than a socket buffer holds, so sendfile meets a full socket and waits
+        let data: Vec<u8> = (0..20_000_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(&data)
+            .unwrap();
+        let file = std::sync::Arc::new(std::fs::File::open(&path).unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reader = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        let (_, mut wr) = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap()
+            .into_split();
+        let span = FileSpan {
+            file,
+            position: 12_345,
+            len: 19_000_000,
+            last_offset: 0,
+        };
+        wr.write_span(&span).await.unwrap();
+        drop(wr);
+        let got = reader.await.unwrap();
+        assert_eq!(got.len(), span.len);
+        assert!(got == data[12_345..12_345 + 19_000_000], "the bytes sent");
+        // a span past the file's end fails (the frame cannot be finished)
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reader = tokio::spawn(async move { listener.accept().await.map(|(s, _)| s) });
+        let (_, mut wr) = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap()
+            .into_split();
+        let _peer = reader.await.unwrap().unwrap();
+        let past = FileSpan {
+            position: 19_999_000,
+            len: 5_000,
+            ..span
+        };
+        let e = wr.write_span(&past).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 }

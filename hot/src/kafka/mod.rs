@@ -50,7 +50,7 @@ use kafka_protocol::messages::{
     TxnOffsetCommitRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -180,6 +180,9 @@ pub struct ListenerConfig {
     pub fetch_max_bytes: usize,
     /// The longest a fetch waits for data, whatever it asks.
     pub fetch_max_wait: Duration,
+    /// Fetch responses send large record reads from the segment files (`sendfile`) instead
+    /// of reading and writing them: plaintext listeners only (`kafka.sendfile`).
+    pub sendfile: bool,
 }
 
 pub struct KafkaServer {
@@ -317,7 +320,7 @@ impl KafkaServer {
     ) -> anyhow::Result<()>
     where
         R: AsyncRead + Unpin,
-        W: AsyncWrite + Unpin + Send + 'static,
+        W: frame::FrameWrite + 'static,
     {
         let mut sasl = self.config.protocol.sasl().then(|| {
             sasl::SaslSession::new(self.config.sasl_mechanisms.clone())
@@ -1216,12 +1219,13 @@ impl Request {
         R: Encodable + HeaderVersion + Send + 'static,
         F: std::future::Future<Output = R> + Send + 'static,
     {
-        self.later_sharing(handler, |_| Vec::new())
+        self.later_sharing(async move { (handler.await, Vec::new()) }, |_| Vec::new())
     }
 
     /// As `later`, with the large byte fields `shared` names (a fetch response's records)
     /// kept out of the frame's buffer: the frame refers to them and they are written from
-    /// where they are.
+    /// where they are. The handler also gives the segment-file spans its response's
+    /// stand-ins stand for (`frame::stand_in`), which the frame sends from their files.
     fn later_sharing<R, F>(
         &self,
         handler: F,
@@ -1229,12 +1233,12 @@ impl Request {
     ) -> Result<Reply, Refusal>
     where
         R: Encodable + HeaderVersion + Send + 'static,
-        F: std::future::Future<Output = R> + Send + 'static,
+        F: std::future::Future<Output = (R, Vec<frame::Spanned>)> + Send + 'static,
     {
         let (key, version, correlation_id) = (self.key, self.version, self.correlation_id);
         let timed = self.server.quotas.active().then(|| self.clone());
         Ok(Reply::Later(tokio::spawn(async move {
-            let resp = match timed {
+            let (resp, spans) = match timed {
                 Some(ctx) => {
                     let (resp, busy) = quota::Busy::new(handler).await;
                     ctx.record_request_time(busy);
@@ -1243,10 +1247,10 @@ impl Request {
                 None => handler.await,
             };
             let shared = shared(&resp);
-            let encoded = if shared.is_empty() {
+            let encoded = if shared.is_empty() && spans.is_empty() {
                 encode(key, version, correlation_id, &resp).map(frame::Frame::from)
             } else {
-                encode_sharing(key, version, correlation_id, &resp, &shared)
+                encode_sharing(key, version, correlation_id, &resp, &shared, &spans)
             };
             encoded.map_err(|e| {
                 tracing::error!(api = ?key, version, error = %e, "cannot encode response; closing connection");
@@ -1293,18 +1297,20 @@ fn encode_sharing<R: Encodable + HeaderVersion>(
     correlation_id: i32,
     resp: &R,
     shared: &[Bytes],
+    spans: &[frame::Spanned],
 ) -> Result<frame::Frame, Refusal> {
     let fail = |error| Refusal::Malformed {
         what: "response",
         error,
     };
-    let mut buf = frame::SharingBuf::new(shared);
+    let mut buf = frame::SharingBuf::new(shared, spans);
     ResponseHeader::default()
         .with_correlation_id(correlation_id)
         .encode(&mut buf, key.response_header_version(version))
         .map_err(fail)?;
     resp.encode(&mut buf, version).map_err(fail)?;
-    Ok(frame::Frame::Parts(buf.finish()))
+    let parts = buf.finish().map_err(|e| fail(e.into()))?;
+    Ok(frame::Frame::Parts(parts))
 }
 
 fn api_versions_response(error_code: i16) -> ApiVersionsResponse {

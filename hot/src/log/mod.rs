@@ -292,6 +292,153 @@ impl ReadPlan {
     }
 }
 
+impl ReadPlan {
+    /// What [`Self::read`] with `max_bytes` would return, as a place in the segment file
+    /// found from the batch headers alone: for a plaintext fetch, which sends the bytes
+    /// from the file (`sendfile`) instead of reading them and writing them again.
+    ///
+    /// `None` when reading is the better way: fewer than [`SPAN_MIN`] bytes, batches too
+    /// small to walk their headers one by one (more than [`SPAN_MAX_BATCHES`] before the
+    /// end), or some of the bytes not in the page cache (a `sendfile` runs on a runtime
+    /// thread, which must not wait for the disk; the read that replaces it brings them in).
+    pub fn span(&self, max_bytes: usize) -> io::Result<Option<FileSpan>> {
+        if !SPANS.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let mut header = [0u8; HEADER_LEN];
+        let mut pos = self.position;
+        let mut limit = None;
+        let mut last_offset = None;
+        let mut walked = 0;
+        loop {
+            let len = pos - self.position;
+            if self.available < len + HEADER_LEN as u64 {
+                break;
+            }
+            if walked == SPAN_MAX_BATCHES {
+                return Ok(None);
+            }
+            walked += 1;
+            self.file.read_exact_at(&mut header, pos)?;
+            let h = BatchHeader::parse(&header).map_err(bad_batch)?;
+            // (as `read`: the first batch whole, then whole batches within the larger of
+            // `max_bytes` and it)
+            let limit = *limit.get_or_insert(
+                (max_bytes as u64)
+                    .max(h.total_len() as u64)
+                    .min(self.available),
+            );
+            if h.last_offset() as u64 >= self.upper || len + h.total_len() as u64 > limit {
+                break;
+            }
+            pos += h.total_len() as u64;
+            last_offset = Some(h.last_offset() as u64);
+        }
+        let len = pos - self.position;
+        let Some(last_offset) = last_offset else {
+            return Ok(None);
+        };
+        if (len as usize) < SPAN_MIN || !all_cached(&self.file, self.position, len) {
+            return Ok(None);
+        }
+        Ok(Some(FileSpan {
+            file: self.file.clone(),
+            position: self.position,
+            len: len as usize,
+            last_offset,
+        }))
+    }
+}
+
+/// Whole batches in a segment file, to be sent from the file: see [`ReadPlan::span`].
+#[derive(Clone, Debug)]
+pub struct FileSpan {
+    pub file: Arc<File>,
+    pub position: u64,
+    pub len: usize,
+    /// The offset of the last record in the span.
+    pub last_offset: u64,
+}
+
+impl FileSpan {
+    /// The span's bytes from `skip` on, read (for a connection that cannot send from a file).
+    /// May wait for the disk.
+    pub fn read_from(&self, skip: usize) -> io::Result<Vec<u8>> {
+        let skip = skip.min(self.len);
+        read_new_at(&self.file, self.len - skip, self.position + skip as u64)
+    }
+}
+
+/// Spans shorter than this are read: a read and a write of a few KiB cost less than the
+/// header walk and the page-cache check.
+pub const SPAN_MIN: usize = 64 << 10;
+
+/// The most batch headers [`ReadPlan::span`] reads one by one; a response of many smaller
+/// batches is read instead.
+pub const SPAN_MAX_BATCHES: usize = 256;
+
+/// Cleared for good when the kernel cannot tell which pages of a file are cached
+/// (`cachestat`, Linux 6.5): then every fetch reads its records, as before.
+static SPANS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether every page of `len` bytes at `position` of `file` is in the page cache
+/// (`cachestat(2)`). `false` on kernels without it (and from then on, no spans).
+fn all_cached(file: &File, position: u64, len: u64) -> bool {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        use std::os::fd::AsRawFd;
+        // (the same number on every architecture that has it)
+        const SYS_CACHESTAT: libc::c_long = 451;
+        #[repr(C)]
+        struct Range {
+            off: u64,
+            len: u64,
+        }
+        #[repr(C)]
+        #[derive(Default)]
+        struct Stat {
+            nr_cache: u64,
+            nr_dirty: u64,
+            nr_writeback: u64,
+            nr_evicted: u64,
+            nr_recently_evicted: u64,
+        }
+        let range = Range { off: position, len };
+        let mut stat = Stat::default();
+        // SAFETY: cachestat reads `range` and writes `stat`, both live and laid out as
+        // the kernel's `struct cachestat_range` and `struct cachestat`.
+        let done = unsafe {
+            libc::syscall(
+                SYS_CACHESTAT,
+                file.as_raw_fd(),
+                &range as *const Range,
+                &mut stat as *mut Stat,
+                0 as libc::c_uint,
+            )
+        };
+        if done != 0 {
+            let e = io::Error::last_os_error();
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOSYS | libc::EPERM | libc::EOPNOTSUPP)
+            ) {
+                SPANS.store(false, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(error = %e, "this kernel does not say which pages of a file are cached (cachestat); fetches read their records instead of sending them from the file");
+            }
+            return false;
+        }
+        let page = rustix::param::page_size() as u64;
+        let pages = (position + len).div_ceil(page) - position / page;
+        stat.nr_cache >= pages
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = (file, position, len);
+        SPANS.store(false, std::sync::atomic::Ordering::Relaxed);
+        false
+    }
+}
+
 /// The longest read [`ReadPlan::read_cached`] tries on a runtime thread (it zeroes its buffer
 /// first, and copies while the thread serves no other task); longer reads are catch-up reads,
 /// for which a thread hop costs little beside the copy.

@@ -1088,3 +1088,96 @@ fn a_cached_read_declines_bytes_not_in_memory_and_long_reads() {
     let blocking = plan.read(4096).unwrap();
     assert_eq!(plan.read_cached(4096).unwrap(), Some(blocking));
 }
+
+/// A log of `batches` batches of 20 records of ~1 KiB each (~20 KiB a batch).
+fn big_batches(dir: &Path, batches: u64) -> PartitionLog {
+    let (mut log, _) = PartitionLog::open(dir, small_config(64 << 20), 0).unwrap();
+    for i in 0..batches {
+        let values: Vec<Vec<u8>> = (0..20).map(|r| vec![(i + r) as u8; 1_000]).collect();
+        let recs: Vec<Rec<'_>> = values
+            .iter()
+            .map(|v| Rec {
+                key: None,
+                value: Some(v),
+                timestamp_delta: 0,
+            })
+            .collect();
+        let b = ValidBatch::new(Bytes::from(batch(0, ProducerIds::NONE, &recs))).unwrap();
+        log.append(&b, 0).unwrap();
+    }
+    log
+}
+
+#[test]
+fn a_span_holds_exactly_what_a_read_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = big_batches(dir.path(), 40);
+    let end = log.end_offset();
+    let mut spans = 0;
+    for from in [0, 1, 19, 20, 401, end - 100] {
+        for upper in [from + 1, from + 100, from + 200, end - 1, u64::MAX] {
+            let Some(plan) = log.plan_read(from, upper).unwrap() else {
+                continue;
+            };
+            for max in [0, 1000, 64 << 10, 100_000, 300_000, 1 << 20] {
+                let read = plan.read(max).unwrap();
+                let Some(span) = plan.span(max).unwrap() else {
+                    // declined: only when the read is short
+                    assert!(
+                        read.len() < SPAN_MIN,
+                        "from {from}, upper {upper}, max {max}: {} bytes read, no span",
+                        read.len()
+                    );
+                    continue;
+                };
+                spans += 1;
+                let at = format!("from {from}, upper {upper}, max {max}");
+                assert_eq!(span.read_from(0).unwrap(), read, "{at}");
+                let last = BatchIter::new(&read).last().unwrap().unwrap().0;
+                assert_eq!(span.last_offset, last.last_offset() as u64, "{at}");
+                assert_eq!(span.read_from(100).unwrap(), read[100..], "{at}");
+            }
+        }
+    }
+    assert!(spans > 20, "only {spans} spans");
+}
+
+#[test]
+fn a_span_is_declined_for_bytes_not_in_memory_and_for_many_small_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = big_batches(dir.path(), 20);
+    let plan = log.plan_read(0, u64::MAX).unwrap().unwrap();
+    assert!(plan.span(1 << 20).unwrap().is_some());
+    // Synced, then dropped from the page cache: sending it would wait for the disk.
+    log.take_sync_work().unwrap().run(dir.path()).unwrap();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let f = File::open(&path).unwrap();
+            rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+        }
+    }
+    assert!(plan.span(1 << 20).unwrap().is_none());
+    // the read brings the bytes back, and then they may be sent from the file
+    let read = plan.read(1 << 20).unwrap();
+    let span = plan.span(1 << 20).unwrap().expect("cached again");
+    assert_eq!(span.read_from(0).unwrap(), read);
+
+    // more small batches than the walk takes: read instead
+    let small = tempfile::tempdir().unwrap();
+    let (mut log, _) = PartitionLog::open(small.path(), small_config(64 << 20), 0).unwrap();
+    for i in 0..(SPAN_MAX_BATCHES as u64 + 100) {
+        log.append(&make(i, 10, 0, ProducerIds::NONE), 0).unwrap();
+    }
+    let plan = log.plan_read(0, u64::MAX).unwrap().unwrap();
+    assert!(plan.read(1 << 20).unwrap().len() > SPAN_MIN);
+    assert!(plan.span(1 << 20).unwrap().is_none());
+    // (a read bounded to fewer batches than that is a span)
+    let bounded = log
+        .plan_read(0, SPAN_MAX_BATCHES as u64 * 10 - 50)
+        .unwrap()
+        .unwrap();
+    let read = bounded.read(1 << 20).unwrap();
+    let span = bounded.span(1 << 20).unwrap().expect("within the walk");
+    assert_eq!(span.read_from(0).unwrap(), read);
+}

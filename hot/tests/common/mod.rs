@@ -82,6 +82,7 @@ pub async fn serve_kafka_as(
             frame_timeout: Duration::from_millis(300),
             fetch_max_bytes: 55 << 20,
             fetch_max_wait: Duration::from_secs(30),
+            sendfile: true,
         },
         limits,
         strata_hot::kafka::quota::Quotas::new(None, Default::default()),
