@@ -78,6 +78,19 @@ def loopback_mb_per_s(total=2 << 30):
     return got / seconds / 1e6
 
 
+def scraped(port):
+    """{metric: value} from the broker's /metrics (unlabelled lines)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
 def run_json(cmd):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -101,11 +114,12 @@ def main():
             sys.exit(f"{tool} is missing: cargo build --release -p strata-hot --example produce_load --example fetch_load")
 
     work = Path(tempfile.mkdtemp(prefix="strata-consume-bench-", dir=os.environ.get("BENCH_DIR")))
-    port, controller = free_port(), free_port()
+    port, controller, metrics = free_port(), free_port(), free_port()
     bootstrap = f"127.0.0.1:{port}"
     log = open(work / "strata.log", "wb")
     proc = subprocess.Popen([binary, "dev", "--data-dir", str(work / "data"), "--listen", bootstrap,
-                             "--controller-listen", f"127.0.0.1:{controller}"], stdout=log, stderr=log)
+                             "--controller-listen", f"127.0.0.1:{controller}", "--metrics", f"127.0.0.1:{metrics}"],
+                            stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -149,6 +163,10 @@ def main():
                   f"fetch {c['mb_per_s']:,.0f} MB/s ({c['bytes'] / 1e6:,.0f} MB in {c['requests']} requests): "
                   f"{c['mb_per_s'] / p['mb_per_s']:.2f} of the plain read, {c['mb_per_s'] / loopback:.2f} of loopback; "
                   f"broker {broker_cpu / (c['bytes'] / 1e9):.2f} CPU s/GB")
+        sent = scraped(metrics)
+        print(f"sent from the segment files (sendfile; STRATA__KAFKA__SENDFILE=false turns it off): "
+              f"{sent.get('strata_fetched_from_file_bytes_total', 0) / 1e6:,.0f} MB of "
+              f"{sent.get('strata_fetched_bytes_total', 0) / 1e6:,.0f} MB fetched")
         for name, at in (("plain read", 0), ("loopback TCP", 2)):
             ratios = sorted(r[1] / r[at] for r in rows)
             print(f"fetch / {name}: median {ratios[len(ratios) // 2]:.2f} (min {ratios[0]:.2f}, max {ratios[-1]:.2f})")
