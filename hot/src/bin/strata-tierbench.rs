@@ -203,6 +203,12 @@ async fn main() -> anyhow::Result<()> {
         mb_per_s(total, parallel)
     );
 
+    // What the replay starts from: memory the upload and the baseline left resident.
+    println!(
+        "memory before the replay: now (VmRSS) {} MiB",
+        rss_mib("VmRSS:").map_or("unknown".into(), |m| m.to_string())
+    );
+
     // Replay through the reader, as a consumer: fetch after fetch, segment after segment.
     let cache_bytes = args
         .cache_mib
