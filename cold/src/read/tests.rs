@@ -480,8 +480,8 @@ async fn each_batch_is_checked_once_after_its_get_or_by_the_read() {
         on_fetch > on_read,
         "{on_fetch} after the GET, {on_read} by reads"
     );
-    // A warm replay checks nothing again: the cached chunks carry what was checked,
-    // and the batches across chunk boundaries are copied and checked again.
+    // A warm replay checks again only what the reads checked (batches outside the
+    // spans, those across chunk boundaries among them): the cached chunks carry theirs.
     replay(&reader, &seg, 1 << 20).await;
     assert_eq!(reader.stats.checked_on_fetch.load(Relaxed), on_fetch);
     assert_eq!(reader.stats.checked_on_read.load(Relaxed), 2 * on_read);
