@@ -224,6 +224,8 @@ def main():
         table = None
         for n in range(args.runs):
             shutil.rmtree(out, ignore_errors=True)
+            # the ratio below follows the machine's load more than anything (docs/benchmarks.md)
+            load = os.getloadavg()[0]
             took, rss, text = run([replay, "--url", url, "export", "ledger", "--format", "parquet", "--out", str(out)])
             print(text)
             if table is None:
@@ -243,7 +245,8 @@ def main():
                   f"{rows / pa_took:,.0f} records/s; this process's peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB "
                   f"(the table in memory included)")
             print(f"export / pyarrow write: {export_rps / (rows / pa_took):.2f}x, in CPU time {pa_cpu / run.cpu:.2f}x "
-                  f"(the export also reads, checks and decodes)", flush=True)
+                  f"(the export also reads, checks and decodes); load average {load:.1f} before the export",
+                  flush=True)
         get_took, got = plain_read(cold)
         print(f"plain read of the {got / 1e6:.1f} MB of segment objects: {get_took:.2f} s = {got / get_took / 1e6:.0f} MB/s; "
               f"export / plain read: {get_took / took:.2f}x", flush=True)
