@@ -85,6 +85,10 @@ pub struct Stages {
     pub follower_turnaround: Histogram,
 }
 
+/// Record bytes fetches sent from the segment files (`sendfile`), counted as the kernel
+/// sends them (the connection's writer has no broker at hand; one broker per process).
+pub static FETCHED_FROM_FILE: AtomicU64 = AtomicU64::new(0);
+
 pub static STAGES: std::sync::LazyLock<Stages> = std::sync::LazyLock::new(Stages::default);
 
 /// Kafka API keys are below this (the protocol has about 80).
@@ -150,8 +154,6 @@ pub struct Metrics {
     pub produced_bytes: AtomicU64,
     pub fetch_requests: AtomicU64,
     pub fetched_bytes: AtomicU64,
-    /// Of `fetched_bytes`, those sent from the segment files (`sendfile`) without being read.
-    pub fetched_from_file_bytes: AtomicU64,
     /// Record bytes sent to followers.
     pub replicated_bytes: AtomicU64,
     pub isr_shrinks: AtomicU64,
@@ -521,7 +523,7 @@ fn broker(out: &mut Out<'_>, broker: &Broker) -> fmt::Result {
     out.counter(
         "strata_fetched_from_file_bytes_total",
         "Of the record bytes fetches returned, those sent from the segment files (sendfile) without being read.",
-        load(&m.fetched_from_file_bytes),
+        load(&FETCHED_FROM_FILE),
     )?;
     out.histogram(
         "strata_produce_latency_seconds",

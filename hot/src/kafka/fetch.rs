@@ -91,9 +91,6 @@ pub(super) async fn handle(ctx: Request, req: FetchRequest) -> (FetchResponse, V
     }
     let m = broker.metrics();
     m.fetch_requests.fetch_add(1, Relaxed);
-    let from_file: usize = spans.iter().map(|s| s.span.len).sum();
-    m.fetched_from_file_bytes
-        .fetch_add(from_file as u64, Relaxed);
     m.fetch_latency.observe(started.elapsed());
     let throttle_ms = if bytes > 0 {
         quota_ctx.throttle(QuotaKey::ConsumerByteRate, bytes as f64)
@@ -347,7 +344,7 @@ fn read_all(topics: &[(TopicName, Vec<Target>)], read: Reading, cached: bool) ->
         committed,
         ..
     } = read;
-    let mut spans = (read.spans && !cached).then(Vec::new);
+    let mut spans = Vec::new();
     let mut total = 0usize;
     let mut any_error = false;
     let mut would_block = false;
@@ -388,8 +385,11 @@ fn read_all(topics: &[(TopicName, Vec<Target>)], read: Reading, cached: bool) ->
                         first,
                         t.remote.as_ref(),
                         committed,
-                        cached,
-                        spans.as_mut(),
+                        match (cached, read.spans) {
+                            (true, _) => Source::PageCache,
+                            (false, true) => Source::Anywhere(Some(&mut spans)),
+                            (false, false) => Source::Anywhere(None),
+                        },
                     );
                     let Some(Read {
                         records,
@@ -434,7 +434,7 @@ fn read_all(topics: &[(TopicName, Vec<Target>)], read: Reading, cached: bool) ->
                 .with_partitions(partitions)
         })
         .collect();
-    (!would_block).then(|| (responses, total, any_error, spans.unwrap_or_default()))
+    (!would_block).then_some((responses, total, any_error, spans))
 }
 
 /// The offset of the last record in `records`, whole batches.
@@ -497,6 +497,16 @@ fn log_start(
     start.max(progress.deleted_below) as i64
 }
 
+/// Where a partition's read may take its records from.
+enum Source<'a> {
+    /// The page cache only (on a runtime thread).
+    PageCache,
+    /// The page cache, the disk or the cold tier (on the blocking pool). With spans, a local
+    /// read that is all in the page cache may be answered with a stand-in for its span of
+    /// the segment file, pushed there and sent from the file when the response is written.
+    Anywhere(Option<&'a mut Vec<Spanned>>),
+}
+
 /// What one partition's read found.
 struct Read {
     records: Bytes,
@@ -510,11 +520,8 @@ struct Read {
 /// Reads one partition. `first` lets the first non-empty partition exceed the request's byte
 /// budget by one batch, so a large batch never blocks a consumer (KIP-74); the caller cuts
 /// any other partition's answer to its budget. `committed` (read_committed) reads only
-/// below the last stable offset. `cached` reads only from the page cache: `None` if the
-/// read would wait for the disk or the cold tier. With `spans`, a local read that is all in
-/// the page cache may be answered with a stand-in for its span of the segment file (pushed
-/// on `spans`), sent from the file when the response is written.
-#[allow(clippy::too_many_arguments)]
+/// below the last stable offset. `None` if `source` is the page cache and the read would
+/// wait for the disk or the cold tier.
 fn read_one(
     p: &Partition,
     offset: i64,
@@ -522,9 +529,9 @@ fn read_one(
     first: bool,
     remote: Option<&(Arc<crate::broker::tier::ColdTier>, uuid::Uuid)>,
     committed: bool,
-    cached: bool,
-    spans: Option<&mut Vec<Spanned>>,
+    source: Source<'_>,
 ) -> Option<Read> {
+    let cached = matches!(source, Source::PageCache);
     let progress = p.progress();
     // (the local read below learns the last stable offset with its plan; these rarer
     // answers ask for it)
@@ -599,7 +606,7 @@ fn read_one(
             if budget == 0 && !first {
                 return answer(Bytes::new(), codes::NONE);
             }
-            if let Some(spans) = spans {
+            if let Source::Anywhere(Some(spans)) = source {
                 match span_of(&plan, budget, first, spans) {
                     Ok(Some((records, last))) => {
                         return Some(Read {

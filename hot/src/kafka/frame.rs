@@ -3,6 +3,12 @@
 //! copy every byte served once more before the socket copies it again. `encode_sharing`
 //! keeps them as parts of the frame, and the connection writes the parts with one vectored
 //! write.
+//!
+//! Records a plaintext fetch sends straight from a segment file (`sendfile`) are never read:
+//! the response holds a stand-in of their length ([`stand_in`]), and `SharingBuf` puts the
+//! file span where the encoder copies the stand-in. It recognises a stand-in by its address,
+//! which works because kafka-protocol encodes a bytes field with one `put_slice` of the
+//! whole field; nothing may read a stand-in's bytes (they are zeros).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -51,13 +57,12 @@ impl Frame {
 
 /// A connection's writing half, as a frame needs it: bytes, and spans of segment files.
 pub(crate) trait FrameWrite: AsyncWrite + Unpin + Send {
-    /// Writes `span`'s bytes. By default they are read (on the blocking pool, as the disk
-    /// may be involved) and written; a plain TCP connection sends them from the file.
-    fn write_span(&mut self, span: &FileSpan) -> impl Future<Output = std::io::Result<()>> + Send {
-        async move { write_span_read(self, span, 0).await }
-    }
+    /// Writes `span`'s bytes.
+    fn write_span(&mut self, span: &FileSpan) -> impl Future<Output = std::io::Result<()>> + Send;
 }
 
+/// Writes `span`'s bytes from `skip` on, read first (on the blocking pool: they may come
+/// from the disk).
 async fn write_span_read<W: AsyncWrite + Unpin + Send + ?Sized>(
     wr: &mut W,
     span: &FileSpan,
@@ -70,28 +75,41 @@ async fn write_span_read<W: AsyncWrite + Unpin + Send + ?Sized>(
     wr.write_all(&bytes).await
 }
 
-impl<S: tokio::io::AsyncRead + AsyncWrite + Send> FrameWrite for tokio::io::WriteHalf<S> {}
-
-/// Cleared for good the first time the kernel refuses `sendfile` from a segment file to a
-/// socket: then spans are read and written.
-static SENDFILE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+/// A TLS connection encrypts every byte in this process: a span is read, then written. (A
+/// TLS listener's fetches make no spans, `kafka.sendfile` being off there; this keeps any
+/// frame correct.)
+impl<S: tokio::io::AsyncRead + AsyncWrite + Send> FrameWrite for tokio::io::WriteHalf<S> {
+    async fn write_span(&mut self, span: &FileSpan) -> std::io::Result<()> {
+        write_span_read(self, span, 0).await
+    }
+}
 
 impl FrameWrite for tokio::net::tcp::OwnedWriteHalf {
     /// `sendfile` from the segment file: the kernel hands the page-cache pages to the
-    /// socket, with no read into the broker's memory and no copy back out of it. The span
-    /// is in the page cache (`ReadPlan::span` checks), so the call does not wait for the
-    /// disk on this runtime thread.
+    /// socket, with no read into the broker's memory and no copy back out of it. Each call
+    /// first checks that its bytes are still in the page cache (they were when the fetch
+    /// read; memory pressure may have taken them since), so it does not wait for the disk on
+    /// this runtime thread: what is not cached is read on the blocking pool instead.
     async fn write_span(&mut self, span: &FileSpan) -> std::io::Result<()> {
         use std::sync::atomic::Ordering::Relaxed;
         use tokio::io::Interest;
         let stream: &tokio::net::TcpStream = self.as_ref();
         let mut sent = 0usize;
         while sent < span.len {
-            if !SENDFILE.load(Relaxed) {
-                return write_span_read(self, span, sent).await;
+            if span.cut_since() {
+                // Truncated or rewritten since the fetch planned the span: its place in the
+                // file may hold other batches now. The frame's length is sent already, so
+                // the connection cannot go on; the client fetches again.
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the log was cut while a fetch's records were being sent; closing the connection",
+                ));
             }
             stream.writable().await?;
             let want = (span.len - sent).min(SENDFILE_CHUNK);
+            if !span.cached(sent, want) {
+                return write_span_read(self, span, sent).await;
+            }
             let mut at = span.position + sent as u64;
             let done = stream.try_io(Interest::WRITABLE, || {
                 rustix::fs::sendfile(stream, &*span.file, Some(&mut at), want)
@@ -99,24 +117,30 @@ impl FrameWrite for tokio::net::tcp::OwnedWriteHalf {
             });
             match done {
                 Ok(0) => {
-                    // The segment was cut below what the fetch planned (a truncation): the
-                    // frame's length is sent already, so the connection cannot go on.
+                    // The file ends before the span (cut): as above.
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::UnexpectedEof,
                         "segment file ended before the fetch's records; closing the connection",
                     ));
                 }
-                Ok(n) => sent += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Ok(n) => {
+                    sent += n;
+                    crate::metrics::FETCHED_FROM_FILE.fetch_add(n as u64, Relaxed);
+                }
                 Err(e)
-                    if sent == 0
-                        && matches!(
-                            e.raw_os_error(),
-                            Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
-                        ) =>
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+                    ) =>
                 {
-                    SENDFILE.store(false, Relaxed);
+                    FileSpan::stop_spans();
                     tracing::info!(error = %e, "this kernel or filesystem does not sendfile from segment files; fetches read their records instead");
+                    return write_span_read(self, span, sent).await;
                 }
                 Err(e) => return Err(e),
             }
@@ -189,7 +213,11 @@ pub(crate) struct Spanned {
 }
 
 /// How much address space stand-ins take: a response's stand-ins lie side by side in it.
-const STAND_IN_SPACE: usize = 4 << 30;
+const STAND_IN_SPACE: usize = if usize::BITS >= 64 {
+    (4u64 << 30) as usize
+} else {
+    256 << 20
+};
 
 /// `len` bytes at `at` in the stand-in space: addresses no other memory has, so an encoder's
 /// copy from them is recognised (by address, in [`SharingBuf::put_slice`]) and replaced by
@@ -228,8 +256,8 @@ pub(crate) struct SharingBuf<'a> {
     run: VecDeque<Bytes>,
     frozen: usize,
     tail: BytesMut,
-    /// A span that could not be read back when `flatten` needed it.
-    failed: Option<std::io::Error>,
+    /// Set when an encoder went back over a span (see `flatten`).
+    failed: bool,
 }
 
 impl<'a> SharingBuf<'a> {
@@ -241,13 +269,14 @@ impl<'a> SharingBuf<'a> {
             run: VecDeque::new(),
             frozen: 0,
             tail: BytesMut::with_capacity(256),
-            failed: None,
+            failed: false,
         }
     }
 
     /// Copies the shared parts back into one buffer, for an encoder that goes back over
     /// bytes already written (none does for the responses shared so far; this keeps it
-    /// correct if one ever does). Spans are read from their files.
+    /// correct if one ever does). A span cannot be copied back (reading it here would block
+    /// an async task): the frame fails at `finish`.
     fn flatten(&mut self) {
         if self.pieces.is_empty() && self.run.is_empty() {
             return;
@@ -257,13 +286,10 @@ impl<'a> SharingBuf<'a> {
         for piece in self.pieces.drain(..) {
             match piece {
                 Piece::Bytes(run) => run.parts.iter().for_each(|p| all.extend_from_slice(p)),
-                Piece::File(span) => match span.read_from(0) {
-                    Ok(bytes) => all.extend_from_slice(&bytes),
-                    Err(e) => {
-                        all.resize(all.len() + span.len, 0);
-                        self.failed.get_or_insert(e);
-                    }
-                },
+                Piece::File(span) => {
+                    all.resize(all.len() + span.len, 0);
+                    self.failed = true;
+                }
             }
         }
         all.extend_from_slice(&self.tail);
@@ -289,11 +315,13 @@ impl<'a> SharingBuf<'a> {
         }
     }
 
-    /// The frame: a big-endian length, then what was encoded. An error if a span had to be
-    /// read back and could not be.
+    /// The frame: a big-endian length, then what was encoded. An error if the encoder went
+    /// back over a span.
     pub(crate) fn finish(mut self) -> std::io::Result<Parts> {
-        if let Some(e) = self.failed.take() {
-            return Err(e);
+        if self.failed {
+            return Err(std::io::Error::other(
+                "the response encoder went back over records sent from a segment file",
+            ));
         }
         let len = self.frozen + self.tail.len();
         self.freeze_tail();
@@ -337,19 +365,21 @@ unsafe impl BufMut for SharingBuf<'_> {
     }
 
     fn put_slice(&mut self, src: &[u8]) {
+        if src.len() < MIN_SHARED {
+            self.tail.extend_from_slice(src);
+            return;
+        }
         // (stand-ins first: they are among the records `shared` lists too)
         if let Some(s) = self.spans.iter().find(|s| within(&s.bytes, src)) {
             let skip = src.as_ptr() as usize - s.bytes.as_ptr() as usize;
-            let mut span = s.span.clone();
-            span.position += skip as u64;
-            span.len = src.len();
+            let span = s.span.part(skip, src.len());
             self.freeze_tail();
             self.close_run();
             self.frozen += span.len;
             self.pieces.push(Piece::File(span));
             return;
         }
-        if src.len() >= MIN_SHARED {
+        {
             if let Some(owner) = self.shared.iter().find(|b| within(b, src)) {
                 self.freeze_tail();
                 self.frozen += src.len();
@@ -491,12 +521,7 @@ mod tests {
             .write_all(&data)
             .unwrap();
         let file = std::sync::Arc::new(std::fs::File::open(&path).unwrap());
-        let span = |position: u64, len: usize| FileSpan {
-            file: file.clone(),
-            position,
-            len,
-            last_offset: 0,
-        };
+        let span = |position: u64, len: usize| FileSpan::of_file(file.clone(), position, len);
         // two stand-ins side by side, and records read into memory between them
         let spans = [
             Spanned {
@@ -534,7 +559,7 @@ mod tests {
     }
 
     #[test]
-    fn going_back_over_a_span_reads_it_into_the_frame() {
+    fn going_back_over_a_span_fails_the_frame() {
         use std::io::Write;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("segment");
@@ -545,12 +570,11 @@ mod tests {
             .unwrap();
         let spans = [Spanned {
             bytes: stand_in(0, 90_000).unwrap(),
-            span: FileSpan {
-                file: std::sync::Arc::new(std::fs::File::open(&path).unwrap()),
-                position: 5_000,
-                len: 90_000,
-                last_offset: 0,
-            },
+            span: FileSpan::of_file(
+                std::sync::Arc::new(std::fs::File::open(&path).unwrap()),
+                5_000,
+                90_000,
+            ),
         }];
         let mut b = SharingBuf::new(&[], &spans);
         let gap = b.offset();
@@ -558,12 +582,8 @@ mod tests {
         b.put_slice(&spans[0].bytes);
         b.range(gap..gap + 4).copy_from_slice(&9i32.to_be_bytes());
         b.put_u8(1);
-        let parts = b.finish().unwrap();
-        assert!(parts.pieces.iter().all(|p| matches!(p, Piece::Bytes(_))));
-        let (bytes, _) = collect(parts);
-        assert_eq!(&bytes[4..8], &9i32.to_be_bytes());
-        assert!(bytes[8..90_008] == data[5_000..95_000]);
-        assert_eq!(bytes[90_008], 1);
+        // (reading the span back would block an async task; no encoder goes back)
+        assert!(b.finish().is_err());
     }
 
     #[test]
@@ -599,12 +619,7 @@ mod tests {
             .await
             .unwrap()
             .into_split();
-        let span = FileSpan {
-            file,
-            position: 12_345,
-            len: 19_000_000,
-            last_offset: 0,
-        };
+        let span = FileSpan::of_file(file.clone(), 12_345, 19_000_000);
         wr.write_span(&span).await.unwrap();
         drop(wr);
         let got = reader.await.unwrap();
@@ -619,12 +634,52 @@ mod tests {
             .unwrap()
             .into_split();
         let _peer = reader.await.unwrap().unwrap();
-        let past = FileSpan {
-            position: 19_999_000,
-            len: 5_000,
-            ..span
-        };
+        let past = FileSpan::of_file(file, 19_999_000, 5_000);
         let e = wr.write_span(&past).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+    }
+
+    #[tokio::test]
+    async fn a_span_of_a_log_cut_before_it_is_sent_is_not_sent() {
+        use crate::log::{PartitionLog, ValidBatch};
+        use strata_core::batch::build::{batch, ProducerIds, Rec};
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::log::LogConfig::from_map(&Default::default()).unwrap();
+        let (mut log, _) = PartitionLog::open(dir.path(), config, 0).unwrap();
+        let value = vec![5u8; 5_000];
+        for _ in 0..3 {
+            let recs: Vec<Rec<'_>> = (0..20)
+                .map(|_| Rec {
+                    key: None,
+                    value: Some(&value),
+                    timestamp_delta: 0,
+                })
+                .collect();
+            let b = ValidBatch::new(Bytes::from(batch(0, ProducerIds::NONE, &recs))).unwrap();
+            log.append(&b, 0).unwrap();
+        }
+        let plan = log.plan_read(0, u64::MAX).unwrap().unwrap();
+        let span = plan.span(1 << 20).unwrap().expect("cached, 300 KB");
+        assert!(!span.cut_since());
+        log.truncate_to(20, 0).unwrap();
+        assert!(span.cut_since());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reader = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut s, &mut got)
+                .await
+                .unwrap();
+            got
+        });
+        let (_, mut wr) = tokio::net::TcpStream::connect(addr)
+            .await
+            .unwrap()
+            .into_split();
+        let e = wr.write_span(&span).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        drop(wr);
+        assert!(reader.await.unwrap().is_empty(), "nothing of it was sent");
     }
 }

@@ -228,6 +228,9 @@ pub struct ReadPlan {
     available: u64,
     /// Exclusive offset bound: batches ending at or past it are not returned.
     upper: u64,
+    /// The log's cut count when the plan was made (see [`PartitionLog::cuts`]).
+    cuts_seen: u64,
+    cuts: Arc<std::sync::Mutex<u64>>,
 }
 
 impl ReadPlan {
@@ -305,6 +308,12 @@ impl ReadPlan {
         if !SPANS.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(None);
         }
+        // Checked before the walk: the walk's header reads start the kernel's read-ahead,
+        // and pages still being read count as cached.
+        let ahead = (max_bytes as u64).min(self.available);
+        if ahead < SPAN_MIN as u64 || !all_cached(&self.file, self.position, ahead) {
+            return Ok(None);
+        }
         let mut header = [0u8; HEADER_LEN];
         let mut pos = self.position;
         let mut limit = None;
@@ -338,7 +347,10 @@ impl ReadPlan {
         let Some(last_offset) = last_offset else {
             return Ok(None);
         };
-        if (len as usize) < SPAN_MIN || !all_cached(&self.file, self.position, len) {
+        // (a first batch longer than `max_bytes` goes past what was checked)
+        if (len as usize) < SPAN_MIN
+            || (len > ahead && !all_cached(&self.file, self.position + ahead, len - ahead))
+        {
             return Ok(None);
         }
         Ok(Some(FileSpan {
@@ -346,6 +358,8 @@ impl ReadPlan {
             position: self.position,
             len: len as usize,
             last_offset,
+            cuts_seen: self.cuts_seen,
+            cuts: self.cuts.clone(),
         }))
     }
 }
@@ -358,9 +372,51 @@ pub struct FileSpan {
     pub len: usize,
     /// The offset of the last record in the span.
     pub last_offset: u64,
+    /// The log's cut count when the span was planned.
+    cuts_seen: u64,
+    cuts: Arc<std::sync::Mutex<u64>>,
 }
 
 impl FileSpan {
+    /// A span of `len` bytes at `position` of `file` that no log cuts (for tests).
+    #[cfg(test)]
+    pub fn of_file(file: Arc<File>, position: u64, len: usize) -> FileSpan {
+        FileSpan {
+            file,
+            position,
+            len,
+            last_offset: 0,
+            cuts_seen: 0,
+            cuts: Arc::default(),
+        }
+    }
+
+    /// The part of the span `skip` bytes on, `len` long.
+    pub fn part(&self, skip: usize, len: usize) -> FileSpan {
+        FileSpan {
+            position: self.position + skip as u64,
+            len,
+            ..self.clone()
+        }
+    }
+
+    /// Whether the log was cut (truncated, or a segment rewritten) since the span was
+    /// planned: then its place in the file may hold other batches, and it must not be sent.
+    pub fn cut_since(&self) -> bool {
+        *self.cuts.lock().unwrap_or_else(|e| e.into_inner()) != self.cuts_seen
+    }
+
+    /// Whether the page cache still holds the `len` bytes `skip` bytes into the span (a
+    /// `sendfile` of them does not wait for the disk).
+    pub fn cached(&self, skip: usize, len: usize) -> bool {
+        all_cached(&self.file, self.position + skip as u64, len as u64)
+    }
+
+    /// Stops spans for good (the kernel refused to `sendfile` from a segment file).
+    pub fn stop_spans() {
+        SPANS.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The span's bytes from `skip` on, read (for a connection that cannot send from a file).
     /// May wait for the disk.
     pub fn read_from(&self, skip: usize) -> io::Result<Vec<u8>> {
@@ -378,7 +434,8 @@ pub const SPAN_MIN: usize = 64 << 10;
 pub const SPAN_MAX_BATCHES: usize = 256;
 
 /// Cleared for good when the kernel cannot tell which pages of a file are cached
-/// (`cachestat`, Linux 6.5): then every fetch reads its records, as before.
+/// (`cachestat`, Linux 6.5) or refuses to `sendfile` from a segment file: then every fetch
+/// reads its records, as before.
 static SPANS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// Whether every page of `len` bytes at `position` of `file` is in the page cache
@@ -387,7 +444,7 @@ fn all_cached(file: &File, position: u64, len: u64) -> bool {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     {
         use std::os::fd::AsRawFd;
-        // (the same number on every architecture that has it)
+        // (x86_64 and aarch64 alike)
         const SYS_CACHESTAT: libc::c_long = 451;
         #[repr(C)]
         struct Range {
@@ -1211,6 +1268,8 @@ impl PartitionLog {
                     position,
                     available: seg.size - position,
                     upper,
+                    cuts_seen: *self.cuts.lock().unwrap_or_else(|e| e.into_inner()),
+                    cuts: self.cuts.clone(),
                 }));
             }
         }
