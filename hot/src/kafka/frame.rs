@@ -510,17 +510,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_stand_in_is_sent_as_its_span_of_the_file() {
-        use std::io::Write;
+    /// A file of `len` patterned bytes in a new directory (kept while the first is held):
+    /// the directory, the bytes, the file open for reading.
+    fn segment_file(len: u32) -> (tempfile::TempDir, Vec<u8>, std::sync::Arc<std::fs::File>) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("segment");
-        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(&data)
-            .unwrap();
+        let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
         let file = std::sync::Arc::new(std::fs::File::open(&path).unwrap());
+        (dir, data, file)
+    }
+
+    #[test]
+    fn a_stand_in_is_sent_as_its_span_of_the_file() {
+        let (_dir, data, file) = segment_file(300_000);
         let span = |position: u64, len: usize| FileSpan::of_file(file.clone(), position, len);
         // two stand-ins side by side, and records read into memory between them
         let spans = [
@@ -560,21 +563,10 @@ mod tests {
 
     #[test]
     fn going_back_over_a_span_fails_the_frame() {
-        use std::io::Write;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("segment");
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 249) as u8).collect();
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(&data)
-            .unwrap();
+        let (_dir, _, file) = segment_file(100_000);
         let spans = [Spanned {
             bytes: stand_in(0, 90_000).unwrap(),
-            span: FileSpan::of_file(
-                std::sync::Arc::new(std::fs::File::open(&path).unwrap()),
-                5_000,
-                90_000,
-            ),
+            span: FileSpan::of_file(file, 5_000, 90_000),
         }];
         let mut b = SharingBuf::new(&[], &spans);
         let gap = b.offset();
@@ -596,17 +588,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_span_is_sent_over_tcp_from_the_file() {
-        use std::io::Write;
         use tokio::io::AsyncReadExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("segment");
         // more than a socket buffer holds, so sendfile meets a full socket and waits
-        let data: Vec<u8> = (0..20_000_000u32).map(|i| (i % 251) as u8).collect();
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(&data)
-            .unwrap();
-        let file = std::sync::Arc::new(std::fs::File::open(&path).unwrap());
+        let (_dir, data, file) = segment_file(20_000_000);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let reader = tokio::spawn(async move {

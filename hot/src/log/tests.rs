@@ -1032,6 +1032,18 @@ fn a_read_into_a_fresh_buffer_returns_exactly_the_bytes_asked() {
     assert_eq!(past.kind(), std::io::ErrorKind::UnexpectedEof);
 }
 
+/// Drops the segment files in `dir` from the page cache (synced first, else the kernel
+/// keeps their dirty pages): their bytes are then on the disk only.
+fn drop_from_page_cache(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let f = File::open(&path).unwrap();
+            rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+        }
+    }
+}
+
 #[test]
 fn a_cached_read_returns_what_a_blocking_read_does() {
     let dir = tempfile::tempdir().unwrap();
@@ -1076,13 +1088,7 @@ fn a_cached_read_declines_bytes_not_in_memory_and_long_reads() {
 
     // Synced, then dropped from the page cache: the bytes are on the disk only.
     log.take_sync_work().unwrap().run(dir.path()).unwrap();
-    for entry in std::fs::read_dir(dir.path()).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "log") {
-            let f = File::open(&path).unwrap();
-            rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
-        }
-    }
+    drop_from_page_cache(dir.path());
     assert_eq!(plan.read_cached(4096).unwrap(), None);
     // the blocking read brings them back, and then a cached read finds them
     let blocking = plan.read(4096).unwrap();
@@ -1150,13 +1156,7 @@ fn a_span_is_declined_for_bytes_not_in_memory_and_for_many_small_batches() {
     assert!(plan.span(1 << 20).unwrap().is_some());
     // Synced, then dropped from the page cache: sending it would wait for the disk.
     log.take_sync_work().unwrap().run(dir.path()).unwrap();
-    for entry in std::fs::read_dir(dir.path()).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "log") {
-            let f = File::open(&path).unwrap();
-            rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
-        }
-    }
+    drop_from_page_cache(dir.path());
     assert!(plan.span(1 << 20).unwrap().is_none());
     // the read brings the bytes back, and then they may be sent from the file
     let read = plan.read(1 << 20).unwrap();
