@@ -7,6 +7,12 @@ use crate::testing::write_segment;
 use crate::upload::{SealedSegment, UploadConfig, Uploader};
 
 /// Uploads a 40-batch segment [0, 400) and returns its manifest entry.
+/// The bytes of `seg`'s object in `store`.
+async fn object_of(store: &Arc<dyn ObjectStore>, seg: &RemoteSegment) -> Bytes {
+    let path = Path::from(seg.key.as_str());
+    store.get(&path).await.unwrap().bytes().await.unwrap()
+}
+
 async fn uploaded(store: Arc<dyn ObjectStore>) -> RemoteSegment {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.log");
@@ -280,13 +286,7 @@ async fn a_reply_never_crosses_a_chunk_boundary_unless_its_first_batch_does() {
     use std::sync::atomic::Ordering::Relaxed;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let seg = uploaded(store.clone()).await;
-    let object = store
-        .get(&Path::from(seg.key.as_str()))
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let object = object_of(&store, &seg).await;
     let size = 1_000u64; // about four batches a chunk
     let reader = RemoteReader::open(
         store,
@@ -443,13 +443,7 @@ async fn each_batch_is_checked_once_after_its_get_or_by_the_read() {
     use std::sync::atomic::Ordering::Relaxed;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let seg = uploaded(store.clone()).await;
-    let object = store
-        .get(&Path::from(seg.key.as_str()))
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let object = object_of(&store, &seg).await;
     let reader = RemoteReader::open(
         store,
         ReadConfig {
