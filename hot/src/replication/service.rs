@@ -297,8 +297,8 @@ impl ReplicaService {
     /// A follower's fetch session: every request is served as it comes, each partition's
     /// long poll on its own, and answered tagged as soon as it is done. One task serves the
     /// whole session (its fetches are futures it polls, not tasks). The session ends when the
-    /// follower closes its side or goes away, or at a request not from the follower's
-    /// certificate.
+    /// follower goes away, at a request not from the follower's certificate, or when the
+    /// follower has closed its side and every request it sent is answered.
     async fn serve_session(
         self,
         peer: Peer,
@@ -307,15 +307,25 @@ impl ReplicaService {
     ) {
         use futures_util::stream::{FuturesUnordered, StreamExt};
         let mut fetches = FuturesUnordered::new();
+        // The follower closed its side: no more requests, but the ones in flight are still
+        // answered (it may be waiting for them).
+        let mut closed = false;
         loop {
+            if closed && fetches.is_empty() {
+                return;
+            }
             tokio::select! {
                 // A follower has one fetch per partition in flight (and a few abandoned
                 // ones); past the cap, answers are sent before more requests are read.
-                message = inbound.message(), if fetches.len() < MAX_SESSION_FETCHES => {
+                message = inbound.message(), if !closed && fetches.len() < MAX_SESSION_FETCHES => {
                     let r = match message {
                         Ok(Some(r)) => r,
-                        // the follower closed the session, or its connection is gone
-                        Ok(None) | Err(_) => return,
+                        Ok(None) => {
+                            closed = true;
+                            continue;
+                        }
+                        // the connection is gone
+                        Err(_) => return,
                     };
                     if let Err(refused) = self.admit_peer(&peer, r.replica_id) {
                         let _ = tx.send(Err(refused)).await;
