@@ -293,9 +293,7 @@ impl ReadPlan {
         buf.truncate(end);
         Ok(Some(Bytes::from(buf)))
     }
-}
 
-impl ReadPlan {
     /// What [`Self::read`] with `max_bytes` would return, as a place in the segment file
     /// found from the batch headers alone: for a plaintext fetch, which sends the bytes
     /// from the file (`sendfile`) instead of reading them and writing them again.
