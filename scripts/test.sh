@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> [%s, %ss in] %s\n' "$(date +%T)" "$SECONDS" "$*"; }
 
 if ! command -v kcat >/dev/null 2>&1; then
   step "installing kcat (Debian package)"
@@ -74,3 +74,4 @@ cargo test --locked --workspace
 
 step "real clients and crash recovery (pytest)"
 STRATA_BIN="$target_dir/debug/strata" STRATA_CHECKOV="$checkov_venv/bin/checkov" "$python" -m pytest tests -q -p no:cacheprovider --durations=25
+step "all passed"
