@@ -11,8 +11,9 @@
 //! A reply is a slice of one cached chunk, never a copy: it ends where its chunk ends
 //! (Kafka lets a reply be shorter than asked; the consumer asks again from where it ends),
 //! unless its first batch itself crosses a chunk boundary, when that batch alone is copied.
-//! Chunks are read into recycled buffers (`buffers`), so a long replay does not fault in
-//! fresh memory for each one.
+//! A chunk from a stream (S3) is read into a recycled buffer (`buffers`), so a long replay
+//! does not fault in fresh memory for each one; a chunk of a local directory's object is a
+//! mapping of the file's range (`map_file`), so it is not copied at all.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -35,6 +36,12 @@ use buffers::Buffers;
 pub enum ReadError {
     #[error("object store: {0}")]
     Store(#[from] object_store::Error),
+    /// A chunk's GET failed (the store's own message may not name the object).
+    #[error("remote object {key}: {source}")]
+    Object {
+        key: String,
+        source: object_store::Error,
+    },
     /// A failed chunk fetch as seen by a reader that shared another's GET.
     #[error("{0}")]
     Fetch(String),
@@ -393,9 +400,9 @@ impl RemoteReader {
         Ok(chunk)
     }
 
-    /// A ranged GET read into a recycled chunk buffer, then its whole batches from `first`
-    /// CRC-checked: a local file is read straight into it and checked in one trip to the
-    /// blocking pool, a stream is copied into it as it arrives and then checked there.
+    /// A ranged GET, then its whole batches from `first` CRC-checked on the blocking pool:
+    /// a local file's range is mapped (a slice of the page cache, no copy and no fresh
+    /// memory: `map_file`), a stream is copied into a recycled chunk buffer as it arrives.
     async fn get_into_buffer(
         &self,
         seg: &RemoteSegment,
@@ -406,39 +413,39 @@ impl RemoteReader {
             range: Some(range.into()),
             ..GetOptions::default()
         };
+        let failed = |source| ReadError::Object {
+            key: seg.key.clone(),
+            source,
+        };
         let got = self
             .store
             .get_opts(&Path::from(seg.key.as_str()), options)
-            .await?;
-        let mut buf = self.buffers.take((range_len(&got.range)) as usize);
-        let too_long = || ReadError::Damaged {
-            key: seg.key.clone(),
-            position: got.range.start,
-            why: "the store returned more than the range asked for".into(),
-        };
+            .await
+            .map_err(failed)?;
         match got.payload {
             GetResultPayload::File(file, path) => {
                 let (at, len) = (got.range.start, range_len(&got.range) as usize);
-                if len > buf.room() {
-                    return Err(too_long());
-                }
                 tokio::task::spawn_blocking(move || {
-                    buf.read_file(file, at, len)
-                        .map(|()| Chunk::checked_from(buf.freeze(), first))
+                    map_file(&file, at, len).map(|bytes| Chunk::checked_from(bytes, first))
                 })
                 .await
                 .map_err(|e| ReadError::Fetch(e.to_string()))?
                 .map_err(|e| {
-                    ReadError::Store(object_store::Error::Generic {
+                    failed(object_store::Error::Generic {
                         store: "LocalFileSystem",
                         source: format!("reading {}: {e}", path.display()).into(),
                     })
                 })
             }
             GetResultPayload::Stream(mut parts) => {
+                let mut buf = self.buffers.take((range_len(&got.range)) as usize);
                 while let Some(part) = parts.next().await {
-                    if !buf.extend(&part?) {
-                        return Err(too_long());
+                    if !buf.extend(&part.map_err(failed)?) {
+                        return Err(ReadError::Damaged {
+                            key: seg.key.clone(),
+                            position: got.range.start,
+                            why: "the store returned more than the range asked for".into(),
+                        });
                     }
                 }
                 let bytes = buf.freeze();
@@ -659,6 +666,43 @@ impl RemoteReader {
         }
         Ok(out)
     }
+}
+
+/// Bytes `[at, at + len)` of a local object file (blocking), mapped read-only with its page
+/// tables filled in one call (`MAP_POPULATE`): the chunk is a slice of the page cache, so
+/// reading it costs neither a copy nor fresh memory, which against a local directory were
+/// most of a cold read's cost (docs/benchmarks.md). A file shorter than the range is an
+/// error here, before anything is mapped.
+///
+/// Objects are immutable: the store writes a new object to a temporary file and renames it
+/// into place, so an object rewritten or deleted later leaves this mapping's file as it
+/// was. Only a file cut short in place by hand under a running reader could fault its
+/// reads (SIGBUS), which docs/tiered-storage.md warns about.
+fn map_file(file: &std::fs::File, at: u64, len: usize) -> std::io::Result<Bytes> {
+    let size = file.metadata()?.len();
+    if at.checked_add(len as u64).is_none_or(|end| end > size) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "the file holds {size} bytes, the range ends at byte {}",
+                at.saturating_add(len as u64)
+            ),
+        ));
+    }
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    // SAFETY: the mapping is read-only and private to this process's reads; the bytes
+    // stay valid while the file keeps its length, which the object store never changes
+    // for an object it has written (see above).
+    let map = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(at)
+            .len(len)
+            .populate()
+            .map(file)?
+    };
+    Ok(Bytes::from_owner(map))
 }
 
 fn range_len(r: &std::ops::Range<u64>) -> u64 {

@@ -1,8 +1,8 @@
 //! Chunk buffers, recycled: a chunk's memory goes back to a small free list when the cache
 //! has evicted the chunk and the last reply sliced from it is dropped, and the next GET
 //! reads into it. A replay longer than the cache then reads into memory that is already
-//! mapped, instead of faulting in fresh pages for every chunk (on a local directory store
-//! those page faults cost more than the read itself).
+//! mapped, instead of faulting in fresh pages for every chunk. (A local directory's chunks
+//! are not read into buffers: they are mappings of the object files.)
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -82,26 +82,6 @@ impl Buffer {
         true
     }
 
-    /// Appends `len` bytes of `file` from byte `at` (blocking). std reads into the spare
-    /// capacity without zeroing it first.
-    pub(super) fn read_file(
-        &mut self,
-        mut file: std::fs::File,
-        at: u64,
-        len: usize,
-    ) -> std::io::Result<()> {
-        use std::io::{Read, Seek};
-        if len > self.room() {
-            return Err(std::io::Error::other("more than a chunk"));
-        }
-        file.seek(std::io::SeekFrom::Start(at))?;
-        let read = file.take(len as u64).read_to_end(&mut self.buf)?;
-        if read < len {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        Ok(())
-    }
-
     /// Shared bytes that hand the buffer back when the last of them (and of their slices)
     /// is dropped.
     pub(super) fn freeze(self) -> Bytes {
@@ -152,22 +132,6 @@ mod tests {
         assert_eq!(buffers.allocated.load(Relaxed), 2);
         assert_eq!(again.room(), 16);
         assert_eq!(again.buf.as_ptr(), at.wrapping_sub(6));
-    }
-
-    #[test]
-    fn a_file_range_is_read_into_the_buffer_it_was_given() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, (0..=255u8).cycle().take(10_000).collect::<Vec<_>>()).unwrap();
-        let buffers = Buffers::new(16, 1);
-        let mut b = buffers.take(16);
-        b.read_file(std::fs::File::open(&path).unwrap(), 4, 16)
-            .unwrap();
-        assert_eq!(b.as_ref(), (4..20).collect::<Vec<u8>>());
-        assert_eq!(b.buf.capacity(), 16, "no larger allocation");
-        let mut short = buffers.take(16);
-        let e = short.read_file(std::fs::File::open(&path).unwrap(), 9_990, 16);
-        assert_eq!(e.unwrap_err().kind(), std::io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

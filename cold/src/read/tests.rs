@@ -331,24 +331,36 @@ async fn a_reply_never_crosses_a_chunk_boundary_unless_its_first_batch_does() {
     assert_eq!(offsets(&two), vec![0]);
 }
 
-#[tokio::test]
-async fn a_local_directory_is_read_straight_into_chunk_buffers() {
+/// A local directory store holding one uploaded segment: (its directory, the store, the
+/// segment).
+async fn local_store() -> (tempfile::TempDir, Arc<dyn ObjectStore>, RemoteSegment) {
     use object_store::local::LocalFileSystem;
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn ObjectStore> =
         Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
     let seg = uploaded(store.clone()).await;
+    (dir, store, seg)
+}
+
+#[tokio::test]
+async fn a_local_directory_is_mapped_not_copied_and_still_checked() {
+    let (_dir, store, seg) = local_store().await;
     let path = Path::from(seg.key.as_str());
-    let object = store.get(&path).await.unwrap().bytes().await.unwrap();
+    let object = object_of(&store, &seg).await;
     let reader = RemoteReader::open(store.clone(), small_chunks())
         .await
         .unwrap();
-    let all: Vec<u8> = replay(&reader, &seg, 2_000)
-        .await
-        .into_iter()
-        .flat_map(|(_, b)| b.to_vec())
-        .collect();
+    let replies = replay(&reader, &seg, 2_000).await;
+    let all: Vec<u8> = replies.iter().flat_map(|(_, b)| b.to_vec()).collect();
     assert_eq!(all, object);
+    assert_eq!(reader.buffers_allocated(), 0, "no chunk copied into memory");
+    // A mapping keeps the object it mapped: a rewrite goes to a new file renamed into place.
+    let held = replies[0].1.clone();
+    store
+        .put(&path, Bytes::from(vec![0u8; object.len()]).into())
+        .await
+        .unwrap();
+    assert_eq!(held, object.slice(..held.len()));
     // A damaged file is named, not served.
     let mut bytes = object.to_vec();
     bytes[500] ^= 0xff;
@@ -356,6 +368,33 @@ async fn a_local_directory_is_read_straight_into_chunk_buffers() {
     let fresh = RemoteReader::open(store, small_chunks()).await.unwrap();
     let e = fresh.read(&seg, 0, 1 << 20).await.unwrap_err().to_string();
     assert!(e.contains(&seg.key) && e.contains("crc"), "{e}");
+}
+
+#[tokio::test]
+async fn a_local_object_shorter_than_its_manifest_entry_is_an_error_naming_it() {
+    let (dir, store, seg) = local_store().await;
+    let file = dir.path().join(&seg.key);
+    let len = std::fs::metadata(&file).unwrap().len();
+    for keep in [0, len / 2, len - 1] {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(keep)
+            .unwrap();
+        let reader = RemoteReader::open(store.clone(), small_chunks())
+            .await
+            .unwrap();
+        let mut offset = seg.base_offset;
+        let e = loop {
+            match reader.read(&seg, offset, 1 << 20).await {
+                Ok(got) => offset = *offsets(&got).last().unwrap() as u64 + 10,
+                Err(e) => break e.to_string(),
+            }
+            assert!(offset < seg.end_offset, "a cut object was read to its end");
+        };
+        assert!(e.contains(&seg.key), "{keep}: {e}");
+    }
 }
 
 #[tokio::test]

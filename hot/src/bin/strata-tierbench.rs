@@ -281,8 +281,9 @@ async fn main() -> anyhow::Result<()> {
             on_read as f64 / 1e6
         );
         println!(
-            "memory after the pass: now (VmRSS) {} MiB, peak (VmHWM) {} MiB",
+            "memory after the pass: now (VmRSS) {} MiB (of it file pages mapped, RssFile: {} MiB), peak (VmHWM) {} MiB",
             rss_mib("VmRSS:").map_or("unknown".into(), |m| m.to_string()),
+            rss_mib("RssFile:").map_or("unknown".into(), |m| m.to_string()),
             rss_mib("VmHWM:").map_or("unknown".into(), |m| m.to_string())
         );
     }
