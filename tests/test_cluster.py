@@ -162,9 +162,6 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        for p in self.procs.values():  # anything else this test started
-            p.kill()
-            p.wait()
         self.procs.clear()
 
     def broker_metrics(self, i):

@@ -4,10 +4,7 @@
 
 use std::time::Instant;
 
-use strata_core::batch::compute_crc;
-
-/// A batch's CRC covers everything from byte 21 on; `compute_crc` takes the whole batch.
-const CRC_START: usize = 21;
+use strata_core::batch::{compute_crc, CRC_START};
 
 /// Seconds of one pass of `f` over every batch.
 fn timed(f: &impl Fn() -> u32) -> (f64, u32) {

@@ -24,7 +24,7 @@ pub const HEADER_LEN: usize = 61;
 /// The bytes the broker rewrites when it stamps a batch: base offset, length, leader epoch.
 pub const STAMP_LEN: usize = 16;
 /// Offset of the first CRC-covered byte (attributes).
-const CRC_START: usize = 21;
+pub const CRC_START: usize = 21;
 
 const ATTR_COMPRESSION_MASK: i16 = 0x07;
 const ATTR_TIMESTAMP_TYPE: i16 = 0x08;
