@@ -15,7 +15,7 @@
 //! does not fault in fresh memory for each one; a chunk of a local directory's object is a
 //! mapping of the file's range (`map_file`), so it is not copied at all.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -71,6 +71,10 @@ pub struct ReadConfig {
     /// months-long replay cannot starve the broker.
     pub max_concurrent_reads: usize,
     pub max_bytes_per_sec: Option<u64>,
+    /// Memory for the segments' offset indexes a read needs (about 128 KiB for a 1 GiB
+    /// segment at the uploader's default interval): the least recently used are dropped
+    /// past it and fetched again when read.
+    pub index_cache_bytes: usize,
 }
 
 impl Default for ReadConfig {
@@ -83,6 +87,7 @@ impl Default for ReadConfig {
             read_ahead: true,
             max_concurrent_reads: 8,
             max_bytes_per_sec: None,
+            index_cache_bytes: 64 << 20,
         }
     }
 }
@@ -189,7 +194,9 @@ pub struct RemoteReader {
     store: Arc<dyn ObjectStore>,
     config: ReadConfig,
     chunks: ChunkCache,
-    indexes: Mutex<HashMap<String, Arc<Vec<OffsetEntry>>>>,
+    /// Offset indexes by segment object key, least recently used dropped past
+    /// `index_cache_bytes`.
+    indexes: foyer::Cache<String, Arc<Vec<OffsetEntry>>>,
     /// Chunks being read ahead now, by cache key.
     ahead: Mutex<HashSet<String>>,
     slots: tokio::sync::Semaphore,
@@ -240,7 +247,14 @@ impl RemoteReader {
         Ok(Arc::new(RemoteReader {
             store,
             chunks,
-            indexes: Mutex::new(HashMap::new()),
+            indexes: foyer::CacheBuilder::new(config.index_cache_bytes.max(1))
+                .with_name("strata-cold-indexes")
+                .with_shards((config.index_cache_bytes >> 20).clamp(1, 4))
+                .with_eviction_config(foyer::LruConfig::default())
+                .with_weighter(|k: &String, v: &Arc<Vec<OffsetEntry>>| {
+                    k.len() + v.len() * std::mem::size_of::<OffsetEntry>()
+                })
+                .build(),
             ahead: Mutex::new(HashSet::new()),
             slots: tokio::sync::Semaphore::new(config.max_concurrent_reads.max(1)),
             limiter: crate::limit::Limiter::new(config.max_bytes_per_sec),
@@ -260,62 +274,66 @@ impl RemoteReader {
         self.chunks.memory().usage()
     }
 
+    /// Bytes the cached offset indexes hold now.
+    pub fn index_bytes(&self) -> usize {
+        self.indexes.usage()
+    }
+
     /// Chunk buffers allocated so far (the others were recycled).
     pub fn buffers_allocated(&self) -> u64 {
         self.buffers.allocated.load(Relaxed)
     }
 
+    /// `seg`'s offset index, from the index cache or its object (readers of an index
+    /// being fetched wait for that one GET).
     async fn index(&self, seg: &RemoteSegment) -> Result<Arc<Vec<OffsetEntry>>, ReadError> {
-        if let Some(i) = self
+        let (store, s) = (self.store.clone(), seg.clone());
+        let entry = self
             .indexes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&seg.key)
-        {
-            return Ok(i.clone());
-        }
-        let entries = Arc::new(self.companion(seg, ".index", decode_offset_entries).await?);
-        self.indexes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(seg.key.clone(), entries.clone());
-        Ok(entries)
-    }
-
-    /// A segment's companion index object (`KEY.index`, `KEY.timeindex`), decoded.
-    async fn companion<T, E: std::fmt::Display>(
-        &self,
-        seg: &RemoteSegment,
-        suffix: &str,
-        decode: impl Fn(&[u8]) -> Result<Vec<T>, E>,
-    ) -> Result<Vec<T>, ReadError> {
-        let key = format!("{}{suffix}", seg.key);
-        let bytes = self
-            .store
-            .get(&Path::from(key.as_str()))
-            .await?
-            .bytes()
-            .await?;
-        decode(&bytes).map_err(|e| ReadError::Damaged {
-            key,
-            position: 0,
-            why: e.to_string(),
-        })
+            .get_or_fetch(&seg.key, move || async move {
+                companion(store.as_ref(), &s, ".index", decode_offset_entries)
+                    .await
+                    .map(Arc::new)
+            })
+            .await
+            .map_err(|e| match e.downcast_ref::<ReadError>() {
+                // Damage stays damage (the replay's --skip-corrupt skips it).
+                Some(ReadError::Damaged { key, position, why }) => ReadError::Damaged {
+                    key: key.clone(),
+                    position: *position,
+                    why: why.clone(),
+                },
+                Some(e) => ReadError::Fetch(e.to_string()),
+                None => ReadError::Cache(e.to_string()),
+            })?;
+        Ok(entry.value().clone())
     }
 
     /// Chunk `n` of a segment's object, from the cache or the store. With read-ahead, the
     /// next [`READ_AHEAD_CHUNKS`] chunks not cached yet are fetched in the background, so
     /// a sequential replay keeps GETs in flight ahead of its decoding (on every access,
     /// not only after a miss: a chunk brought by read-ahead is a hit, and the chain must
-    /// not stop there). A chunk already being read ahead is not asked for twice.
-    async fn chunk(self: &Arc<Self>, seg: &RemoteSegment, n: u64) -> Result<Chunk, ReadError> {
+    /// not stop there). A chunk already being read ahead is not asked for twice. Near the
+    /// end of `seg`, the window goes on into `next` (the segment a sequential reader reads
+    /// after it): its index and first chunks are fetched before the reader gets there.
+    async fn chunk(
+        self: &Arc<Self>,
+        seg: &RemoteSegment,
+        n: u64,
+        next: Option<&RemoteSegment>,
+    ) -> Result<Chunk, ReadError> {
         let chunk = self.cached_or_fetch(seg, n).await?;
         if self.config.read_ahead {
-            for m in n + 1..=n + READ_AHEAD_CHUNKS {
-                if m * self.config.chunk_size >= seg.size_bytes {
-                    break;
-                }
+            let size = self.config.chunk_size;
+            let chunks = seg.size_bytes.div_ceil(size);
+            for m in n + 1..(n + 1 + READ_AHEAD_CHUNKS).min(chunks) {
                 self.read_ahead(seg, m);
+            }
+            let past = (n + 1 + READ_AHEAD_CHUNKS).saturating_sub(chunks.max(n + 1));
+            if let Some(next) = next.filter(|_| past > 0) {
+                for m in 0..past.min(next.size_bytes.div_ceil(size)) {
+                    self.read_ahead(next, m);
+                }
             }
         }
         Ok(chunk)
@@ -466,7 +484,7 @@ impl RemoteReader {
         let size = self.config.chunk_size;
         let (first, last) = (from / size, (to - 1) / size);
         if first == last {
-            let c = self.chunk(seg, first).await?.bytes;
+            let c = self.chunk(seg, first, None).await?.bytes;
             let at = (from - first * size) as usize;
             let end = (to - first * size) as usize;
             if end > c.len() {
@@ -480,7 +498,7 @@ impl RemoteReader {
         }
         let mut out = BytesMut::with_capacity((to - from) as usize);
         for n in first..=last {
-            let c = self.chunk(seg, n).await?.bytes;
+            let c = self.chunk(seg, n, None).await?.bytes;
             let lo = from.max(n * size) - n * size;
             let hi = to.min((n + 1) * size) - n * size;
             let part = c
@@ -511,7 +529,7 @@ impl RemoteReader {
             return self.range(seg, from, to).await;
         }
         if cur.as_ref().is_none_or(|(m, _)| *m != n) {
-            *cur = Some((n, self.chunk(seg, n).await?));
+            *cur = Some((n, self.chunk(seg, n, None).await?));
         }
         let c = &cur.as_ref().expect("set above").1.bytes;
         let (at, end) = ((from - n * size) as usize, (to - n * size) as usize);
@@ -536,9 +554,7 @@ impl RemoteReader {
         if seg.max_timestamp < ts {
             return Ok(None);
         }
-        let times = self
-            .companion(seg, ".timeindex", decode_time_entries)
-            .await?;
+        let times = companion(self.store.as_ref(), seg, ".timeindex", decode_time_entries).await?;
         let idx = times.partition_point(|e| e.timestamp < ts);
         let mut at = match idx {
             0 => seg.base_offset,
@@ -579,6 +595,19 @@ impl RemoteReader {
         offset: u64,
         max_bytes: usize,
     ) -> Result<Bytes, ReadError> {
+        self.read_then(seg, offset, max_bytes, None).await
+    }
+
+    /// [`read`](Self::read) by a sequential reader that goes on into `next` after `seg`
+    /// (the manifest's following segment): near `seg`'s end, read-ahead fetches `next`'s
+    /// index and first chunks, so crossing into it does not wait for them.
+    pub async fn read_then(
+        self: &Arc<Self>,
+        seg: &RemoteSegment,
+        offset: u64,
+        max_bytes: usize,
+        next: Option<&RemoteSegment>,
+    ) -> Result<Bytes, ReadError> {
         let index = self.index(seg).await?;
         let rel = offset.saturating_sub(seg.base_offset);
         let mut pos = match index.partition_point(|e| u64::from(e.relative_offset) <= rel) {
@@ -600,7 +629,7 @@ impl RemoteReader {
             let n = pos / size;
             let h = if (pos + HEADER_LEN as u64 - 1) / size == n {
                 if cur.as_ref().is_none_or(|(m, _)| *m != n) {
-                    cur = Some((n, self.chunk(seg, n).await?));
+                    cur = Some((n, self.chunk(seg, n, next).await?));
                 }
                 let c = &cur.as_ref().expect("set above").1.bytes;
                 let at = (pos - n * size) as usize;
@@ -666,6 +695,22 @@ impl RemoteReader {
         }
         Ok(out)
     }
+}
+
+/// A segment's companion index object (`KEY.index`, `KEY.timeindex`), decoded.
+async fn companion<T, E: std::fmt::Display>(
+    store: &dyn ObjectStore,
+    seg: &RemoteSegment,
+    suffix: &str,
+    decode: impl Fn(&[u8]) -> Result<Vec<T>, E>,
+) -> Result<Vec<T>, ReadError> {
+    let key = format!("{}{suffix}", seg.key);
+    let bytes = store.get(&Path::from(key.as_str())).await?.bytes().await?;
+    decode(&bytes).map_err(|e| ReadError::Damaged {
+        key,
+        position: 0,
+        why: e.to_string(),
+    })
 }
 
 /// Bytes `[at, at + len)` of a local object file (blocking), mapped read-only with its page

@@ -430,6 +430,14 @@ pub struct ColdSection {
     #[serde(default = "default_disk_cache_bytes")]
     pub disk_cache_bytes: usize,
     pub cache_dir: Option<PathBuf>,
+    /// Memory for the offset indexes of the cold segments being read (about 128 KiB per
+    /// 1 GiB segment); the least recently used are dropped past it and fetched again.
+    #[serde(default = "default_index_cache_bytes")]
+    pub index_cache_bytes: usize,
+}
+
+fn default_index_cache_bytes() -> usize {
+    64 << 20
 }
 
 fn default_orphan_grace() -> Duration {
@@ -482,6 +490,7 @@ impl ColdSection {
             chunk_bytes: default_chunk_bytes(),
             disk_cache_bytes: default_disk_cache_bytes(),
             cache_dir: None,
+            index_cache_bytes: default_index_cache_bytes(),
         }
     }
 
@@ -516,6 +525,7 @@ impl ColdSection {
                 read_ahead: true,
                 max_concurrent_reads: self.read_concurrency.max(1),
                 max_bytes_per_sec: (self.read_bytes_per_sec > 0).then_some(self.read_bytes_per_sec),
+                index_cache_bytes: self.index_cache_bytes.max(1 << 20),
             },
             interval: self.interval,
             orphan_grace: self.orphan_grace,

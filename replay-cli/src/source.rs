@@ -166,11 +166,13 @@ impl Source {
 
     /// The batches of `seg` in `range` from offset `at`, about 4 MiB of them, not yet
     /// decoded (the reader has checked every batch's CRC). A damaged object fails the
-    /// read, or with `skip_corrupt` ends the segment there (counted).
+    /// read, or with `skip_corrupt` ends the segment there (counted). `next`, the segment
+    /// read after this one, is read ahead into as `seg`'s end nears.
     pub async fn read(
         &mut self,
         partition: u32,
         seg: &RemoteSegment,
+        next: Option<&RemoteSegment>,
         range: &Range,
         at: u64,
         aborted: &[AbortedTxn],
@@ -180,7 +182,8 @@ impl Source {
         if at >= end {
             return Ok(done);
         }
-        let got = match self.reader.read(seg, at, STEP).await {
+        let next = next.filter(|n| range.to_offset.is_none_or(|to| n.base_offset < to));
+        let got = match self.reader.read_then(seg, at, STEP, next).await {
             Ok(b) => b,
             Err(e @ ReadError::Damaged { .. }) if self.skip_corrupt => {
                 eprintln!("skipping the rest of partition {partition}'s segment at offset {at}: {e}");
@@ -511,8 +514,9 @@ impl<'a> PartitionReader<'a> {
         let p = self.plan.partition;
         if let Some(seg) = self.plan.segments.get(self.segment) {
             let from = self.at.unwrap_or_else(|| Source::start(seg, &self.range));
+            let next = self.plan.segments.get(self.segment + 1);
             let got = src
-                .read(p, seg, &self.range, from, &self.plan.aborted)
+                .read(p, seg, next, &self.range, from, &self.plan.aborted)
                 .await?;
             self.at = got.next;
             if got.next.is_none() {

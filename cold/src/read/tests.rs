@@ -571,3 +571,150 @@ fn the_first_batch_in_a_chunk_is_the_first_the_index_places_there() {
     assert_eq!(first_batch_in(&index, 2_700, 4_100), None);
     assert_eq!(first_batch_in(&index, 4_200, 5_000), None);
 }
+
+/// Uploads `n` contiguous 40-batch segments (400 offsets each) of one partition, with an
+/// offset index entry every 1 KiB; returns their manifest entries in order.
+async fn uploaded_segments(store: Arc<dyn ObjectStore>, n: u64) -> Vec<RemoteSegment> {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Uploader::new(
+        store,
+        PartitionPrefix::new("c", "t", 0),
+        UploadConfig {
+            index_interval: 1024,
+            ..UploadConfig::default()
+        },
+    );
+    let mut base = 0;
+    for i in 0..n {
+        let path = dir.path().join(format!("{i}.log"));
+        let end = write_segment(&path, base, 40);
+        let sealed = SealedSegment {
+            base_offset: base,
+            end_offset: end,
+            log: path,
+            producer_snapshot: None,
+            epochs: vec![],
+            aborted: Vec::new(),
+        };
+        up.upload(1, &sealed).await.unwrap();
+        base = end;
+    }
+    up.manifest().load().await.unwrap().segments
+}
+
+#[tokio::test]
+async fn offset_indexes_stay_within_their_budget_over_a_long_replay() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let segs = uploaded_segments(store.clone(), 12).await;
+    let one = {
+        let r = RemoteReader::open(store.clone(), ReadConfig::default())
+            .await
+            .unwrap();
+        r.read(&segs[0], 0, 1).await.unwrap();
+        r.index_bytes()
+    };
+    assert!(one > 0);
+    // Room for about three segments' indexes.
+    let budget = 3 * one + one / 2;
+    let reader = RemoteReader::open(
+        store,
+        ReadConfig {
+            index_cache_bytes: budget,
+            ..ReadConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut most = 0;
+    for _ in 0..2 {
+        for seg in &segs {
+            let (mut at, mut seen) = (seg.base_offset, 0);
+            while at < seg.end_offset {
+                let got = reader.read(seg, at, 2_000).await.unwrap();
+                let o = offsets(&got);
+                seen += o.len();
+                at = *o.last().unwrap() as u64 + 10;
+                most = most.max(reader.index_bytes());
+            }
+            assert_eq!(seen, 40, "{}", seg.key);
+        }
+    }
+    assert!(
+        most <= budget,
+        "indexes held {most} bytes at most, over the {budget}-byte budget"
+    );
+}
+
+/// Waits for the background read-ahead GETs to land.
+async fn settle(reader: &RemoteReader) {
+    for _ in 0..200 {
+        if reader.ahead.lock().unwrap().is_empty() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!("read-ahead never settled");
+}
+
+#[tokio::test]
+async fn read_ahead_goes_on_into_the_next_segment_near_the_end_of_one() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let segs = uploaded_segments(store.clone(), 3).await;
+    let config = ReadConfig {
+        read_ahead: true,
+        ..small_chunks()
+    };
+    let reader = RemoteReader::open(store.clone(), config.clone())
+        .await
+        .unwrap();
+    let first_chunk = |seg: &RemoteSegment| chunk_key(&seg.key, 0);
+    let (mut seen, mut fetched) = (0, 0);
+    for (i, seg) in segs.iter().enumerate() {
+        let next = segs.get(i + 1);
+        let mut at = seg.base_offset;
+        while at < seg.end_offset {
+            // Early in the segment the next one is not touched yet.
+            if at == seg.base_offset + 10 {
+                if let Some(n) = next {
+                    assert!(!reader.chunks.contains(&first_chunk(n)));
+                }
+            }
+            let got = reader.read_then(seg, at, 700, next).await.unwrap();
+            let o = offsets(&got);
+            seen += o.len();
+            at = *o.last().unwrap() as u64 + 10;
+            settle(&reader).await;
+        }
+        fetched += seg.size_bytes;
+        if let Some(n) = next {
+            // Its index and first chunks came before the reader got there.
+            assert!(
+                reader.indexes.contains(&n.key),
+                "index of segment {}",
+                i + 1
+            );
+            for m in 0..READ_AHEAD_CHUNKS {
+                let key = chunk_key(&n.key, m);
+                assert!(reader.chunks.contains(&key), "{key}");
+            }
+        }
+    }
+    assert_eq!(seen, 3 * 40);
+    assert_eq!(
+        reader.stats.bytes_fetched.load(Relaxed),
+        fetched,
+        "every chunk fetched once"
+    );
+
+    // A plain read stops at the segment's end.
+    let alone = RemoteReader::open(store, config).await.unwrap();
+    let mut at = 0;
+    while at < segs[0].end_offset {
+        let got = alone.read(&segs[0], at, 700).await.unwrap();
+        at = *offsets(&got).last().unwrap() as u64 + 10;
+        settle(&alone).await;
+    }
+    assert!(!alone.chunks.contains(&first_chunk(&segs[1])));
+    assert!(!alone.indexes.contains(&segs[1].key));
+}

@@ -59,6 +59,10 @@ struct Args {
     /// as a broker's bounded cache does and the second is cold again.
     #[arg(long)]
     cache_mib: Option<usize>,
+    /// Read ahead within each segment only, not on into the next: what reading ahead
+    /// across segments gives is the difference.
+    #[arg(long)]
+    per_segment_read_ahead: bool,
 }
 
 /// Resident memory of this process, in MiB: `VmHWM` (the peak so far) or `VmRSS` (now).
@@ -238,10 +242,14 @@ async fn main() -> anyhow::Result<()> {
         let mut replies = 0u64;
         let started = Instant::now();
         let (mut bytes, mut records) = (0u64, 0u64);
-        for seg in &segments {
+        for (i, seg) in segments.iter().enumerate() {
+            // The partition's next segment, as a broker's fetch or the replay passes it.
+            let next = segments
+                .get(i + 1)
+                .filter(|n| n.base_offset == seg.end_offset && !args.per_segment_read_ahead);
             let mut at = seg.base_offset;
             while at < seg.end_offset {
-                let got = reader.read(seg, at, args.fetch_bytes).await?;
+                let got = reader.read_then(seg, at, args.fetch_bytes, next).await?;
                 anyhow::ensure!(!got.is_empty(), "nothing at offset {at} of {}", seg.key);
                 bytes += got.len() as u64;
                 replies += 1;

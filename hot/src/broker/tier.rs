@@ -99,7 +99,12 @@ impl ColdTier {
         // a response never holds empty batches alone (librdkafka takes that for a record
         // too large to fetch).
         while let Some(seg) = m.segment_for(offset) {
-            let got = match self.reader.read(seg, offset, max_bytes - size).await {
+            let next = m.segment_for(seg.end_offset);
+            let got = match self
+                .reader
+                .read_then(seg, offset, max_bytes - size, next)
+                .await
+            {
                 Ok(got) => got,
                 Err(e) if parts.is_empty() => return Some(Err(e)),
                 Err(_) => break, // serve what was read; the next fetch sees the error
