@@ -101,25 +101,50 @@ const READ_AHEAD_CHUNKS: u64 = 4;
 /// Chunks by "object key#chunk number".
 type ChunkCache = foyer::HybridCache<String, Chunk>;
 
-/// A cached chunk: its bytes, and the span of them (positions within the chunk) made of
-/// whole batches whose CRCs were checked right after the GET.
+/// A cached chunk: its bytes, the span of them (positions within the chunk) made of whole
+/// batches whose CRCs were checked right after the GET, and those batches, so a read finds
+/// its batches there without parsing their headers again.
 #[derive(Debug, Clone)]
 struct Chunk {
     bytes: Bytes,
     checked: std::ops::Range<usize>,
+    batches: Arc<[CheckedBatch]>,
+}
+
+/// A batch of a chunk's checked span: where it starts in the chunk, its length and its
+/// last offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CheckedBatch {
+    at: u32,
+    len: u32,
+    last_offset: i64,
 }
 
 impl Chunk {
     /// The chunk with its whole batches from `first` (where a batch starts, if one is known
     /// to start in it) checked: see [`check_batches`].
     fn checked_from(bytes: Bytes, first: Option<usize>) -> Chunk {
-        let checked = first.map_or(0..0, |at| check_batches(&bytes, at));
-        Chunk { bytes, checked }
+        let (checked, batches) = match first {
+            Some(at) => check_batches(&bytes, at),
+            None => (0..0, Vec::new()),
+        };
+        Chunk {
+            bytes,
+            checked,
+            batches: batches.into(),
+        }
     }
 
     /// Whether the batch at `[at, at + len)` of the chunk was checked after the GET.
     fn was_checked(&self, at: usize, len: usize) -> bool {
         self.checked.start <= at && at + len <= self.checked.end
+    }
+
+    /// Which of the checked batches starts at `at`, if one does.
+    fn batch_at(&self, at: usize) -> Option<usize> {
+        self.batches
+            .binary_search_by_key(&at, |b| b.at as usize)
+            .ok()
     }
 }
 
@@ -134,6 +159,7 @@ impl foyer::Code for Chunk {
         Ok(Chunk {
             bytes: Bytes::decode(reader)?,
             checked: 0..0,
+            batches: Arc::new([]),
         })
     }
 
@@ -143,15 +169,23 @@ impl foyer::Code for Chunk {
 }
 
 /// The span of `chunk` from `first` (a batch's start) made of whole batches that pass their
-/// CRC check: it ends before the first batch that does not end within the chunk, does not
-/// parse, or fails its check (a consumer's read checks that one itself and names the damage).
-fn check_batches(chunk: &[u8], first: usize) -> std::ops::Range<usize> {
+/// CRC check, and those batches: it ends before the first batch that does not end within
+/// the chunk, does not parse, or fails its check (a consumer's read checks that one itself
+/// and names the damage).
+fn check_batches(chunk: &[u8], first: usize) -> (std::ops::Range<usize>, Vec<CheckedBatch>) {
     let mut at = first.min(chunk.len());
     let start = at;
+    let mut batches = Vec::new();
     while let Some(Ok(h)) = chunk.get(at..).map(verify) {
-        at += h.total_len();
+        let len = h.total_len();
+        batches.push(CheckedBatch {
+            at: at as u32,
+            len: len as u32,
+            last_offset: h.last_offset(),
+        });
+        at += len;
     }
-    start..at
+    (start..at, batches)
 }
 
 /// Where, within the chunk `[start, end)` of a segment's object, the first batch that
@@ -619,18 +653,45 @@ impl RemoteReader {
             position,
             why,
         };
-        // Walk the batch headers to the range to answer with, then take it whole (a slice
-        // of one cached chunk when it lies in one) and check every batch's CRC. Headers
-        // within the chunk in hand are parsed in place: no cache lookup, no await.
+        // Walk the batches to the range to answer with, then take it whole (a slice of one
+        // cached chunk when it lies in one) and check every batch's CRC. Batches the check
+        // after the chunk's GET found are taken from its table, without a parse; other
+        // headers within the chunk in hand are parsed in place: no cache lookup, no await.
         let size = self.config.chunk_size;
         let mut cur: Option<(u64, Chunk)> = None;
         let (mut first, mut end) = (None, pos);
-        while pos + HEADER_LEN as u64 <= seg.size_bytes {
+        'walk: while pos + HEADER_LEN as u64 <= seg.size_bytes {
             let n = pos / size;
-            let h = if (pos + HEADER_LEN as u64 - 1) / size == n {
-                if cur.as_ref().is_none_or(|(m, _)| *m != n) {
-                    cur = Some((n, self.chunk(seg, n, next).await?));
+            let in_chunk = (pos + HEADER_LEN as u64 - 1) / size == n;
+            if in_chunk && cur.as_ref().is_none_or(|(m, _)| *m != n) {
+                cur = Some((n, self.chunk(seg, n, next).await?));
+            }
+            if let Some((_, c)) = cur.as_ref().filter(|(m, _)| *m == n) {
+                if let Some(mut i) = c.batch_at((pos - n * size) as usize) {
+                    if first.is_none() {
+                        i += c.batches[i..].partition_point(|b| (b.last_offset as u64) < offset);
+                    }
+                    // The same rules as the parsed walk below; these batches are checked.
+                    for b in &c.batches[i..] {
+                        let (at, len) = (n * size + u64::from(b.at), u64::from(b.len));
+                        let start = *first.get_or_insert(at);
+                        let chunk_end = (start / size + 1) * size;
+                        if at > start
+                            && (at + len - start > max_bytes as u64 || at + len > chunk_end)
+                        {
+                            break 'walk;
+                        }
+                        end = at + len;
+                        if end - start >= max_bytes as u64 {
+                            break 'walk;
+                        }
+                    }
+                    // On from the end of the checked span, parsing.
+                    pos = n * size + c.checked.end as u64;
+                    continue;
                 }
+            }
+            let h = if in_chunk {
                 let c = &cur.as_ref().expect("set above").1.bytes;
                 let at = (pos - n * size) as usize;
                 let header = c

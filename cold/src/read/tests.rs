@@ -533,17 +533,34 @@ fn the_check_after_a_get_stops_before_a_batch_it_cannot_vouch_for() {
     }
     assert_eq!(starts.len(), 7);
     // Whole batches from the first one given, up to the last that ends in the chunk.
+    let span = |chunk: &[u8], first| check_batches(chunk, first).0;
     let chunk = &object[..starts[4] + 10];
-    assert_eq!(check_batches(chunk, 0), 0..starts[4]);
-    assert_eq!(check_batches(chunk, starts[1]), starts[1]..starts[4]);
-    assert_eq!(check_batches(&object, starts[2]), starts[2]..object.len());
+    assert_eq!(span(chunk, 0), 0..starts[4]);
+    assert_eq!(span(chunk, starts[1]), starts[1]..starts[4]);
+    assert_eq!(span(&object, starts[2]), starts[2]..object.len());
+    // With each batch's place, length and last offset (10 records a batch).
+    let (_, batches) = check_batches(chunk, starts[1]);
+    let expected: Vec<CheckedBatch> = (1..4)
+        .map(|i| CheckedBatch {
+            at: starts[i] as u32,
+            len: (starts[i + 1] - starts[i]) as u32,
+            last_offset: 10 * i as i64 + 9,
+        })
+        .collect();
+    assert_eq!(batches, expected);
     // A damaged batch ends the span before it; the read checks it and names it.
     let mut damaged = object.clone();
     damaged[(starts[2] + starts[3]) / 2] ^= 0xff;
-    assert_eq!(check_batches(&damaged, 0), 0..starts[2]);
+    let (checked, batches) = check_batches(&damaged, 0);
+    assert_eq!(checked, 0..starts[2]);
+    assert_eq!(batches.len(), 2);
+    assert_eq!(batches[1], expected[0]);
     // Starting past the end, or in no batch at all: nothing checked.
-    assert!(check_batches(chunk, chunk.len() + 5).is_empty());
-    assert!(check_batches(&object, 3).is_empty());
+    assert_eq!(
+        check_batches(chunk, chunk.len() + 5),
+        (chunk.len()..chunk.len(), vec![])
+    );
+    assert_eq!(check_batches(&object, 3), (3..3, vec![]));
     let mut chunk = Chunk::checked_from(Bytes::from(object.clone()), Some(starts[1]));
     assert!(chunk.was_checked(starts[1], starts[2] - starts[1]));
     assert!(!chunk.was_checked(0, starts[1]));
@@ -554,6 +571,7 @@ fn the_check_after_a_get_stops_before_a_batch_it_cannot_vouch_for() {
     chunk = Chunk::decode(&mut &encoded[..]).unwrap();
     assert_eq!(chunk.bytes, object);
     assert!(chunk.checked.is_empty());
+    assert!(chunk.batches.is_empty());
 }
 
 #[test]
@@ -717,4 +735,64 @@ async fn read_ahead_goes_on_into_the_next_segment_near_the_end_of_one() {
     }
     assert!(!alone.chunks.contains(&first_chunk(&segs[1])));
     assert!(!alone.indexes.contains(&segs[1].key));
+}
+
+/// The reply `read` must give at `offset`, worked out from the object's bytes alone: whole
+/// batches from the one holding `offset` (the first whole whatever its size), then those
+/// that fit in `max_bytes` and end within the first one's chunk, stopping once `max_bytes`
+/// is reached.
+fn expected_reply(object: &[u8], chunk: usize, offset: u64, max_bytes: usize) -> &[u8] {
+    let mut at = 0;
+    let mut start = None;
+    while at < object.len() {
+        let h = BatchHeader::parse(&object[at..]).unwrap();
+        let len = h.total_len();
+        if (h.last_offset() as u64) < offset {
+            at += len;
+            continue;
+        }
+        let s = *start.get_or_insert(at);
+        if at > s && (at + len - s > max_bytes || at + len > (s / chunk + 1) * chunk) {
+            break;
+        }
+        at += len;
+        if at - s >= max_bytes {
+            break;
+        }
+    }
+    start.map_or(&[][..], |s| &object[s..at])
+}
+
+#[tokio::test]
+async fn reads_from_checked_chunks_equal_reads_worked_out_from_the_bytes() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let seg = uploaded(store.clone()).await;
+    let object = object_of(&store, &seg).await;
+    for chunk in [700, 1_000, 1_500, 4_096, 1 << 20] {
+        let reader = RemoteReader::open(
+            store.clone(),
+            ReadConfig {
+                chunk_size: chunk,
+                ..small_chunks()
+            },
+        )
+        .await
+        .unwrap();
+        for max_bytes in [1, 300, 1_000, 2_500, 1 << 20] {
+            for offset in (0..seg.end_offset).step_by(3) {
+                let got = reader.read(&seg, offset, max_bytes).await.unwrap();
+                let want = expected_reply(&object, chunk as usize, offset, max_bytes);
+                assert!(
+                    got == want,
+                    "chunk {chunk}, max_bytes {max_bytes}, offset {offset}: {} bytes, want {}",
+                    got.len(),
+                    want.len()
+                );
+            }
+        }
+        // Bigger chunks hold whole batches: most of those replies came from the tables.
+        if chunk >= 1_500 {
+            assert!(reader.stats.checked_on_fetch.load(Relaxed) > 0);
+        }
+    }
 }
