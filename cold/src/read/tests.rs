@@ -6,39 +6,15 @@ use crate::manifest::PartitionPrefix;
 use crate::testing::write_segment;
 use crate::upload::{SealedSegment, UploadConfig, Uploader};
 
-/// Uploads a 40-batch segment [0, 400) and returns its manifest entry.
 /// The bytes of `seg`'s object in `store`.
 async fn object_of(store: &Arc<dyn ObjectStore>, seg: &RemoteSegment) -> Bytes {
     let path = Path::from(seg.key.as_str());
     store.get(&path).await.unwrap().bytes().await.unwrap()
 }
 
+/// Uploads a 40-batch segment [0, 400) and returns its manifest entry.
 async fn uploaded(store: Arc<dyn ObjectStore>) -> RemoteSegment {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("s.log");
-    let end = write_segment(&path, 0, 40);
-    let up = Uploader::new(
-        store,
-        PartitionPrefix::new("c", "t", 0),
-        UploadConfig {
-            index_interval: 1024,
-            ..UploadConfig::default()
-        },
-    );
-    up.upload(
-        1,
-        &SealedSegment {
-            base_offset: 0,
-            end_offset: end,
-            log: path,
-            producer_snapshot: None,
-            epochs: vec![],
-            aborted: Vec::new(),
-        },
-    )
-    .await
-    .unwrap();
-    up.manifest().load().await.unwrap().segments[0].clone()
+    uploaded_segments(store, 1).await.remove(0)
 }
 
 fn offsets(bytes: &[u8]) -> Vec<i64> {
