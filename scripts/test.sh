@@ -65,9 +65,11 @@ fi
 
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 
-step "building the strata, strata-replay and strata-compactor binaries"
-cargo build --locked -p strata-hot -p strata-replay -p strata-compactor \
-  --bin strata --bin strata-replay --bin strata-compactor
+# Binaries and tests in one build: the tests' dev-dependencies turn on features (tokio's
+# test-util) that every crate above them sees, so building the binaries alone first would
+# compile tokio and all that sits on it twice. The pytest suites below run these binaries.
+step "building the binaries (strata, strata-replay, strata-compactor) and the Rust tests"
+cargo build --locked --workspace --all-targets
 
 step "Rust tests: unit, property, integration"
 cargo test --locked --workspace
