@@ -772,3 +772,25 @@ async fn reads_from_checked_chunks_equal_reads_worked_out_from_the_bytes() {
         }
     }
 }
+
+#[tokio::test]
+async fn the_cache_counts_a_chunks_batch_table_against_its_budget() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let seg = uploaded(store.clone()).await;
+    let reader = RemoteReader::open(
+        store,
+        ReadConfig {
+            chunk_size: 1 << 20, // the whole object in one chunk: its 40 batches checked
+            read_ahead: false,
+            ..small_chunks()
+        },
+    )
+    .await
+    .unwrap();
+    reader.read(&seg, 0, 1).await.unwrap();
+    let key = chunk_key(&seg.key, 0);
+    assert_eq!(
+        reader.cached_bytes(),
+        key.len() + seg.size_bytes as usize + 40 * std::mem::size_of::<CheckedBatch>()
+    );
+}
