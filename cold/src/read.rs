@@ -325,6 +325,10 @@ impl RemoteReader {
     /// `seg`'s offset index, from the index cache or its object (readers of an index
     /// being fetched wait for that one GET).
     async fn index(&self, seg: &RemoteSegment) -> Result<Arc<Vec<OffsetEntry>>, ReadError> {
+        // A hit (nearly every read) clones neither the store nor the segment.
+        if let Some(entry) = self.indexes.get(&seg.key) {
+            return Ok(entry.value().clone());
+        }
         let (store, s) = (self.store.clone(), seg.clone());
         let entry = self
             .indexes
@@ -679,10 +683,7 @@ impl RemoteReader {
                     for b in &c.batches[i..] {
                         let (at, len) = (n * size + u64::from(b.at), u64::from(b.len));
                         let start = *first.get_or_insert(at);
-                        let chunk_end = (start / size + 1) * size;
-                        if at > start
-                            && (at + len - start > max_bytes as u64 || at + len > chunk_end)
-                        {
+                        if !takes(start, at, len, max_bytes, size) {
                             break 'walk;
                         }
                         end = at + len;
@@ -715,10 +716,7 @@ impl RemoteReader {
                 continue;
             }
             let start = *first.get_or_insert(pos);
-            // After the first batch, only batches that fit in the budget and end within
-            // the first batch's chunk: the reply is then one slice of that chunk.
-            let chunk_end = (start / size + 1) * size;
-            if pos > start && (pos + len - start > max_bytes as u64 || pos + len > chunk_end) {
+            if !takes(start, pos, len, max_bytes, size) {
                 break;
             }
             // Each batch taken is CRC-checked once: most were, right after their chunk's GET
@@ -760,6 +758,13 @@ impl RemoteReader {
         }
         Ok(out)
     }
+}
+
+/// Whether a reply that starts at `start` takes the batch `[at, at + len)`: its first batch
+/// whole, whatever its size; after it, only batches that fit in `max_bytes` and end within
+/// the first batch's chunk (of `size` bytes), so the reply is one slice of that chunk.
+fn takes(start: u64, at: u64, len: u64, max_bytes: usize, size: u64) -> bool {
+    at == start || (at + len - start <= max_bytes as u64 && at + len <= (start / size + 1) * size)
 }
 
 /// A segment's companion index object (`KEY.index`, `KEY.timeindex`), decoded.
