@@ -166,3 +166,49 @@ def test_partitions_move_to_other_brokers_under_load_and_through_a_leader_kill(c
         while segments(cluster, follower, part) != segments(cluster, leader, part):
             assert time.monotonic() < deadline, f"partition {part}: broker {follower}'s copy differs from the leader's"
             time.sleep(0.5)
+
+
+def test_a_throttled_move_stays_throttled_while_its_leader_is_between_role_and_layout(cluster):
+    """A broker takes on a partition's new role (the replicas a move adds) a moment before it
+    installs the topic's new layout (which carries the move's throttle). A fetch from the
+    added replica in between used to be served unthrottled: one fetch of up to 32 MiB copied
+    the whole partition at once (seen in CI as a throttled move done in 70 ms). The failpoint
+    holds broker 1 in that moment for two seconds; the added replica must copy nothing more
+    than the throttle allows meanwhile."""
+    topic = "held"
+    bootstrap = ",".join(f"127.0.0.1:{cluster.broker_ports[i]}" for i in (1, 2, 3))
+    kp = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        kp.create_topics([NewTopic(topic, -1, -1, replica_assignments={0: [1, 2]})])
+    finally:
+        kp.close()
+    cluster.wait_for(lambda m: topic in m["topics"] and m["topics"][topic]["partitions"][0]["leader"] == 1,
+                     "topic created, led by broker 1")
+    p = Producer(rdkafka_conf({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+                               "batch.size": 64 * 1024}))
+    for i in range(2000):  # 1.6 MB
+        p.produce(topic, key=str(i).encode(), value=VALUE, partition=0)
+        p.poll(0)
+    assert p.flush(60) == 0
+
+    def copied():
+        d = cluster.workdir / "broker-3" / "logs" / f"{topic}-0"
+        return sum(f.stat().st_size for f in d.glob("*.log"))
+
+    cluster.arm("broker-1-hold-layout")
+    try:
+        out = cluster.cli("topic", "reassign", topic, "--partition", "0", "--replicas", "2,3",
+                          "--throttle", str(THROTTLE)).stdout
+        assert f"{topic}-0\tmoving" in out, out
+        started = time.monotonic()
+        time.sleep(2)
+        # held: broker 3 follows at the new epoch, broker 1 leads at it, its layout is behind
+        assert copied() <= THROTTLE + 64 * 1024, f"{copied()} bytes copied unthrottled"
+    finally:
+        cluster.disarm("broker-1-hold-layout")
+    r = cluster.cli("topic", "reassign", topic, "--partition", "0", "--replicas", "2,3", "--throttle",
+                    str(THROTTLE), "--wait")
+    assert "all 1 partitions are on their new replicas" in r.stdout, r.stdout + r.stderr
+    took = time.monotonic() - started
+    assert copied() >= 1_600_000, copied()
+    assert took >= 0.5 * (copied() - THROTTLE) / THROTTLE, (took, copied())

@@ -367,12 +367,29 @@ impl ReplicaService {
         };
         let max_wait = Duration::from_millis(u64::from(r.max_wait_ms)).min(MAX_WAIT);
         let mut max_bytes = r.max_bytes.clamp(1, MAX_BYTES) as usize;
-        // A replica a reassignment adds copies at the move's rate, if it has one.
-        let throttle = self.broker.topic(&r.topic).and_then(|t| {
-            let layout = t.layout.get(r.partition as usize)?;
-            let rate = layout.throttle?;
-            layout.adding.contains(&r.replica_id).then_some(rate)
-        });
+        // A replica a reassignment adds copies at the move's rate, if it has one. The rate
+        // comes from the topic's layout, which the broker installs only after it has taken
+        // on the partition's new role: a fetch at a leader epoch the layout does not know yet
+        // (a move that has just started) is asked to come again, never served unthrottled.
+        let (layout_epoch, throttle) = self
+            .broker
+            .topic(&r.topic)
+            .and_then(|t| {
+                let layout = t.layout.get(r.partition as usize)?;
+                let rate = layout
+                    .throttle
+                    .filter(|_| layout.adding.contains(&r.replica_id));
+                Some((layout.leader_epoch, rate))
+            })
+            .unwrap_or((r.leader_epoch, None));
+        if layout_epoch < r.leader_epoch {
+            return ReplicaFetchResponse {
+                error: Some(epoch_error(ReplicaFetchError::UnknownLeaderEpoch(
+                    r.leader_epoch,
+                ))),
+                ..Default::default()
+            };
+        }
         let throttle_key = (r.topic.clone(), r.partition, r.replica_id);
         if let Some(rate) = throttle {
             let (wait, most) =
