@@ -34,6 +34,15 @@ if ! dpkg -s g++ make pkg-config zlib1g-dev libzstd-dev rapidjson-dev >/dev/null
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq g++ make pkg-config zlib1g-dev libzstd-dev rapidjson-dev >/dev/null
 fi
 
+# librdkafka's test runner (tests/test_librdkafka_suite.py) builds in the background while
+# the Python clients install and the Rust build starts: the installs mostly wait on the
+# network and leave the cores free. Its test finds it cached, or builds it again and says why.
+lrk_log="$(mktemp -t strata-librdkafka-build.XXXXXX)"
+step "building librdkafka's test runner in the background (log: $lrk_log)"
+python3 tests/librdkafka/run_suite.py --set quick --build-only --no-install >"$lrk_log" 2>&1 &
+lrk_build=$!
+trap 'kill "$lrk_build" 2>/dev/null || true' EXIT
+
 # The Python clients go into a virtual environment of their own: a stock Debian python3
 # refuses a system-wide pip install (externally-managed-environment).
 venv="${STRATA_TEST_VENV:-$PWD/.venv}"
@@ -73,6 +82,13 @@ cargo build --locked --workspace --all-targets
 
 step "Rust tests: unit, property, integration"
 cargo test --locked --workspace
+
+if wait "$lrk_build"; then
+  step "librdkafka's test runner: $(tail -1 "$lrk_log")"
+else
+  step "the background build of librdkafka's test runner failed; its test builds it again (log: $lrk_log)"
+  tail -20 "$lrk_log"
+fi
 
 step "real clients and crash recovery (pytest)"
 STRATA_BIN="$target_dir/debug/strata" STRATA_CHECKOV="$checkov_venv/bin/checkov" "$python" -m pytest tests -q -p no:cacheprovider --durations=25

@@ -844,6 +844,9 @@ def main():
     ap.add_argument("--keep", action="store_true",
                     help="keep the run directory (per-test logs, strata's logs and data)")
     ap.add_argument("--list", action="store_true", help="print the selected tests and exit")
+    ap.add_argument("--build-only", action="store_true",
+                    help="build (or find cached) what the selected tests need and exit; "
+                    "scripts/test.sh runs this in the background while it installs the clients")
     ap.add_argument("--work-dir", default=os.environ.get(
         "LRK_WORK_DIR", str(Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
                             / "librdkafka-suite")),
@@ -877,7 +880,7 @@ def main():
     strata_nodes = []
     rundir = None
     try:
-        if not args.list and not (os.path.isfile(args.strata_bin)
+        if not (args.list or args.build_only) and not (os.path.isfile(args.strata_bin)
                                   and os.access(args.strata_bin, os.X_OK)):
             raise SetupError(f"strata binary not found or not executable at {args.strata_bin}; "
                              "build it with `cargo build -p strata-hot --bin strata` or set "
@@ -914,6 +917,9 @@ def main():
             secure_tdir = build(work, install=not args.no_install, rebuild=args.rebuild,
                                 secure=True)
             t_build = time.monotonic() - t_all
+        if args.build_only:
+            say(f"==> built or found cached in {t_build:.0f} s: the runner for {len(to_run)} tests")
+            return 0
         needs_shim = sorted({t["num"] for t in to_run} & set(suite_sets.NEEDS_SHIM))
         if secure_nums and subprocess.run(
                 [args.shim_python, "-c", "import confluent_kafka, cryptography, jwt"],
