@@ -74,8 +74,12 @@ RATE = 250  # records per second per producer
 PROBE_K0 = 10  # probe values start at 10 * 10^8 (the producers' at 0 and 10^8)
 PROBE_INTERVAL_S = 0.1  # each probe thread's pause between two writes
 PROBE_TIMEOUT_S = 2.0  # how long a probe thread waits for one broker's answer
+# move-replica: the copy back to the broker a partition left is throttled (bytes per second),
+# so it takes a second or more and is still going when the cluster's checks look at it.
+MOVE_THROTTLE = 32 << 10
 KINDS = ["kill-leader", "pause-leader", "kill-controller", "pause-controller", "two-brokers",
-         "partition-leader", "isolate-controller", "split-controller", "store-outage", "full-disk"]
+         "partition-leader", "isolate-controller", "split-controller", "store-outage", "full-disk",
+         "move-replica"]
 # Faults of controllers only: no broker may be fenced for them.
 CONTROLLER_KINDS = {"kill-controller", "pause-controller", "isolate-controller", "split-controller"}
 
@@ -337,7 +341,9 @@ def busiest_leader(cluster, rng):
 def healthy(m):
     brokers_ok = len(m["brokers"]) == 3 and not any(b["fenced"] for b in m["brokers"].values())
     parts = m["topics"][TOPIC]["partitions"] + m["topics"].get(CHURN, {"partitions": []})["partitions"]
-    return brokers_ok and all(p["leader"] is not None and sorted(p["isr"]) == [1, 2, 3] for p in parts)
+    return brokers_ok and all(p["leader"] is not None and sorted(p["isr"]) == [1, 2, 3]
+                              and sorted(p["replicas"]) == [1, 2, 3] and p.get("reassignment") is None
+                              for p in parts)
 
 
 def wait_healthy(cluster, timeout=90):
@@ -397,6 +403,22 @@ def inject(cluster, kind, rng, log):
         undone = time.monotonic()
         for b in pair:
             cluster.start(f"broker-{b}")
+    elif kind == "move-replica":
+        # A partition the busiest broker leads moves off it (a reassignment: the leadership
+        # handed to a remaining replica, the broker's copy deleted) and, after the hold on two
+        # replicas, back onto it at a throttled copy rate, from an empty log.
+        m = cluster.freshest_metadata()
+        b = busiest_leader(cluster, rng)
+        p = rng.choice([i for i, leader in enumerate(leaders(m)) if leader == b])
+        replicas = m["topics"][TOPIC]["partitions"][p]["replicas"]
+        desc = f"{kind} {TOPIC}-{p} off broker {b} and back"
+        started = time.monotonic()
+        cluster.cli("topic", "reassign", TOPIC, "--partition", str(p), "--replicas",
+                    ",".join(str(r) for r in replicas if r != b), "--wait")
+        time.sleep(hold)
+        undone = time.monotonic()
+        cluster.cli("topic", "reassign", TOPIC, "--partition", str(p), "--replicas",
+                    ",".join(str(r) for r in replicas), "--throttle", str(MOVE_THROTTLE))
     elif kind == "store-outage":
         desc = kind
         started = time.monotonic()
