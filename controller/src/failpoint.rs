@@ -26,6 +26,14 @@ pub fn armed(name: &str) -> bool {
     dir().is_some_and(|d| d.join(name).exists())
 }
 
+/// Waits while failpoint `name` is armed (at once when failpoints are off): a test holds the
+/// caller there until it removes the file.
+pub async fn hold_while_armed(name: &str) {
+    while armed(name) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Fires failpoint `name` once: true for the one caller that disarms it (its file is renamed
 /// to `name.fired`, so a test can also tell that it fired), false for everyone else.
 pub fn take(name: &str) -> bool {

@@ -1074,9 +1074,7 @@ impl ClusterLink {
     /// lag (as behind a slow or cut-off controller) for as long as it is armed.
     async fn hold_metadata_while_a_test_asks(&self) {
         let name = format!("broker-{}-hold-metadata", self.config.broker_id);
-        while strata_controller::failpoint::armed(&name) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        strata_controller::failpoint::hold_while_armed(&name).await;
     }
 
     /// Follows the metadata stream of the active controller, as heartbeats name it (any

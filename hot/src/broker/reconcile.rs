@@ -440,20 +440,17 @@ impl Broker {
         }
     }
 
-    /// Makes a local replica lead, follow or idle as the metadata says.
     /// Failpoint `broker-<id>-hold-layout`: while armed, a test holds this broker between
     /// taking on its partitions' new roles and installing the topics' new layouts (as a
     /// reconcile descheduled on a busy machine would be).
     async fn hold_layout_while_a_test_asks(&self) {
-        if !strata_controller::failpoint::enabled() {
-            return;
-        }
-        let name = format!("broker-{}-hold-layout", self.config.node_id);
-        while strata_controller::failpoint::armed(&name) {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        if strata_controller::failpoint::enabled() {
+            let name = format!("broker-{}-hold-layout", self.config.node_id);
+            strata_controller::failpoint::hold_while_armed(&name).await;
         }
     }
 
+    /// Makes a local replica lead, follow or idle as the metadata says.
     fn apply_role(
         &self,
         partition: &Arc<Partition>,
