@@ -246,6 +246,56 @@ def test_a_spoofed_or_stale_replica_fetch_cannot_complete_an_acks_all_write(secu
     assert acked == [None, None]
 
 
+def test_a_fetch_at_a_far_future_broker_epoch_does_not_lock_the_follower_out(secure, pb):
+    """Issue 47: a replica fetch sent with the follower's own certificate at its broker epoch
+    + 1000 was taken as a newer incarnation of it, and the leader then ignored the real
+    follower's fetches (an older epoch) for good: every acks=all write waited for it until
+    it left the ISR, and it stayed out across its own restart. A fetch must carry the epoch
+    the controllers registered."""
+    secure.cli("topic", "create", TOPIC, "-p", "1", "--replication-factor", "3")
+    m = secure.wait_for(lambda m: TOPIC in m["topics"]
+                        and len(m["topics"][TOPIC]["partitions"][0]["isr"]) == 3, "a full ISR")
+    t = m["topics"][TOPIC]
+    part = t["partitions"][0]
+    leader = part["leader"]
+    follower = next(b for b in part["replicas"] if b != leader)
+    epoch = m["brokers"][str(follower)]["epoch"]
+    producer = Producer(rdkafka_conf({"bootstrap.servers": f"127.0.0.1:{secure.broker_ports[leader]}",
+                                      "acks": "all", "message.timeout.ms": 60000, "linger.ms": 0}))
+
+    def acked_within(value, seconds):
+        acked = []
+        producer.produce(TOPIC, value, on_delivery=lambda err, msg: acked.append(err))
+        deadline = time.monotonic() + seconds
+        while not acked and time.monotonic() < deadline:
+            producer.poll(0.1)
+        return acked == [None]
+
+    assert acked_within(b"before", 20)
+    stub = pb.broker_pb2_grpc.ReplicaStub(channel(secure, f"127.0.0.1:{secure.grpc_ports[leader]}",
+                                                  f"node-broker-{follower}"))
+    forged = stub.Fetch(pb.broker_pb2.ReplicaFetchRequest(
+        replica_id=follower, topic=TOPIC, topic_id=t["id"], partition=0,
+        leader_epoch=part["leader_epoch"], fetch_offset=1, max_bytes=1 << 20, max_wait_ms=0,
+        broker_epoch=epoch + 1000), timeout=5)
+    assert forged.error.code == STALE_BROKER_EPOCH, forged
+    assert "no" in forged.error.message or "registration" in forged.error.message, forged.error.message
+    # the real follower's fetches still count: writes are acknowledged in the follower's time
+    # (the fixture's replica lag time is 120 s, so nothing else could complete them)
+    for i in range(3):
+        assert acked_within(b"after-%d" % i, 10), "an acks=all write waited for the locked-out follower"
+    # and across the follower's restart (a new registration, at epoch + 1 or so)
+    secure.kill(f"broker-{follower}")
+    secure.start(f"broker-{follower}")
+    secure.wait_for(lambda m: m["brokers"][str(follower)]["epoch"] > epoch
+                    and not m["brokers"][str(follower)]["fenced"], "the follower registered again", timeout=60)
+    assert acked_within(b"after-restart", 60)
+    # back in the ISR once its fetches reach the leader's end: the leader hears them
+    secure.wait_for(lambda m: sorted(m["topics"][TOPIC]["partitions"][0]["isr"]) == sorted(part["replicas"]),
+                    "the restarted follower back in the ISR", timeout=60)
+    assert acked_within(b"after-restart-2", 10)
+
+
 def test_the_grpc_data_plane_authorizes_by_client_certificate(secure, pb):
     """The native gRPC client is a principal like a Kafka client: its certificate's subject
     (User:CN=writer), held to the same ACLs."""

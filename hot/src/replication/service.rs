@@ -102,17 +102,29 @@ impl ReplicaService {
         Ok(())
     }
 
-    /// A fetch from an incarnation older than the follower's newest registration this
-    /// leader knows comes from a process that is gone (or a zombie of it). A newer epoch
-    /// is accepted: the leader's metadata may simply not show the registration yet, and
-    /// refusing it would keep a restarted follower out until it does.
+    /// A fetch must come from the follower's incarnation this leader knows the controllers
+    /// registered. An older one is a process that is gone (or a zombie of it). A newer one is
+    /// refused too (issue 47: a fetch sent at epoch + 1000 with the follower's certificate
+    /// made the leader ignore the real follower's fetches for good): either the leader's
+    /// metadata does not show the registration yet, and the follower asks again shortly
+    /// (STALE_BROKER_EPOCH is "not ready" to it), or no controller ever gave that epoch.
     fn stale_epoch(&self, replica: i32, broker_epoch: u64) -> Option<Error> {
-        let newest = self.broker.cluster()?.registered_epoch(replica)?;
-        (broker_epoch < newest).then(|| Error {
-            code: i32::from(codes::STALE_BROKER_EPOCH),
-            message: format!(
-                "broker {replica} fetches at broker epoch {broker_epoch}; it registered again at {newest}"
+        let cluster = self.broker.cluster()?;
+        let message = match cluster.registered_epoch(replica) {
+            Some(registered) if registered == broker_epoch => return None,
+            Some(registered) if broker_epoch < registered => format!(
+                "broker {replica} fetches at broker epoch {broker_epoch}; it registered again at {registered}"
             ),
+            Some(registered) => format!(
+                "broker {replica} fetches at broker epoch {broker_epoch}, but its registration this leader knows is {registered}; ask again once the metadata shows the newer one"
+            ),
+            None => format!(
+                "broker {replica} fetches at broker epoch {broker_epoch}, but this leader knows no registration of it"
+            ),
+        };
+        Some(Error {
+            code: i32::from(codes::STALE_BROKER_EPOCH),
+            message,
             leader: None,
         })
     }
