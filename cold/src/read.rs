@@ -263,7 +263,7 @@ impl RemoteReader {
         let chunks = match disk {
             None => storage.build().await,
             Some(dir) => {
-                std::fs::create_dir_all(dir).map_err(|e| {
+                strata_core::private_fs::create_dir_all(dir).map_err(|e| {
                     ReadError::Cache(format!("cannot create {}: {e}", dir.display()))
                 })?;
                 use foyer::DeviceBuilder;

@@ -58,7 +58,8 @@ pub fn open(config: &StoreConfig) -> Result<Arc<dyn ObjectStore>, StoreError> {
                     "a file:// URL needs an absolute path (file:///var/lib/strata/cold)",
                 ));
             }
-            std::fs::create_dir_all(rest).map_err(|source| StoreError::Dir {
+            // The objects are the records: the store's own directory is its owner's alone.
+            strata_core::private_fs::create_dir_all(rest).map_err(|source| StoreError::Dir {
                 dir: rest.to_string(),
                 source,
             })?;

@@ -95,7 +95,7 @@ enum Command {
 
 fn round_config(c: &Common) -> anyhow::Result<RoundConfig> {
     let work_dir = c.work_dir.clone().unwrap_or_else(std::env::temp_dir);
-    std::fs::create_dir_all(&work_dir)
+    strata_core::private_fs::create_dir_all(&work_dir)
         .with_context(|| format!("creating the work dir {}", work_dir.display()))?;
     let stale = strata_compactor::job::clean_work_dir(&work_dir)
         .with_context(|| format!("cleaning the work dir {}", work_dir.display()))?;

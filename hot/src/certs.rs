@@ -30,19 +30,34 @@ pub struct CertsArgs {
     pub days: u32,
 }
 
+/// Who may read the files `strata certs` writes. Private keys are always their owner's
+/// alone; this decides for the directory and the certificates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertFiles {
+    /// `strata certs`: certificates as the umask allows, to be handed out.
+    Shareable,
+    /// Under a node's data directory (`strata dev --secure`): the directory mode 700 and
+    /// every file mode 600, as everything else there.
+    OwnerOnly,
+}
+
 /// Writes a secret file readable by its owner only (mode 600).
 pub(crate) fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
+    let mut f = strata_core::private_fs::create(path)
         .with_context(|| format!("writing {}", path.display()))?;
     f.write_all(text.as_bytes())
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes a certificate: private under a data directory, as the umask allows otherwise.
+fn write_cert(path: &Path, pem: &str, files: CertFiles) -> anyhow::Result<()> {
+    match files {
+        CertFiles::OwnerOnly => write_private(path, pem),
+        CertFiles::Shareable => {
+            std::fs::write(path, pem).with_context(|| format!("writing {}", path.display()))
+        }
+    }
 }
 
 fn validity(params: &mut CertificateParams, days: u32) {
@@ -52,7 +67,7 @@ fn validity(params: &mut CertificateParams, days: u32) {
 }
 
 /// The CA in `dir`, made when absent.
-fn ca(dir: &Path, days: u32) -> anyhow::Result<Issuer<'static, KeyPair>> {
+fn ca(dir: &Path, days: u32, files: CertFiles) -> anyhow::Result<Issuer<'static, KeyPair>> {
     let (cert, key) = (dir.join("ca.pem"), dir.join("ca.key"));
     if cert.exists() {
         let key = KeyPair::from_pem(
@@ -77,53 +92,63 @@ fn ca(dir: &Path, days: u32) -> anyhow::Result<Issuer<'static, KeyPair>> {
     ];
     validity(&mut params, days.max(3650));
     let ca_cert = params.self_signed(&key_pair).context("signing the CA")?;
-    std::fs::write(&cert, ca_cert.pem()).with_context(|| format!("writing {}", cert.display()))?;
+    write_cert(&cert, &ca_cert.pem(), files)?;
     write_private(&key, &key_pair.serialize_pem())?;
     println!("wrote {} and {}", cert.display(), key.display());
     Ok(Issuer::new(params, key_pair))
 }
 
+/// Issues `<args.out>/<file>.pem` and `.key` for `cn`.
 fn issue(
-    dir: &Path,
+    args: &CertsArgs,
+    files: CertFiles,
     file: &str,
     cn: &str,
     sans: Vec<String>,
     usages: Vec<ExtendedKeyUsagePurpose>,
     issuer: &Issuer<'_, KeyPair>,
-    days: u32,
 ) -> anyhow::Result<()> {
     let key_pair = KeyPair::generate().context("generating a key")?;
     let mut params = CertificateParams::new(sans).context("invalid host name")?;
     params.distinguished_name.push(DnType::CommonName, cn);
     params.extended_key_usages = usages;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    validity(&mut params, days);
+    validity(&mut params, args.days);
     let cert = params
         .signed_by(&key_pair, issuer)
         .with_context(|| format!("signing the certificate of {cn}"))?;
     let (cert_path, key_path) = (
-        dir.join(format!("{file}.pem")),
-        dir.join(format!("{file}.key")),
+        args.out.join(format!("{file}.pem")),
+        args.out.join(format!("{file}.key")),
     );
-    std::fs::write(&cert_path, cert.pem())
-        .with_context(|| format!("writing {}", cert_path.display()))?;
+    write_cert(&cert_path, &cert.pem(), files)?;
     write_private(&key_path, &key_pair.serialize_pem())?;
     println!("wrote {} and {}", cert_path.display(), key_path.display());
     Ok(())
 }
 
 pub fn run(args: CertsArgs) -> anyhow::Result<()> {
+    make(&args, CertFiles::Shareable)
+}
+
+/// Makes the CA (unless there is one in `args.out`) and the certificates asked for.
+pub fn make(args: &CertsArgs, files: CertFiles) -> anyhow::Result<()> {
     if args.nodes.is_empty() && args.clients.is_empty() {
         bail!("nothing to make: give --node NAME and/or --client NAME");
     }
     if args.days == 0 {
         bail!("--days must be at least 1");
     }
-    std::fs::create_dir_all(&args.out).with_context(|| format!("making {}", args.out.display()))?;
-    let issuer = ca(&args.out, args.days)?;
+    match files {
+        CertFiles::OwnerOnly => strata_core::private_fs::create_dir_all(&args.out),
+        CertFiles::Shareable => std::fs::create_dir_all(&args.out),
+    }
+    .with_context(|| format!("making {}", args.out.display()))?;
+    let issuer = ca(&args.out, args.days, files)?;
     for node in &args.nodes {
         issue(
-            &args.out,
+            args,
+            files,
             &format!("node-{node}"),
             node,
             args.hosts.clone(),
@@ -133,18 +158,17 @@ pub fn run(args: CertsArgs) -> anyhow::Result<()> {
                 ExtendedKeyUsagePurpose::ClientAuth,
             ],
             &issuer,
-            args.days,
         )?;
     }
     for client in &args.clients {
         issue(
-            &args.out,
+            args,
+            files,
             &format!("client-{client}"),
             client,
             Vec::new(),
             vec![ExtendedKeyUsagePurpose::ClientAuth],
             &issuer,
-            args.days,
         )?;
     }
     Ok(())

@@ -286,7 +286,7 @@ impl ClusterLink {
         let probe = path.clone();
         let ok = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             use std::io::Write;
-            let mut f = std::fs::File::create(&probe)?;
+            let mut f = strata_core::private_fs::create(&probe)?;
             f.write_all(&vec![0u8; DISK_PROBE_BYTES])?;
             f.sync_all()
         })

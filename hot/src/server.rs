@@ -1,6 +1,10 @@
 //! Starting and stopping a broker process: open the data directory, bind the Kafka listener,
 //! run until SIGINT/SIGTERM, then close every partition cleanly.
+//!
+//! The data directory is its owner's alone (mode 700, files 600; docs/security.md): the
+//! metadata log holds every SCRAM user's keys and the segments the records.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -17,6 +21,7 @@ use crate::kafka::KafkaServer;
 
 /// Runs the configured roles until a shutdown signal arrives.
 pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
+    protect_data_dir(&config.data_dir)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     match crate::kafka::limits::raise_fd_limit() {
         Some((before, after)) if after > before => {
@@ -50,6 +55,41 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     crate::logging::stopping();
     stop_tx.send_replace(true);
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Makes the data directory (mode 700) or closes an existing one that a group or other users
+/// may enter (an older version's, or an operator's `mkdir`), with a WARN; closing the top is
+/// enough to keep them out of everything below it. Every file this process creates from now
+/// on is owner-only: ours are created mode 600 and 700 explicitly, and the umask (narrowed to
+/// 077) covers the libraries that create files without a mode (the `file://` object store,
+/// the cold tier's disk cache).
+fn protect_data_dir(data_dir: &Path) -> anyhow::Result<()> {
+    use rustix::fs::Mode;
+    let inherited = rustix::process::umask(Mode::from_raw_mode(0o077));
+    rustix::process::umask(inherited | Mode::from_raw_mode(0o077));
+    strata_core::private_fs::create_dir_all(data_dir)
+        .with_context(|| format!("making the data directory {}", data_dir.display()))?;
+    match strata_core::private_fs::tighten_dir(data_dir) {
+        Ok(None) => {}
+        Ok(Some(was)) => tracing::warn!(
+            data_dir = %data_dir.display(),
+            was = %format_args!("{was:o}"),
+            "the data directory was open to other users: changed its mode to 700"
+        ),
+        // Another user's directory (a volume root): what this process makes in it is still
+        // 700 and 600, so a start that worked before keeps working.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => tracing::warn!(
+            data_dir = %data_dir.display(),
+            error = %e,
+            "the data directory is open to other users and not this user's to close: make it mode 700"
+        ),
+        Err(e) => {
+            return Err(e).with_context(|| {
+                format!("making the data directory {} private", data_dir.display())
+            })
+        }
+    }
     Ok(())
 }
 

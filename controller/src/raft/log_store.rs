@@ -5,6 +5,9 @@
 //!   openraft is told an append is durable; a torn tail is cut at open;
 //! - `vote`, `committed`, `purged`: small JSON files replaced atomically.
 //!
+//! The log holds every SCRAM user's stored and server keys: the directory is made mode 700
+//! and every file mode 600 (`strata_core::private_fs`).
+//!
 //! Entries stay in memory until purged (the metadata log is small and snapshots bound it).
 //! File I/O runs on the blocking pool; the state behind the mutex is only touched there or
 //! for in-memory reads.
@@ -21,6 +24,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{LogId, OptionalSend, RaftLogId, RaftLogReader, StorageError, StorageIOError, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use strata_core::private_fs;
 
 use super::{Entry, NodeId, TypeConfig};
 
@@ -63,7 +67,7 @@ fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
 pub(crate) fn write_json<T: Serialize>(dir: &Path, name: &str, value: &T) -> io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     let bytes = serde_json::to_vec(value).map_err(io::Error::other)?;
-    let mut f = File::create(&tmp)?;
+    let mut f = private_fs::create(&tmp)?;
     f.write_all(&bytes)?;
     f.sync_all()?;
     fs::rename(&tmp, dir.join(name))?;
@@ -104,9 +108,9 @@ fn decode_records(bytes: &[u8]) -> (Vec<(Entry, u64)>, u64) {
 
 impl LogInner {
     fn open(dir: &Path) -> io::Result<LogInner> {
-        fs::create_dir_all(dir)?;
+        private_fs::create_dir_all(dir)?;
         let path = dir.join(LOG_FILE);
-        let file = OpenOptions::new()
+        let file = private_fs::open_options()
             .read(true)
             .append(true)
             .create(true)
@@ -179,7 +183,7 @@ impl LogInner {
             out.extend_from_slice(&encode_record(&e)?);
             rewritten.insert(idx, (e, offset));
         }
-        let mut f = File::create(&tmp)?;
+        let mut f = private_fs::create(&tmp)?;
         f.write_all(&out)?;
         f.sync_all()?;
         fs::rename(&tmp, self.dir.join(LOG_FILE))?;

@@ -61,7 +61,7 @@ fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
 impl StateMachine {
     /// Opens the state machine in `dir`, starting from the stored snapshot if there is one.
     pub fn open(dir: &Path) -> io::Result<StateMachine> {
-        std::fs::create_dir_all(dir)?;
+        strata_core::private_fs::create_dir_all(dir)?;
         let stored: Option<StoredSnapshot> = match std::fs::read(dir.join(SNAPSHOT_FILE)) {
             Ok(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
                 io::Error::new(

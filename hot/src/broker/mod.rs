@@ -320,7 +320,7 @@ impl Broker {
     ) -> io::Result<Arc<Broker>> {
         let meta = config.data_dir.join("meta");
         let logs = config.data_dir.join("logs");
-        fs::create_dir_all(&logs)?;
+        strata_core::private_fs::create_dir_all(&logs)?;
         let store = TopicStore::open(&meta)?;
         let cluster_id = match &cluster {
             Some(link) => link.cluster_id().to_string(),

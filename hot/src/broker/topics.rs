@@ -45,7 +45,7 @@ const STORE_FILE: &str = "topics.json";
 impl TopicStore {
     /// Loads the store, creating it (with a new cluster id) on first start.
     pub fn open(meta_dir: &Path) -> io::Result<TopicStore> {
-        fs::create_dir_all(meta_dir)?;
+        strata_core::private_fs::create_dir_all(meta_dir)?;
         let path = meta_dir.join(STORE_FILE);
         let state = match fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {

@@ -25,7 +25,7 @@
 //! readers holding an old file keep reading it. Segments are rewritten one for one, not
 //! merged.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -281,7 +281,7 @@ impl CompactionPlan {
                 "{}{TMP_SUFFIX}",
                 fmt::file_name(s.base, LOG_SUFFIX)
             ));
-            let file = OpenOptions::new()
+            let file = strata_core::private_fs::open_options()
                 .read(true)
                 .write(true)
                 .create(true)

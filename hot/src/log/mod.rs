@@ -605,7 +605,7 @@ pub enum TxnVerified {
 impl PartitionLog {
     /// Opens (creating if needed) the log in `dir`, recovering from an unclean stop.
     pub fn open(dir: &Path, config: LogConfig, now_ms: i64) -> io::Result<(Self, OpenReport)> {
-        fs::create_dir_all(dir)?;
+        strata_core::private_fs::create_dir_all(dir)?;
         let mut report = OpenReport::default();
         let mut bases = Vec::new();
         for entry in fs::read_dir(dir)? {

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata_core::batch::{self, BatchError, BatchHeader, HEADER_LEN, STAMP_LEN};
+use strata_core::private_fs;
 use strata_core::segment::{
     self as fmt, OffsetEntry, TimeEntry, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
 };
@@ -84,7 +85,7 @@ impl Segment {
     pub fn create(dir: &Path, base: u64, now_ms: i64, index_interval: u32) -> io::Result<Segment> {
         let path = dir.join(fmt::file_name(base, LOG_SUFFIX));
         // A leftover empty file from an interrupted roll is fine to reuse; data is not.
-        let file = OpenOptions::new()
+        let file = private_fs::open_options()
             .read(true)
             .write(true)
             .create(true)
@@ -473,8 +474,9 @@ fn read_index<T>(
     }
 }
 
+/// Writes `bytes` as the whole of `path` (mode 600) and fsyncs it.
 pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let file = File::create(path)?;
+    let file = private_fs::create(path)?;
     file.write_all_at(bytes, 0)?;
     file.sync_all()
 }

@@ -81,7 +81,10 @@ impl TxnIndex {
             aborted.insert(t.last_offset, t);
             good += ENTRY_LEN;
         }
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        let file = strata_core::private_fs::open_options()
+            .create(true)
+            .append(true)
+            .open(&path)?;
         if good != bytes.len() {
             tracing::warn!(file = %path.display(), kept = aborted.len(), "cut a damaged tail of the aborted-transaction list");
             file.set_len(good as u64)?;
