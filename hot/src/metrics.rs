@@ -671,6 +671,16 @@ fn broker(out: &mut Out<'_>, broker: &Broker) -> fmt::Result {
         load(&l.request_memory),
     )?;
     out.gauge(
+        "strata_kafka_pre_auth_memory_bytes",
+        "Request bytes read before SASL authentication and not yet answered (their own budget, a sixteenth of kafka.queued_max_request_bytes).",
+        load(&l.pre_auth_memory),
+    )?;
+    out.counter(
+        "strata_kafka_request_floor_reads_total",
+        "Small request frames read on their connection's own 64 KiB because the shared request memory was in use.",
+        load(&l.floor_reads),
+    )?;
+    out.gauge(
         "strata_open_fds",
         "Open file descriptors of the process, counted every second.",
         load(&l.open_fds),

@@ -2,11 +2,23 @@
 //! `max.connections`, `max.connections.per.ip` (and its overrides) and
 //! `queued.max.request.bytes`; and the file descriptors the sockets may take.
 //!
-//! A request frame's buffer grows as its bytes arrive, and every byte read takes its share of
-//! the broker-wide request memory first; the share is held until the request's response has
-//! been written. When the memory is all taken, reads pause (every connection's, fairly, in
-//! arrival order) until responses free some. A frame that stalls half-sent is closed after
-//! `kafka.frame_timeout`, which returns its share.
+//! Request memory, fair to every client: a request frame's buffer grows as its bytes arrive
+//! (in steps of at most 1 MiB), and every byte read takes its share of a budget first; the
+//! share is held until the request's response has been written. There are three budgets:
+//! - `queued.max.request.bytes`, the pool, for frames of authenticated connections (every
+//!   connection of a listener without SASL);
+//! - a sixteenth of that (at least 1 MiB), for frames read before SASL authentication, so
+//!   that connections which never log in cannot take the pool from those that did;
+//! - each connection's own floor of [`FLOOR_BYTES`]: a frame of at most that size that finds
+//!   its budget used up is read on the connection's floor instead of waiting. So however many
+//!   stalled or flooding connections fill the pool, every other client's small requests
+//!   (a login, Metadata, a produce of a few records) are still read and answered; a
+//!   connection can hold back only itself.
+//!
+//! Large frames wait while their budget is in use (in arrival order), and a frame that
+//! stalls half-sent is closed after `kafka.frame_timeout`, which returns its share. The
+//! request memory a broker holds is therefore at most the pool, plus the pre-authentication
+//! budget, plus `FLOOR_BYTES` per open connection.
 //!
 //! File descriptors: at start the process's limit (RLIMIT_NOFILE) is raised to its hard
 //! maximum. Every second the open descriptors are counted; client connections may take
@@ -30,6 +42,17 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 /// Bytes a frame's buffer starts with and the least it grows by.
 const FIRST_CHUNK: usize = 64 << 10;
 
+/// The most a frame's buffer grows by at once: the memory taken ahead of the bytes that
+/// arrive, so a stalled frame holds about what it sent.
+const MAX_STEP: usize = 1 << 20;
+
+/// Each connection's own request memory, beside the shared budgets: a frame of at most this
+/// size is never kept waiting by other connections (see the module doc).
+pub const FLOOR_BYTES: usize = 64 << 10;
+
+/// The least the pre-authentication budget holds.
+const MIN_PRE_AUTH: usize = 1 << 20;
+
 /// How often a refused-connection warning may be logged.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -46,6 +69,10 @@ pub struct ListenerStats {
     pub request_memory: AtomicU64,
     /// Reads that waited for request memory.
     pub request_memory_waits: AtomicU64,
+    /// Bytes of frames read before authentication and not yet answered (their own budget).
+    pub pre_auth_memory: AtomicU64,
+    /// Frames read on their connection's own floor because their budget was in use.
+    pub floor_reads: AtomicU64,
     /// Open file descriptors of the process at the last count, and its limit.
     pub open_fds: AtomicU64,
     pub fd_limit: AtomicU64,
@@ -66,6 +93,7 @@ pub struct Limits {
     open: Mutex<Open>,
     freed: Notify,
     memory: Arc<Semaphore>,
+    pre_auth: Arc<Semaphore>,
     stats: Arc<ListenerStats>,
     /// Connections the file descriptors leave room for (see the module doc).
     fd_room: std::sync::atomic::AtomicUsize,
@@ -126,7 +154,26 @@ pub struct Slot {
 pub struct MemoryShare {
     permit: Option<OwnedSemaphorePermit>,
     bytes: u64,
+    /// Whether the bytes are pre-authentication budget (counted apart in the stats).
+    pre_auth: bool,
     stats: Arc<ListenerStats>,
+}
+
+/// One connection's own request memory ([`FLOOR_BYTES`]); see the module doc.
+#[derive(Debug)]
+pub struct Floor(Arc<Semaphore>);
+
+impl Default for Floor {
+    fn default() -> Floor {
+        Floor(Arc::new(Semaphore::new(FLOOR_BYTES)))
+    }
+}
+
+/// Which budget a frame draws on: the connection has authenticated, or not yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    Authenticated,
+    PreAuthentication,
 }
 
 impl Limits {
@@ -140,6 +187,9 @@ impl Limits {
             memory: Arc::new(Semaphore::new(
                 config.queued_max_request_bytes.min(Semaphore::MAX_PERMITS),
             )),
+            pre_auth: Arc::new(Semaphore::new(pre_auth_bytes(
+                config.queued_max_request_bytes,
+            ))),
             fetch_sessions: super::fetch_session::Cache::new(
                 config.fetch_session_cache_slots,
                 config.fetch_session_cache_partitions,
@@ -250,17 +300,21 @@ impl Limits {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reads a `size`-byte frame body from `rd`. The buffer grows as bytes arrive (doubling
-    /// from 64 KiB), and each read first takes its bytes from the request memory, waiting
-    /// while it is all in use. `hint` is told how much of the frame is still to come (a TLS
-    /// connection's socket sleeps until a good part of it is there).
+    /// Reads a `size`-byte frame body from `rd` for a connection with its own `floor`,
+    /// drawing on `budget`. The buffer grows as bytes arrive (doubling from 64 KiB, at most
+    /// 1 MiB at a time), and each read first takes its bytes from the budget, waiting while
+    /// it is all in use; a frame of at most [`FLOOR_BYTES`] is read on the floor instead
+    /// when the budget is short. `hint` is told how much of the frame is still to come (a
+    /// TLS connection's socket sleeps until a good part of it is there).
     pub async fn read_frame<R: AsyncRead + Unpin>(
         &self,
         rd: &mut R,
         size: usize,
+        budget: Budget,
+        floor: &Floor,
         hint: Option<&FrameHint>,
     ) -> std::io::Result<(BytesMut, MemoryShare)> {
-        let read = self.read_frame_hinted(rd, size, hint).await;
+        let read = self.read_frame_hinted(rd, size, budget, floor, hint).await;
         if let Some(hint) = hint {
             hint.still_needs(0);
         }
@@ -271,17 +325,31 @@ impl Limits {
         &self,
         rd: &mut R,
         size: usize,
+        budget: Budget,
+        floor: &Floor,
         hint: Option<&FrameHint>,
     ) -> std::io::Result<(BytesMut, MemoryShare)> {
+        let pre_auth = budget == Budget::PreAuthentication;
         let mut share = MemoryShare {
             permit: None,
             bytes: 0,
+            pre_auth,
             stats: self.stats.clone(),
         };
+        let memory = if pre_auth {
+            &self.pre_auth
+        } else {
+            &self.memory
+        };
         let mut frame = BytesMut::new();
+        if size <= FLOOR_BYTES {
+            share.take_small(memory, &floor.0, size).await;
+        }
         while frame.len() < size {
-            let want = (size - frame.len()).min(frame.len().max(FIRST_CHUNK));
-            share.take(&self.memory, want).await;
+            let want = (size - frame.len()).min(frame.len().clamp(FIRST_CHUNK, MAX_STEP));
+            if share.bytes < (frame.len() + want) as u64 {
+                share.take(memory, want).await;
+            }
             frame.reserve(want);
             let target = frame.len() + want;
             while frame.len() < target {
@@ -328,6 +396,11 @@ fn open_fds() -> Option<u64> {
     Some(std::fs::read_dir("/proc/self/fd").ok()?.count() as u64)
 }
 
+/// The pre-authentication budget that goes with a pool of `queued` bytes.
+fn pre_auth_bytes(queued: usize) -> usize {
+    (queued / 16).clamp(MIN_PRE_AUTH, Semaphore::MAX_PERMITS)
+}
+
 impl MemoryShare {
     /// Adds `bytes` to this share, waiting while the memory is all in use.
     async fn take(&mut self, memory: &Arc<Semaphore>, bytes: usize) {
@@ -343,8 +416,39 @@ impl MemoryShare {
                     .expect("the request memory is never closed")
             }
         };
-        self.stats.request_memory.fetch_add(bytes as u64, Relaxed);
-        self.bytes += bytes as u64;
+        self.hold(permit);
+    }
+
+    /// Takes a whole small frame's `bytes` from `memory`, or from the connection's `floor`
+    /// when `memory` is short; waits only while both are (the connection's own earlier
+    /// requests hold its floor).
+    async fn take_small(&mut self, memory: &Arc<Semaphore>, floor: &Arc<Semaphore>, bytes: usize) {
+        let n = bytes as u32; // at most FLOOR_BYTES
+        if let Ok(p) = memory.clone().try_acquire_many_owned(n) {
+            return self.hold(p);
+        }
+        self.stats.floor_reads.fetch_add(1, Relaxed);
+        let permit = match floor.clone().try_acquire_many_owned(n) {
+            Ok(p) => p,
+            Err(_) => {
+                self.stats.request_memory_waits.fetch_add(1, Relaxed);
+                tokio::select! {
+                    p = memory.clone().acquire_many_owned(n) => p,
+                    p = floor.clone().acquire_many_owned(n) => p,
+                }
+                .expect("the request memory is never closed")
+            }
+        };
+        self.hold(permit);
+    }
+
+    fn hold(&mut self, permit: OwnedSemaphorePermit) {
+        let bytes = permit.num_permits() as u64;
+        self.stats.request_memory.fetch_add(bytes, Relaxed);
+        if self.pre_auth {
+            self.stats.pre_auth_memory.fetch_add(bytes, Relaxed);
+        }
+        self.bytes += bytes;
         match &mut self.permit {
             Some(held) => held.merge(permit),
             None => self.permit = Some(permit),
@@ -355,6 +459,9 @@ impl MemoryShare {
 impl Drop for MemoryShare {
     fn drop(&mut self) {
         self.stats.request_memory.fetch_sub(self.bytes, Relaxed);
+        if self.pre_auth {
+            self.stats.pre_auth_memory.fetch_sub(self.bytes, Relaxed);
+        }
     }
 }
 
@@ -540,7 +647,8 @@ mod tests {
         let (mut rd, _wr) = tokio::io::split(tls);
         let l = limits(10, 10, 64 << 20);
         for (i, &size) in sizes.iter().enumerate() {
-            let read = l.read_frame(&mut rd, size, Some(&hint));
+            let floor = Floor::default();
+            let read = l.read_frame(&mut rd, size, Budget::Authenticated, &floor, Some(&hint));
             let (got, _share) = tokio::time::timeout(Duration::from_secs(5), read)
                 .await
                 .unwrap_or_else(|_| panic!("frame {i} ({size} bytes) waited behind the mark"))
@@ -565,7 +673,8 @@ mod tests {
         let reading = tokio::spawn({
             let l = l.clone();
             async move {
-                let read = l.read_frame(&mut server, 1 << 20, None);
+                let floor = Floor::default();
+                let read = l.read_frame(&mut server, 1 << 20, Budget::Authenticated, &floor, None);
                 tokio::time::timeout(Duration::from_millis(500), read).await
             }
         });
@@ -597,10 +706,172 @@ mod tests {
         tokio::io::AsyncWriteExt::write_all(&mut client, &[1, 2, 3])
             .await
             .unwrap();
-        let (frame, share) = l.read_frame(&mut server, 3, None).await.unwrap();
+        let (frame, share) = l
+            .read_frame(
+                &mut server,
+                3,
+                Budget::Authenticated,
+                &Floor::default(),
+                None,
+            )
+            .await
+            .unwrap();
         assert_eq!(&frame[..], &[1, 2, 3]);
         assert_eq!(l.stats.request_memory.load(Relaxed), 3);
         drop(share);
         assert_eq!(l.stats.request_memory.load(Relaxed), 0);
+    }
+
+    /// A small frame's bytes, sent whole on a fresh in-memory connection, read with `l`.
+    async fn small_frame(
+        l: &Limits,
+        size: usize,
+        budget: Budget,
+        floor: &Floor,
+    ) -> std::io::Result<(BytesMut, MemoryShare)> {
+        let (mut client, mut server) = tokio::io::duplex(1 << 20);
+        tokio::io::AsyncWriteExt::write_all(&mut client, &vec![9u8; size]).await?;
+        let read = l.read_frame(&mut server, size, budget, floor, None);
+        tokio::time::timeout(Duration::from_millis(500), read)
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+    }
+
+    /// Issue 47: eight connections stalled 60 MiB into 100 MiB frames took the whole pool
+    /// (each had taken 64 MiB ahead of its bytes), and every other client's requests waited
+    /// for the frame timeout. Now a stalled frame holds about what it sent, and a small frame
+    /// that finds the pool in use is read on its connection's own floor.
+    #[tokio::test]
+    async fn a_pool_full_of_stalled_frames_still_reads_everyone_elses_small_requests() {
+        let l = limits(10, 10, 4 << 20);
+        let (mut client, mut server) = tokio::io::duplex(8 << 20);
+        let stalled = tokio::spawn({
+            let l = l.clone();
+            async move {
+                let floor = Floor::default();
+                let read =
+                    l.read_frame(&mut server, 100 << 20, Budget::Authenticated, &floor, None);
+                tokio::time::timeout(Duration::from_secs(2), read).await
+            }
+        });
+        // 3.5 MiB of the frame arrives: the pool is held to what arrived and one step more
+        tokio::io::AsyncWriteExt::write_all(&mut client, &vec![7u8; 7 << 19])
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let held = l.stats.request_memory.load(Relaxed);
+        assert!(
+            (7 << 19..=(7 << 19) + (1 << 20)).contains(&(held as usize)),
+            "a frame 3.5 MiB in holds {held} bytes"
+        );
+        // the rest of the pool goes to a second stalled frame
+        let (_c2, mut s2) = tokio::io::duplex(1 << 20);
+        let _second = l
+            .memory
+            .clone()
+            .try_acquire_many_owned(l.memory.available_permits() as u32)
+            .unwrap();
+        assert_eq!(l.memory.available_permits(), 0);
+        // another connection's small requests are read at once, on its floor
+        let floor = Floor::default();
+        let (a, share_a) = small_frame(&l, 40 << 10, Budget::Authenticated, &floor)
+            .await
+            .expect("a small frame read beside a full pool");
+        assert_eq!(a.len(), 40 << 10);
+        let (_, share_b) = small_frame(&l, 20 << 10, Budget::Authenticated, &floor)
+            .await
+            .expect("a second small request of the same connection fits its floor");
+        assert_eq!(l.stats.floor_reads.load(Relaxed), 2);
+        // the connection's own floor is spent: its next request waits for its answers
+        assert!(
+            small_frame(&l, 8 << 10, Budget::Authenticated, &floor)
+                .await
+                .is_err(),
+            "a connection past its own floor waits"
+        );
+        drop(share_a);
+        small_frame(&l, 8 << 10, Budget::Authenticated, &floor)
+            .await
+            .expect("read once its own request was answered");
+        drop(share_b);
+        // a frame over the floor waits for the pool as before
+        let mut s2_read =
+            Box::pin(l.read_frame(&mut s2, 1 << 20, Budget::Authenticated, &floor, None));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut s2_read)
+                .await
+                .is_err(),
+            "a 1 MiB frame waits while the pool is in use"
+        );
+        drop(client);
+        assert!(
+            stalled.await.unwrap().unwrap().is_err(),
+            "the stalled frame ended"
+        );
+    }
+
+    /// Issue 47: 1,100 connections that never authenticated, each 512 KiB into a frame, held
+    /// the whole pool and a SCRAM login waited 28 s. Frames before authentication draw on a
+    /// budget of their own: those connections fill it, and neither a login's small frames
+    /// nor an authenticated client's large ones wait for them.
+    #[tokio::test]
+    async fn frames_before_authentication_have_a_budget_of_their_own() {
+        let l = limits(10, 10, 32 << 20);
+        assert_eq!(
+            l.pre_auth.available_permits(),
+            2 << 20,
+            "a sixteenth of the pool"
+        );
+        assert_eq!(pre_auth_bytes(4 << 20), 1 << 20, "at least 1 MiB");
+        let mut clients = Vec::new();
+        let mut readers = Vec::new();
+        for _ in 0..6 {
+            let (mut client, mut server) = tokio::io::duplex(1 << 20);
+            tokio::io::AsyncWriteExt::write_all(&mut client, &vec![1u8; 500 << 10])
+                .await
+                .unwrap();
+            clients.push(client);
+            let l = l.clone();
+            readers.push(tokio::spawn(async move {
+                let floor = Floor::default();
+                l.read_frame(
+                    &mut server,
+                    512 << 10,
+                    Budget::PreAuthentication,
+                    &floor,
+                    None,
+                )
+                .await
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let pre = l.stats.pre_auth_memory.load(Relaxed);
+        assert!(pre <= 2 << 20, "pre-authentication frames hold {pre} bytes");
+        assert_eq!(l.pre_auth.available_permits() as u64, (2 << 20) - pre);
+        assert!(
+            l.pre_auth.available_permits() < 64 << 10,
+            "the budget is spent"
+        );
+        // a login's next message is read on the connection's floor
+        small_frame(&l, 300, Budget::PreAuthentication, &Floor::default())
+            .await
+            .expect("a SASL message read beside stalled unauthenticated frames");
+        // and an authenticated client's 4 MiB request draws on the pool, untouched by them
+        let (mut client, mut server) = tokio::io::duplex(8 << 20);
+        tokio::io::AsyncWriteExt::write_all(&mut client, &vec![2u8; 4 << 20])
+            .await
+            .unwrap();
+        let floor = Floor::default();
+        let read = l.read_frame(&mut server, 4 << 20, Budget::Authenticated, &floor, None);
+        let (frame, _share) = tokio::time::timeout(Duration::from_millis(500), read)
+            .await
+            .expect("an authenticated frame is not held back by unauthenticated ones")
+            .unwrap();
+        assert_eq!(frame.len(), 4 << 20);
+        drop(clients);
+        for r in readers {
+            assert!(r.await.unwrap().is_err());
+        }
+        assert_eq!(l.stats.pre_auth_memory.load(Relaxed), 0);
     }
 }

@@ -337,6 +337,8 @@ impl KafkaServer {
         // When the SASL session ends unless re-authenticated (KIP-368).
         let mut session_ends: Option<tokio::time::Instant> = None;
         let mut turns = ConnectionTurns::default();
+        // The connection's own request memory: its small requests never wait for others'.
+        let floor = limits::Floor::default();
         // Set by a handler whose request took a quota over its limit (KIP-219).
         let mute = Arc::new(quota::Mute::default());
         // Each reply travels with its request's share of the request memory, returned once
@@ -400,9 +402,13 @@ impl KafkaServer {
                 tracing::warn!(%peer, size, max = MAX_UNAUTHENTICATED_FRAME, "request frame too large before SASL authentication; closing connection");
                 break;
             }
-            let read = self
-                .limits
-                .read_frame(&mut rd, size as usize, hint.as_ref());
+            let budget = match principal {
+                Some(_) => limits::Budget::Authenticated,
+                None => limits::Budget::PreAuthentication,
+            };
+            let read =
+                self.limits
+                    .read_frame(&mut rd, size as usize, budget, &floor, hint.as_ref());
             let (frame, share) = match tokio::time::timeout(self.config.frame_timeout, read).await {
                 Err(_) => {
                     tracing::warn!(%peer, size, "request frame incomplete after the frame timeout; closing connection");

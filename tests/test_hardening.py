@@ -1,0 +1,165 @@
+"""Issue 47, hardening: what an attacker on the network could still do after the security
+work, each as a regression test against a real `strata dev` process.
+
+1. Request memory: stalled frames of a few connections held all of it, so every other
+   client waited for the frame timeout (on the default config, and before authentication).
+"""
+
+import resource
+import socket
+import ssl
+import struct
+import threading
+import time
+
+from confluent_kafka import Producer
+
+from conftest import Broker, scrape_metrics, strata_bin
+from test_limits import p99, rss_mb
+from test_security import PASSWORD, SecureNode, sasl_conf
+
+MIB = 1 << 20
+# The documented bound (docs/operations.md, "Request memory"): the pool, plus a sixteenth of
+# it before authentication, plus 64 KiB per open connection; and room for the allocator.
+POOL_MIB = 512  # kafka.queued_max_request_bytes, default
+ALLOCATOR_SLACK_MIB = 64
+
+
+def raise_fd_limit():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < min(hard, 8192):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+
+
+def acks_ms(p: Producer, topic: str, n: int = 100) -> list[float]:
+    """`n` acks=all records, one every 10 ms; each record's time to its acknowledgement."""
+    lat, errors = [], []
+    for i in range(n):
+        t0 = time.monotonic()
+        p.produce(topic, value=b"settlement-%06d" % i,
+                  on_delivery=lambda err, _m, t0=t0: errors.append(err) if err else lat.append(
+                      (time.monotonic() - t0) * 1000))
+        end = t0 + 0.01
+        while (now := time.monotonic()) < end:
+            p.poll(end - now)
+    assert p.flush(30) == 0, "records still unacknowledged after 30 s"
+    assert not errors and len(lat) == n, f"{len(lat)} of {n} acknowledged; errors {errors[:3]}"
+    return lat
+
+
+def stalled_sender(port: int, size: int, body: int, wrap=None, source: str = "127.0.0.1"):
+    """A connection that announces a `size`-byte request, sends `body` bytes of it (as much as
+    the broker will read) and stalls. Returns the socket; sending goes on in a thread."""
+    s = socket.socket()
+    s.bind((source, 0))
+    s.connect(("127.0.0.1", port))
+    if wrap:
+        s = wrap(s)
+
+    def send():
+        head = struct.pack(">ihhi", size, 0, 3, 1)
+        try:
+            s.sendall(head + b"\0" * (body - 8))
+        except OSError:
+            pass  # closed by the broker at the frame timeout
+
+    threading.Thread(target=send, daemon=True).start()
+    return s
+
+
+def test_stalled_60_mib_frames_on_the_default_config_leave_new_clients_served(tmp_path):
+    """Eight anonymous connections that announce 100 MiB frames and stall 60 MiB in raised
+    RSS from 26 to 506 MiB, and a producer that connected meanwhile got 0 of 100 acks in
+    20 s: each frame had taken 64 MiB of the 512 MiB pool ahead of its bytes. Now a frame
+    holds about what it sent, and a small request that finds the pool in use is read on its
+    connection's own 64 KiB; ten such connections (more than the pool) are tried."""
+    b = Broker(strata_bin(), tmp_path)
+    b.start()
+    socks = []
+    try:
+        b.create_topic("payments", 1)
+        quiet_producer = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "enable.idempotence": True})
+        acks_ms(quiet_producer, "payments", 20)  # connected, metadata known
+        quiet = acks_ms(quiet_producer, "payments")
+        rss0 = rss_mb(b.proc.pid)
+
+        socks = [stalled_sender(b.port, 100 * MIB, 60 * MIB) for _ in range(10)]
+        deadline = time.monotonic() + 15
+        while (held := scrape_metrics(b.metrics_port)["strata_kafka_request_memory_bytes"] / MIB) < 480:
+            assert time.monotonic() < deadline, f"the stalled frames hold only {held:.0f} MiB"
+            time.sleep(0.2)
+
+        t0 = time.monotonic()
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "enable.idempotence": True})
+        first = acks_ms(p, "payments", 1)
+        connect_s = time.monotonic() - t0
+        loaded = acks_ms(p, "payments")
+        m = scrape_metrics(b.metrics_port)
+        rss1 = rss_mb(b.proc.pid)
+        print(f"ack p99 quiet {p99(quiet):.1f} ms, new producer beside 10 stalled 60 MiB frames "
+              f"{p99(loaded):.1f} ms (first ack {first[0]:.0f} ms, connect+first {connect_s:.2f} s); "
+              f"request memory {m['strata_kafka_request_memory_bytes'] / MIB:.0f} MiB, "
+              f"{m.get('strata_kafka_request_floor_reads_total', 0):.0f} reads on a connection's floor; "
+              f"RSS {rss0:.0f} -> {rss1:.0f} MiB")
+        assert connect_s < 5, f"the new producer's first ack took {connect_s:.1f} s"
+        assert p99(loaded) <= 2 * p99(quiet) + 5, (p99(quiet), p99(loaded))
+        assert m["strata_kafka_request_memory_bytes"] <= (POOL_MIB + 64 * 40 / 1024) * MIB
+        assert m["strata_kafka_request_floor_reads_total"] >= 1, "the pool was never full"
+        assert rss1 - rss0 <= POOL_MIB + POOL_MIB / 16 + ALLOCATOR_SLACK_MIB, (rss0, rss1)
+        assert b.running()
+    finally:
+        for s in socks:
+            s.close()
+        b.close()
+
+
+def test_a_thousand_stalled_logins_leave_the_pool_and_other_logins_alone(tmp_path):
+    """1,100 connections that never authenticate, each 512 KiB into a pre-authentication
+    frame (from two addresses, past the per-address cap), made a SCRAM login plus Metadata
+    take 28.1 s instead of 0.01 s: pre-authentication frames drew on the same pool as
+    everyone's requests. They now have a budget of their own (a sixteenth of the pool), and
+    a login's small frames are read on their connection's floor."""
+    raise_fd_limit()
+    n = SecureNode(tmp_path, "[auth]\nallow_everyone_if_no_acl_found = true\n")
+    socks = []
+    try:
+        pw = tmp_path / "alice.pw"
+        pw.write_text(PASSWORD + "\n")
+        pw.chmod(0o600)
+        n.user("create", "alice", "--password-file", str(pw))
+        n.cli("topic", "create", "ledger", "--bootstrap", n.bootstrap("PLAIN"))
+        conf = dict(sasl_conf(n, "SCRAM-SHA-512"), acks="all", **{"enable.idempotence": True})
+        quiet_producer = Producer(conf)
+        acks_ms(quiet_producer, "ledger", 20)
+        quiet = acks_ms(quiet_producer, "ledger")
+        rss0 = rss_mb(n.proc.pid)
+
+        ctx = ssl.create_default_context(cafile=str(n.certs / "ca.pem"))
+        port = n.ports["SECURE"]
+        for i in range(1100):
+            source = "127.0.0.1" if i % 2 else "127.0.0.2"
+            socks.append(stalled_sender(port, 512 << 10, 500 << 10, source=source,
+                                        wrap=lambda s: ctx.wrap_socket(s, server_hostname="localhost")))
+        time.sleep(2)
+        rss1 = rss_mb(n.proc.pid)
+
+        t0 = time.monotonic()
+        p = Producer(conf)
+        first = acks_ms(p, "ledger", 1)
+        login_s = time.monotonic() - t0
+        loaded = acks_ms(p, "ledger")
+        rss2 = rss_mb(n.proc.pid)
+        print(f"1,100 stalled pre-auth frames: a new SCRAM producer's login + metadata + first ack "
+              f"{login_s:.2f} s (first ack {first[0]:.0f} ms); ack p99 quiet {p99(quiet):.1f} ms, "
+              f"loaded {p99(loaded):.1f} ms; RSS {rss0:.0f} -> {rss1:.0f} -> {rss2:.0f} MiB")
+        assert login_s < 5, f"login, metadata and the first ack took {login_s:.1f} s"
+        assert p99(loaded) <= 2 * p99(quiet) + 5, (p99(quiet), p99(loaded))
+        # pre-authentication frames: a sixteenth of the pool, plus 64 KiB per connection
+        bound = POOL_MIB / 16 + 1100 * 64 / 1024 + ALLOCATOR_SLACK_MIB
+        assert max(rss1, rss2) - rss0 <= bound, (rss0, rss1, rss2, bound)
+        assert n.alive()
+    finally:
+        for s in socks:
+            s.close()
+        n.stop()
+
