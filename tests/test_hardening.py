@@ -3,6 +3,8 @@ work, each as a regression test against a real `strata dev` process.
 
 1. Request memory: stalled frames of a few connections held all of it, so every other
    client waited for the frame timeout (on the default config, and before authentication).
+5. Logins: unknown SCRAM users could be told from real ones by their salt and iterations,
+   unknown PLAIN users by how fast they failed, and passwords tried at network speed.
 """
 
 import resource
@@ -16,7 +18,7 @@ from confluent_kafka import Producer
 
 from conftest import Broker, scrape_metrics, strata_bin
 from test_limits import p99, rss_mb
-from test_security import PASSWORD, SecureNode, sasl_conf
+from test_security import PASSWORD, SecureNode, raw_request, sasl_conf, sasl_plain_login
 
 MIB = 1 << 20
 # The documented bound (docs/operations.md, "Request memory"): the pool, plus a sixteenth of
@@ -161,5 +163,125 @@ def test_a_thousand_stalled_logins_leave_the_pool_and_other_logins_alone(tmp_pat
     finally:
         for s in socks:
             s.close()
+        n.stop()
+
+
+# --- 5. logins ---------------------------------------------------------------------------
+
+
+def secure_node_with_alice(tmp_path, sasl=""):
+    n = SecureNode(tmp_path, "[auth]\nallow_everyone_if_no_acl_found = true\n" + sasl)
+    pw = tmp_path / "alice.pw"
+    pw.write_text(PASSWORD + "\n")
+    pw.chmod(0o600)
+    n.user("create", "alice", "--password-file", str(pw))
+    return n
+
+
+def scram_server_first(port: int, user: str) -> tuple[str, int]:
+    """SaslHandshake SCRAM-SHA-512 and the client-first message for `user` on a
+    SASL_PLAINTEXT port: the (salt, iterations) the server answers with."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        mech = b"SCRAM-SHA-512"
+        resp = raw_request(s, 17, 1, struct.pack(">h", len(mech)) + mech)
+        assert resp is not None and struct.unpack(">h", resp[4:6])[0] == 0, resp
+        first = b"n,,n=" + user.encode() + b",r=fyko+d2lbbFgONRv9qkxdawL"
+        resp = raw_request(s, 36, 1, struct.pack(">i", len(first)) + first)
+        (error, msg_len) = struct.unpack(">hh", resp[4:8])
+        assert error == 0, resp
+        at = 8 + max(msg_len, 0)
+        (auth_len,) = struct.unpack(">i", resp[at:at + 4])
+        fields = dict(f.split("=", 1) for f in resp[at + 4:at + 4 + auth_len].decode().split(","))
+        return fields["s"], int(fields["i"])
+
+
+def test_unknown_scram_users_look_like_real_ones(tmp_path):
+    """An unknown user got a new random salt at each login and 4,096 iterations, a real one
+    the same salt every time and 8,192: which users exist could be read off. An unknown
+    user's salt is now the same at every login, and its iterations are the real users'."""
+    n = secure_node_with_alice(tmp_path)
+    try:
+        port = n.ports["SASL"]
+        alice = [scram_server_first(port, "alice") for _ in range(3)]
+        ghost = [scram_server_first(port, "settlement-writer") for _ in range(3)]
+        other = scram_server_first(port, "payments-writer")
+        print(f"alice {alice[0]}, unknown {ghost[0]}, another unknown {other}")
+        assert len(set(alice)) == 1, alice
+        assert len(set(ghost)) == 1, f"an unknown user's salt changes between logins: {ghost}"
+        assert ghost[0][1] == alice[0][1], "unknown and real users have different iterations"
+        assert len(alice[0][0]) == len(ghost[0][0]), "salts of different lengths"
+        assert other[0] != ghost[0][0], "two unknown users share a salt"
+        assert n.alive()
+    finally:
+        n.stop()
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def timed_plain_failures(port: int, user: str, password: str, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            t0 = time.perf_counter()
+            error, _ = sasl_plain_login(s, user, password)
+            times.append((time.perf_counter() - t0) * 1000)
+            assert error == 58, error  # SASL_AUTHENTICATION_FAILED
+    return times
+
+
+def test_plain_logins_of_unknown_users_take_as_long_as_wrong_passwords(tmp_path):
+    """PLAIN failed in 0.07 ms for an unknown user and in 7 ms for a wrong password (the
+    password's PBKDF2): user names could be timed. (The failed-login delay is off here so
+    that only the work is compared.)"""
+    n = secure_node_with_alice(tmp_path, '[kafka.sasl]\nfailed_authentication_delay = "0s"\n')
+    try:
+        port = n.ports["SASL"]
+        timed_plain_failures(port, "alice", "warm-up", 3)
+        wrong, unknown = [], []
+        for _ in range(3):  # interleaved, so that a busy moment of the machine hits both
+            wrong += timed_plain_failures(port, "alice", "not-the-password", 10)
+            unknown += timed_plain_failures(port, "settlement-writer", "not-the-password", 10)
+        print(f"PLAIN failure median: wrong password {median(wrong):.2f} ms, unknown user {median(unknown):.2f} ms")
+        assert median(unknown) <= 2 * median(wrong) and median(wrong) <= 2 * median(unknown), (
+            median(wrong), median(unknown))
+    finally:
+        n.stop()
+
+
+def test_failed_logins_are_answered_after_kafkas_delay(tmp_path):
+    """200 wrong passwords took 1.7 s: nothing slowed a password guesser down. A failed login
+    is now answered (and its connection closed) after
+    `kafka.sasl.failed_authentication_delay`, 100 ms by default as in Kafka; a good login is
+    not delayed, and DescribeConfigs shows the setting under Kafka's name."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    n = secure_node_with_alice(tmp_path)
+    try:
+        port = n.ports["SASL"]
+        t0 = time.monotonic()
+        failures = timed_plain_failures(port, "alice", "guess", 10)
+        elapsed = time.monotonic() - t0
+        print(f"10 wrong passwords in {elapsed:.2f} s (each {min(failures):.0f}-{max(failures):.0f} ms)")
+        assert min(failures) >= 95, failures
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            t0 = time.perf_counter()
+            error, _ = sasl_plain_login(s)
+            good_ms = (time.perf_counter() - t0) * 1000
+        assert error == 0 and good_ms < 95, (error, good_ms)
+        # SCRAM too: a wrong proof is answered after the delay
+        errors = []
+        t0 = time.monotonic()
+        p = Producer(dict(sasl_conf(n, "SCRAM-SHA-512", password="guess"), error_cb=errors.append))
+        while not errors and time.monotonic() < t0 + 10:
+            p.poll(0.05)
+        assert errors and errors[0].name() == "_AUTHENTICATION", errors
+        assert time.monotonic() - t0 >= 0.1
+        admin = AdminClient({"bootstrap.servers": n.bootstrap("PLAIN")})
+        [(_, f)] = admin.describe_configs([ConfigResource(ConfigResource.Type.BROKER, "1")]).items()
+        assert f.result(30)["connection.failed.authentication.delay.ms"].value == "100"
+    finally:
         n.stop()
 

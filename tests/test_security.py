@@ -608,10 +608,11 @@ def test_oauthbearer_tokens_checked_against_a_jwks(tmp_path):
                              f'[kafka.sasl.oauthbearer]\njwks = "{tmp_path / "jwks.json"}"\n'
                              'issuer = "https://idp.example"\naudience = "strata"\n')
 
-    def token(exp_in=300, key=idp, aud="strata", sub="order-service"):
+    def token(exp_in=300, key=idp, aud="strata", sub="order-service", drop=()):
         now = int(time.time())
-        return jwt.encode({"sub": sub, "iss": "https://idp.example", "aud": aud, "iat": now,
-                           "exp": now + exp_in}, key, algorithm="RS256", headers={"kid": "idp-1"})
+        claims = {"sub": sub, "iss": "https://idp.example", "aud": aud, "iat": now, "exp": now + exp_in}
+        claims = {k: v for k, v in claims.items() if k not in drop}
+        return jwt.encode(claims, key, algorithm="RS256", headers={"kid": "idp-1"})
 
     def conf(make):
         return {"bootstrap.servers": n.bootstrap("SECURE"), "security.protocol": "SASL_SSL",
@@ -633,9 +634,13 @@ def test_oauthbearer_tokens_checked_against_a_jwks(tmp_path):
         kp.close()
         log = (tmp_path / "strata.log").read_text(errors="replace")
 
-        for bad in (lambda: token(exp_in=-120), lambda: token(key=stranger), lambda: token(aud="other")):
+        # issue 47: a token the same provider signed for another service, without `iss` or
+        # without `aud`, logged in although both are configured
+        for what, bad in (("expired", lambda: token(exp_in=-120)), ("another key", lambda: token(key=stranger)),
+                          ("another audience", lambda: token(aud="other")),
+                          ("no iss", lambda: token(drop=("iss",))), ("no aud", lambda: token(drop=("aud",)))):
             errors = auth_errors(conf(bad))
-            assert errors and errors[0].name() == "_AUTHENTICATION", errors
+            assert errors and errors[0].name() == "_AUTHENTICATION", (what, errors)
         assert n.alive()
         log = (tmp_path / "strata.log").read_text(errors="replace")
         assert "invalid token" in log and "ExpiredSignature" in log, log[-3000:]
@@ -660,10 +665,10 @@ def test_the_native_grpc_client_with_a_bearer_token(tmp_path, pb):
                              f'[kafka.sasl.oauthbearer]\njwks = "{tmp_path / "jwks.json"}"\n'
                              'issuer = "https://idp.example"\naudience = "strata"\n')
 
-    def token(sub, key=idp):
+    def token(sub, key=idp, drop=()):
         now = int(time.time())
-        return jwt.encode({"sub": sub, "iss": "https://idp.example", "aud": "strata", "exp": now + 300},
-                          key, algorithm="RS256")
+        claims = {"sub": sub, "iss": "https://idp.example", "aud": "strata", "exp": now + 300}
+        return jwt.encode({k: v for k, v in claims.items() if k not in drop}, key, algorithm="RS256")
 
     def token_file(name, value):
         path = tmp_path / f"{name}.token"
@@ -698,6 +703,8 @@ def test_the_native_grpc_client_with_a_bearer_token(tmp_path, pb):
         for bearer, code in ((token("mallory"), grpc.StatusCode.PERMISSION_DENIED),
                              (None, grpc.StatusCode.PERMISSION_DENIED),
                              (token("order-service", key=stranger), grpc.StatusCode.UNAUTHENTICATED),
+                             (token("order-service", drop=("iss",)), grpc.StatusCode.UNAUTHENTICATED),
+                             (token("order-service", drop=("aud",)), grpc.StatusCode.UNAUTHENTICATED),
                              ("not-a-jwt", grpc.StatusCode.UNAUTHENTICATED)):
             with pytest.raises(grpc.RpcError) as e:
                 call(stub.Produce, produce_req, bearer)

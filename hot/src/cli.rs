@@ -172,7 +172,7 @@ pub enum UserCommand {
         #[arg(long = "mechanism")]
         mechanisms: Vec<String>,
         /// PBKDF2 iterations (4096 to 16384).
-        #[arg(long, default_value_t = 8192)]
+        #[arg(long, default_value_t = crate::kafka::sasl::scram::DEFAULT_ITERATIONS)]
         iterations: u32,
     },
     /// Delete a user's credentials (all mechanisms unless given).

@@ -352,6 +352,11 @@ pub struct SaslSection {
         serialize_with = "show_opt_duration"
     )]
     pub connections_max_reauth: Option<Duration>,
+    /// Kafka's `connection.failed.authentication.delay.ms`: a failed login is answered (and
+    /// its connection closed) only after this long, so that passwords cannot be guessed at
+    /// the speed of the network. At most the frame timeout.
+    #[serde(deserialize_with = "duration", serialize_with = "show_duration")]
+    pub failed_authentication_delay: Duration,
     /// How OAUTHBEARER tokens are checked; needed when `mechanisms` offers OAUTHBEARER.
     pub oauthbearer: Option<crate::kafka::sasl::oauthbearer::OAuthSection>,
 }
@@ -369,6 +374,7 @@ impl Default for SaslSection {
                 "PLAIN".into(),
             ],
             connections_max_reauth: None,
+            failed_authentication_delay: Duration::from_millis(100),
             oauthbearer: None,
         }
     }
@@ -1011,6 +1017,13 @@ impl ServerConfig {
         {
             bail!("kafka.sasl.connections_max_reauth must be at least 1s");
         }
+        if self.kafka.sasl.failed_authentication_delay > self.kafka.frame_timeout {
+            bail!(
+                "kafka.sasl.failed_authentication_delay ({:?}) must not be longer than kafka.frame_timeout ({:?})",
+                self.kafka.sasl.failed_authentication_delay,
+                self.kafka.frame_timeout
+            );
+        }
         let mechanisms = self.sasl_mechanisms()?;
         if mechanisms.contains(&crate::kafka::sasl::Mechanism::OAuthBearer)
             && self.kafka.sasl.oauthbearer.is_none()
@@ -1314,6 +1327,7 @@ impl ServerConfig {
             advertised_port: l.advertised_port.unwrap_or(bound.port()),
             max_request_bytes: self.kafka.max_request_bytes,
             max_reauth: self.kafka.sasl.connections_max_reauth,
+            failed_authentication_delay: self.kafka.sasl.failed_authentication_delay,
             idle_timeout: self.kafka.idle_timeout,
             frame_timeout: self.kafka.frame_timeout,
             fetch_max_bytes: self.kafka.fetch_max_bytes,

@@ -186,7 +186,7 @@ pub async fn bootstrap_users(
                 mechanism,
                 password.as_bytes(),
                 &scram::random_bytes(32),
-                8192,
+                scram::DEFAULT_ITERATIONS,
             );
             loop {
                 let cmd = Command::UpsertScramCredential {

@@ -129,6 +129,13 @@ pub struct ClusterMetadata {
     /// password). Absent from metadata written before credentials existed.
     #[serde(default)]
     pub scram_credentials: BTreeMap<String, BTreeMap<ScramMechanism, ScramCredential>>,
+    /// A secret only the metadata holds: the key from which brokers derive the stand-in
+    /// credential of a user that does not exist, so that its salt and iterations stay the
+    /// same from one login to the next and cannot be told from a real user's. Taken from
+    /// the server key of the first credential the log stored, and kept when that one is
+    /// deleted. Absent from metadata written before it existed ([`Self::scram_mock_key`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scram_mock_secret: Option<Vec<u8>>,
     /// Access control lists (Kafka's model, [`acl`]).
     #[serde(default)]
     pub acls: std::collections::BTreeSet<acl::AclBinding>,
@@ -138,6 +145,24 @@ pub struct ClusterMetadata {
     /// Dynamic broker and group configs (Kafka's BROKER and GROUP config resources).
     #[serde(default, skip_serializing_if = "dynamic::DynamicConfigs::is_empty")]
     pub dynamic_configs: dynamic::DynamicConfigs,
+}
+
+impl ClusterMetadata {
+    /// The key unknown users' stand-in SCRAM credentials are derived from: the stored
+    /// secret, or, in metadata written before it existed, the server key of the first
+    /// user's first credential (it changes only when that credential does). Empty while no
+    /// credential exists: there is then no user to tell apart.
+    pub fn scram_mock_key(&self) -> &[u8] {
+        match &self.scram_mock_secret {
+            Some(secret) => secret,
+            None => self
+                .scram_credentials
+                .values()
+                .flat_map(|of_user| of_user.values())
+                .next()
+                .map_or(&[], |c| &c.server_key),
+        }
+    }
 }
 
 /// A SCRAM mechanism, by its SASL name.
@@ -936,6 +961,9 @@ impl ClusterMetadata {
                 credential,
             } => {
                 check_scram_credential(user, *mechanism, credential)?;
+                if self.scram_mock_secret.is_none() {
+                    self.scram_mock_secret = Some(credential.server_key.clone());
+                }
                 self.scram_credentials
                     .entry(user.clone())
                     .or_default()

@@ -575,6 +575,9 @@ fn scram_credentials_are_set_checked_and_deleted() {
         ));
     }
     assert_eq!(m.scram_credentials["alice"].len(), 1);
+    // the first credential stored gives the stand-in credentials' key, which outlives it
+    assert_eq!(m.scram_mock_secret.as_deref(), Some(&vec![2; 64][..]));
+    let key = m.scram_mock_key().to_vec();
     let delete = |mechanism| Command::DeleteScramCredential {
         user: "alice".into(),
         mechanism,
@@ -588,6 +591,11 @@ fn scram_credentials_are_set_checked_and_deleted() {
         Ok(Applied::Done)
     );
     assert!(m.scram_credentials.is_empty());
+    assert_eq!(
+        m.scram_mock_key(),
+        key,
+        "kept when its credential is deleted"
+    );
 }
 
 #[test]
@@ -596,6 +604,27 @@ fn metadata_written_before_credentials_existed_still_loads() {
     json.as_object_mut().unwrap().remove("scram_credentials");
     let m: ClusterMetadata = serde_json::from_value(json).unwrap();
     assert!(m.scram_credentials.is_empty());
+    assert!(m.scram_mock_key().is_empty(), "no user, no key");
+}
+
+#[test]
+fn metadata_written_before_the_mock_secret_derives_a_stable_key_from_its_users() {
+    let mut m = ClusterMetadata::default();
+    for (user, server_key) in [("bob", 5u8), ("alice", 4u8)] {
+        let mut c = credential(64, 8192);
+        c.server_key = vec![server_key; 64];
+        m.scram_credentials
+            .entry(user.into())
+            .or_default()
+            .insert(ScramMechanism::Sha512, c);
+    }
+    let json = serde_json::to_value(&m).unwrap();
+    assert!(
+        json.get("scram_mock_secret").is_none(),
+        "absent, as in older metadata"
+    );
+    let old: ClusterMetadata = serde_json::from_value(json).unwrap();
+    assert_eq!(old.scram_mock_key(), &[4u8; 64][..], "the first user's key");
 }
 
 #[test]

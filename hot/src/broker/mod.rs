@@ -1663,4 +1663,30 @@ impl crate::kafka::sasl::Credentials for MetadataCredentials {
             .get(&mechanism)
             .cloned()
     }
+
+    /// Derived from the metadata's secret, with the iterations most of the real users of
+    /// `mechanism` have (the CLI's default when there are none).
+    fn stand_in(
+        &self,
+        user: &str,
+        mechanism: strata_controller::metadata::ScramMechanism,
+    ) -> strata_controller::metadata::ScramCredential {
+        use crate::kafka::sasl::scram;
+        let Some(m) = self.0.as_ref() else {
+            return scram::stand_in(&[], mechanism, user, scram::DEFAULT_ITERATIONS);
+        };
+        let mut counts = BTreeMap::<u32, usize>::new();
+        for c in m
+            .scram_credentials
+            .values()
+            .filter_map(|u| u.get(&mechanism))
+        {
+            *counts.entry(c.iterations).or_default() += 1;
+        }
+        let iterations = counts
+            .into_iter()
+            .max_by_key(|(iterations, n)| (*n, *iterations))
+            .map_or(scram::DEFAULT_ITERATIONS, |(iterations, _)| iterations);
+        scram::stand_in(m.scram_mock_key(), mechanism, user, iterations)
+    }
 }

@@ -402,6 +402,13 @@ fn describe_broker(ctx: &Request, name: &str) -> Result<Vec<Described>, (i16, St
              [kafka.sasl] connections_max_reauth); 0: never",
         ),
         fixed(
+            "connection.failed.authentication.delay.ms",
+            Some(listener.failed_authentication_delay.as_millis().to_string()),
+            TYPE_INT,
+            "A failed login is answered and its connection closed after this long \
+             ([kafka.sasl] failed_authentication_delay)",
+        ),
+        fixed(
             "fetch.max.bytes",
             Some(listener.fetch_max_bytes.to_string()),
             TYPE_INT,

@@ -172,6 +172,8 @@ pub struct ListenerConfig {
     pub max_request_bytes: usize,
     /// How long a SASL session lasts before it must re-authenticate (KIP-368).
     pub max_reauth: Option<Duration>,
+    /// How long a failed login waits for its answer (`connection.failed.authentication.delay.ms`).
+    pub failed_authentication_delay: Duration,
     /// A connection with no request for this long is closed (`connections.max.idle.ms`).
     pub idle_timeout: Duration,
     /// Time allowed for the rest of a frame once its length arrived.
@@ -447,6 +449,7 @@ impl KafkaServer {
                     }
                     _ => {
                         tracing::warn!(%peer, listener = %self.config.name, "SASL authentication failed; closing connection");
+                        tokio::time::sleep(self.config.failed_authentication_delay).await;
                         break;
                     }
                 }
@@ -495,6 +498,10 @@ impl KafkaServer {
             let step = match (&decoded.body, &principal) {
                 (Body::SaslHandshake(_) | Body::SaslAuthenticate(_), _) => {
                     let (reply, outcome) = self.sasl_step(decoded, sasl.as_mut(), peer);
+                    if matches!(outcome, SaslOutcome::Close) {
+                        // Kafka's connection.failed.authentication.delay.ms
+                        tokio::time::sleep(self.config.failed_authentication_delay).await;
+                    }
                     if let Some(reply) = reply {
                         if tx.send((Reply::Now(reply), None, None)).await.is_err() {
                             break;

@@ -78,6 +78,7 @@ pub async fn serve_kafka_as(
             advertised_port: addr.port(),
             max_request_bytes: 1 << 20,
             max_reauth: None,
+            failed_authentication_delay: Duration::ZERO,
             idle_timeout: Duration::from_secs(60),
             frame_timeout: Duration::from_millis(300),
             fetch_max_bytes: 55 << 20,

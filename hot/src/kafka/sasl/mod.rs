@@ -43,6 +43,21 @@ impl Mechanism {
 /// Where credentials come from: the metadata's SCRAM credentials.
 pub trait Credentials {
     fn scram(&self, user: &str, mechanism: ScramMechanism) -> Option<ScramCredential>;
+    /// What a user without a `mechanism` credential is answered with: the same at every
+    /// login, alike in shape and work to a real one ([`scram::stand_in`]).
+    fn stand_in(&self, user: &str, mechanism: ScramMechanism) -> ScramCredential;
+}
+
+/// The user's credential and `true`, or its stand-in and `false`.
+fn credential_or_stand_in(
+    credentials: &dyn Credentials,
+    user: &str,
+    mechanism: ScramMechanism,
+) -> (ScramCredential, bool) {
+    match credentials.scram(user, mechanism) {
+        Some(c) => (c, true),
+        None => (credentials.stand_in(user, mechanism), false),
+    }
 }
 
 /// Why a SASL request is answered with an error (the connection is closed after it).
@@ -202,7 +217,9 @@ impl SaslSession {
             }
             State::Scram(server) if server.awaits_client_first() => {
                 let mechanism = server.mechanism();
-                match server.client_first(bytes, |u| credentials.scram(u, mechanism)) {
+                match server
+                    .client_first(bytes, |u| credential_or_stand_in(credentials, u, mechanism))
+                {
                     Ok(response) => Ok(Step {
                         response,
                         authenticated: None,
@@ -229,7 +246,8 @@ impl SaslSession {
 }
 
 /// SASL/PLAIN (RFC 4616): `[authzid] NUL authcid NUL passwd`, checked against the user's
-/// strongest SCRAM credential.
+/// strongest SCRAM credential. An unknown user's password is checked against a stand-in,
+/// so that it takes the same time as a wrong password (issue 47: 0.07 ms against 7 ms).
 fn plain(bytes: &[u8], credentials: &dyn Credentials) -> Result<String, ScramError> {
     let mut parts = bytes.split(|b| *b == 0);
     let (Some(authzid), Some(user), Some(password), None) =
@@ -243,11 +261,14 @@ fn plain(bytes: &[u8], credentials: &dyn Credentials) -> Result<String, ScramErr
     if user.is_empty() || (!authzid.is_empty() && authzid != user.as_bytes()) {
         return Err(ScramError::BadCredentials);
     }
-    let ok = [ScramMechanism::Sha512, ScramMechanism::Sha256]
+    let (m, credential, known) = [ScramMechanism::Sha512, ScramMechanism::Sha256]
         .into_iter()
-        .find_map(|m| credentials.scram(user, m).map(|c| (m, c)))
-        .is_some_and(|(m, c)| scram::password_matches(m, &c, password));
-    if ok {
+        .find_map(|m| credentials.scram(user, m).map(|c| (m, c, true)))
+        .unwrap_or_else(|| {
+            let m = ScramMechanism::Sha512;
+            (m, credentials.stand_in(user, m), false)
+        });
+    if scram::password_matches(m, &credential, password) && known {
         Ok(user.to_string())
     } else {
         Err(ScramError::BadCredentials)
@@ -262,6 +283,9 @@ mod tests {
     impl Credentials for One {
         fn scram(&self, user: &str, m: ScramMechanism) -> Option<ScramCredential> {
             (user == "alice" && m == ScramMechanism::Sha512).then(|| self.0.clone())
+        }
+        fn stand_in(&self, user: &str, m: ScramMechanism) -> ScramCredential {
+            scram::stand_in(b"key", m, user, self.0.iterations)
         }
     }
 
@@ -324,6 +348,9 @@ mod tests {
         fn scram(&self, user: &str, m: ScramMechanism) -> Option<ScramCredential> {
             (["alice", "mallory"].contains(&user) && m == ScramMechanism::Sha512)
                 .then(|| self.0.clone())
+        }
+        fn stand_in(&self, user: &str, m: ScramMechanism) -> ScramCredential {
+            scram::stand_in(b"key", m, user, self.0.iterations)
         }
     }
 

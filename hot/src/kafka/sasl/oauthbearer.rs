@@ -156,7 +156,13 @@ impl Validator {
             let mut v = Validation::new(header.alg);
             v.algorithms = k.algorithms.clone();
             v.leeway = self.skew.as_secs();
-            v.set_required_spec_claims(&["exp"]);
+            // A configured issuer or audience is required, not only checked when present:
+            // jsonwebtoken skips a claim the token leaves out unless it is listed here, and
+            // a token the same provider signed for another service often has no `aud`.
+            let mut required = vec!["exp"];
+            required.extend(self.issuer.is_some().then_some("iss"));
+            required.extend(self.audience.is_some().then_some("aud"));
+            v.set_required_spec_claims(&required);
             v.validate_nbf = true;
             match &self.issuer {
                 Some(iss) => v.set_issuer(&[iss]),
@@ -316,12 +322,14 @@ mod tests {
         ] {
             assert!(v.validate(&sign(claims, Some("k1"))).is_err(), "{why}");
         }
-        let mut no_exp = good.clone();
-        no_exp.as_object_mut().unwrap().remove("exp");
-        assert!(
-            v.validate(&sign(no_exp, Some("k1"))).is_err(),
-            "exp is required"
-        );
+        for claim in ["exp", "iss", "aud"] {
+            let mut without = good.clone();
+            without.as_object_mut().unwrap().remove(claim);
+            assert!(
+                v.validate(&sign(without, Some("k1"))).is_err(),
+                "{claim} is required when configured"
+            );
+        }
         assert!(
             v.validate(&sign(good.clone(), Some("k2"))).is_err(),
             "unknown kid"

@@ -86,6 +86,28 @@ pub fn password_matches(m: ScramMechanism, credential: &ScramCredential, passwor
     bool::from(stored.ct_eq(&credential.stored_key))
 }
 
+/// Iterations a stand-in credential uses when no real credential of its mechanism exists:
+/// what `strata user create` gives.
+pub const DEFAULT_ITERATIONS: u32 = 8192;
+
+/// The credential a user that does not exist is answered with (issue 47): its salt is the
+/// same at every login and looks like a real one, so that the exchange of an unknown user
+/// cannot be told from a real user's; its keys are derived from `key` (a secret only the
+/// metadata holds) and fit no password. `iterations` should be what real users have.
+pub fn stand_in(key: &[u8], m: ScramMechanism, user: &str, iterations: u32) -> ScramCredential {
+    let derived = |what: &[u8]| hmac(m, key, &[what, m.name().as_bytes(), b"\0", user.as_bytes()]);
+    ScramCredential {
+        salt: hmac(
+            ScramMechanism::Sha256,
+            key,
+            &[b"salt\0", m.name().as_bytes(), b"\0", user.as_bytes()],
+        ),
+        iterations,
+        stored_key: derived(b"stored\0"),
+        server_key: derived(b"server\0"),
+    }
+}
+
 /// Random bytes from the operating system.
 /// The client's side of the exchange (RFC 5802), for tools and benchmarks that log in over
 /// SASL/SCRAM: the client-final message answering `server_first`, for a client that sent
@@ -165,9 +187,10 @@ enum State {
         client_first_bare: String,
         server_first: String,
         nonce: String,
-        /// None for an unknown user: the exchange goes on and fails at the proof, so a
-        /// client cannot tell unknown users from wrong passwords.
-        credential: Option<ScramCredential>,
+        /// A stand-in for an unknown user (`known` false): the exchange goes on alike and
+        /// fails at the proof, so a client cannot tell unknown users from wrong passwords.
+        credential: Box<ScramCredential>,
+        known: bool,
     },
     Done,
 }
@@ -195,11 +218,12 @@ impl ScramServer {
         matches!(self.state, State::AwaitClientFirst)
     }
 
-    /// Answers the client-first message with the server-first message.
+    /// Answers the client-first message with the server-first message. `lookup` gives the
+    /// user's credential and whether the user exists (a stand-in otherwise, see [`stand_in`]).
     pub fn client_first(
         &mut self,
         msg: &[u8],
-        lookup: impl FnOnce(&str) -> Option<ScramCredential>,
+        lookup: impl FnOnce(&str) -> (ScramCredential, bool),
     ) -> Result<Vec<u8>, ScramError> {
         if !matches!(self.state, State::AwaitClientFirst) {
             return Err(ScramError::Malformed("client-first message out of order"));
@@ -247,20 +271,21 @@ impl ScramServer {
         if user.is_empty() {
             return Err(ScramError::Malformed("empty user name"));
         }
-        let credential = lookup(&user);
-        let (salt, iterations) = match &credential {
-            Some(c) => (c.salt.clone(), c.iterations),
-            None => (random_bytes(32), 4096),
-        };
+        let (credential, known) = lookup(&user);
         let nonce = format!("{client_nonce}{}", B64.encode(random_bytes(24)));
-        let server_first = format!("r={nonce},s={},i={iterations}", B64.encode(&salt));
+        let server_first = format!(
+            "r={nonce},s={},i={}",
+            B64.encode(&credential.salt),
+            credential.iterations
+        );
         self.state = State::AwaitClientFinal {
             user,
             gs2_header,
             client_first_bare: bare.to_string(),
             server_first: server_first.clone(),
             nonce,
-            credential,
+            credential: Box::new(credential),
+            known,
         };
         Ok(server_first.into_bytes())
     }
@@ -275,6 +300,7 @@ impl ScramServer {
             server_first,
             nonce,
             credential,
+            known,
         } = std::mem::replace(&mut self.state, State::Done)
         else {
             return Err(ScramError::Malformed("client-final message out of order"));
@@ -305,9 +331,6 @@ impl ScramServer {
         let proof = B64
             .decode(proof)
             .map_err(|_| ScramError::Malformed("proof is not base64"))?;
-        let Some(credential) = credential else {
-            return Err(ScramError::BadCredentials);
-        };
         let m = self.mechanism;
         let auth_message = format!("{client_first_bare},{server_first},{without_proof}");
         let client_signature = hmac(m, &credential.stored_key, &[auth_message.as_bytes()]);
@@ -319,7 +342,7 @@ impl ScramServer {
             .zip(&client_signature)
             .map(|(p, s)| p ^ s)
             .collect();
-        if !bool::from(hash(m, &client_key).ct_eq(&credential.stored_key)) {
+        if !(bool::from(hash(m, &client_key).ct_eq(&credential.stored_key)) && known) {
             return Err(ScramError::BadCredentials);
         }
         let server_signature = hmac(m, &credential.server_key, &[auth_message.as_bytes()]);
@@ -352,7 +375,8 @@ mod tests {
             client_first_bare: client_first_bare.into(),
             server_first: server_first.into(),
             nonce: "rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0".into(),
-            credential: Some(credential),
+            credential: Box::new(credential),
+            known: true,
         };
         let final_msg = format!("{without_proof},p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=");
         let (server_final, user) = server.client_final(final_msg.as_bytes()).unwrap();
@@ -373,7 +397,11 @@ mod tests {
         let mut server = ScramServer::new(m);
         let bare = "n=alice,r=abcdef";
         let server_first = server.client_first(format!("n,,{bare}").as_bytes(), |u| {
-            (user_known && u == "alice").then(|| credential.clone())
+            match user_known && u == "alice" {
+                true => (credential.clone(), true),
+                // even a stand-in that a password would fit is refused
+                false => (credential.clone(), false),
+            }
         })?;
         let server_first = String::from_utf8(server_first).unwrap();
         let msg = super::client_final(m, password, bare, &server_first).unwrap();
@@ -393,6 +421,39 @@ mod tests {
                 exchange(m, b"s3cret", b"s3cret", false),
                 Err(ScramError::BadCredentials)
             );
+        }
+    }
+
+    /// Issue 47: an unknown user was answered with a new random salt each time and 4,096
+    /// iterations, a real one with the same salt and 8,192: users could be enumerated.
+    #[test]
+    fn an_unknown_users_stand_in_is_the_same_at_every_login_and_unique_to_the_user() {
+        let first_message = |c: ScramCredential, known: bool| {
+            let mut server = ScramServer::new(ScramMechanism::Sha512);
+            let first = server
+                .client_first(b"n,,n=bob,r=abcdef", |_| (c, known))
+                .unwrap();
+            let first = String::from_utf8(first).unwrap();
+            // the server's nonce differs each time; salt and iterations are what is compared
+            first.split(',').skip(1).collect::<Vec<_>>().join(",")
+        };
+        let m = ScramMechanism::Sha512;
+        let bob = stand_in(b"secret", m, "bob", 8192);
+        assert_eq!(bob, stand_in(b"secret", m, "bob", 8192), "deterministic");
+        assert_eq!((bob.salt.len(), bob.stored_key.len()), (32, 64));
+        assert_eq!(
+            first_message(bob.clone(), false),
+            first_message(stand_in(b"secret", m, "bob", 8192), false),
+            "two logins of an unknown user see the same salt and iterations"
+        );
+        assert!(first_message(bob.clone(), false).ends_with(",i=8192"));
+        for other in [
+            stand_in(b"secret", m, "carol", 8192),
+            stand_in(b"other secret", m, "bob", 8192),
+            stand_in(b"secret", ScramMechanism::Sha256, "bob", 8192),
+        ] {
+            assert_ne!(other.salt, bob.salt);
+            assert_ne!(other.stored_key, bob.stored_key);
         }
     }
 
@@ -422,7 +483,11 @@ mod tests {
         for msg in bad {
             let mut s = ScramServer::new(ScramMechanism::Sha256);
             assert!(
-                s.client_first(msg, |_| None).is_err(),
+                s.client_first(msg, |u| (
+                    stand_in(b"k", ScramMechanism::Sha256, u, 4096),
+                    false
+                ))
+                .is_err(),
                 "{:?}",
                 String::from_utf8_lossy(msg)
             );
