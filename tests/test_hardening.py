@@ -3,6 +3,7 @@ work, each as a regression test against a real `strata dev` process.
 
 1. Request memory: stalled frames of a few connections held all of it, so every other
    client waited for the frame timeout (on the default config, and before authentication).
+4. Topic names: a principal without Describe was told which topics exist.
 5. Logins: unknown SCRAM users could be told from real ones by their salt and iterations,
    unknown PLAIN users by how fast they failed, and passwords tried at network speed.
 """
@@ -285,3 +286,73 @@ def test_failed_logins_are_answered_after_kafkas_delay(tmp_path):
     finally:
         n.stop()
 
+
+# --- 4. the topic-existence oracle --------------------------------------------------------
+
+UNKNOWN_TOPIC_OR_PARTITION = 3
+TOPIC_AUTHORIZATION_FAILED = 29
+
+
+def metadata_errors(sock, topics: list[str], auto_create: bool) -> dict[str, int]:
+    """Metadata v4 for `topics` on an authenticated socket: {name: error code}."""
+    body = struct.pack(">i", len(topics))
+    for t in topics:
+        body += struct.pack(">h", len(t)) + t.encode()
+    body += struct.pack(">?", auto_create)
+    resp = raw_request(sock, 3, 4, body)
+    at = 4 + 4  # correlation id, throttle
+    (n,) = struct.unpack_from(">i", resp, at)
+    at += 4
+    for _ in range(n):  # brokers: node id, host, port, rack
+        at += 4
+        (h,) = struct.unpack_from(">h", resp, at)
+        at += 2 + h + 4
+        (r,) = struct.unpack_from(">h", resp, at)
+        at += 2 + max(r, 0)
+    (c,) = struct.unpack_from(">h", resp, at)  # cluster id
+    at += 2 + max(c, 0) + 4  # controller id
+    (n,) = struct.unpack_from(">i", resp, at)
+    at += 4
+    out = {}
+    for _ in range(n):
+        error, name_len = struct.unpack_from(">hh", resp, at)
+        at += 4
+        name = resp[at:at + name_len].decode()
+        at += name_len + 1  # is_internal
+        (parts,) = struct.unpack_from(">i", resp, at)
+        at += 4
+        for _ in range(parts):  # error, index, leader, replicas, isr
+            at += 2 + 4 + 4
+            for _ in range(2):
+                (k,) = struct.unpack_from(">i", resp, at)
+                at += 4 + 4 * k
+        out[name] = error
+    return out
+
+
+def test_a_principal_without_describe_cannot_tell_which_topics_exist(tmp_path):
+    """Metadata answered TOPIC_AUTHORIZATION_FAILED for an existing topic and
+    UNKNOWN_TOPIC_OR_PARTITION for a missing one to a principal without Describe, so
+    settlement topic names could be guessed. Both are now TOPIC_AUTHORIZATION_FAILED, with
+    auto-creation asked for or not; a principal that may Describe still learns the truth."""
+    n = SecureNode(tmp_path, '[auth]\nsuper_users = ["User:admin"]\n')
+    try:
+        for user in ("admin", "stranger"):
+            (tmp_path / f"{user}.pw").write_text(f"pw-{user}\n")
+            (tmp_path / f"{user}.pw").chmod(0o600)
+            n.user("create", user, "--password-file", str(tmp_path / f"{user}.pw"))
+        n.cli("topic", "create", "mf.settlement.trades", "--controller", f"127.0.0.1:{n.controller}")
+        asked = ["mf.settlement.trades", "mf.settlement.nav"]
+        with socket.create_connection(("127.0.0.1", n.ports["SASL"]), timeout=10) as s:
+            assert sasl_plain_login(s, "stranger", "pw-stranger")[0] == 0
+            for auto_create in (False, True):
+                errors = metadata_errors(s, asked, auto_create)
+                print(f"stranger, auto-create {auto_create}: {errors}")
+                assert errors == {t: TOPIC_AUTHORIZATION_FAILED for t in asked}, errors
+        with socket.create_connection(("127.0.0.1", n.ports["SASL"]), timeout=10) as s:
+            assert sasl_plain_login(s, "admin", "pw-admin")[0] == 0
+            errors = metadata_errors(s, asked, False)
+            assert errors == {"mf.settlement.trades": 0, "mf.settlement.nav": UNKNOWN_TOPIC_OR_PARTITION}, errors
+        assert "mf.settlement.nav" not in n.cli("topic", "list", "--controller", f"127.0.0.1:{n.controller}").stdout
+    finally:
+        n.stop()

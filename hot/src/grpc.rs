@@ -531,12 +531,18 @@ impl BrokerApi for GrpcService {
         &self,
         req: Request<GroupJoinRequest>,
     ) -> Result<Response<GroupJoinResponse>, Status> {
-        self.require(
+        let caller = self.require(
             &req,
             Operation::Read,
             ResourceType::Group,
             &req.get_ref().group,
         )?;
+        // Subscribing to a topic the caller may not Describe is refused before the join
+        // looks the topics up, so that an existing hidden topic and a missing one are
+        // answered alike (issue 47) and no hidden topic's partitions are assigned.
+        for topic in &req.get_ref().topics {
+            self.allow(&caller, Operation::Describe, ResourceType::Topic, topic)?;
+        }
         let host = req
             .remote_addr()
             .map_or_else(String::new, |a| format!("/{}", a.ip()));

@@ -205,6 +205,21 @@ async fn metadata_of(ctx: &Request, req: MetadataRequest) -> MetadataResponse {
                 .find(|x| x.spec.id == t.topic_id)
         });
         let name = t.name.map(|n| n.0.to_string());
+        // A topic the principal may not Describe is answered alike whether it exists or
+        // not, as Kafka does (issue 47: the difference told which settlement topics exist);
+        // asked for by id, its name stays hidden.
+        let hidden =
+            MetadataResponseTopic::default().with_error_code(codes::TOPIC_AUTHORIZATION_FAILED);
+        if by_id.is_none() {
+            if let Some(n) = name
+                .as_ref()
+                .filter(|n| !ctx.may_topic(Operation::Describe, n))
+            {
+                resp.topics
+                    .push(hidden.with_name(Some(TopicName(s(n.clone())))));
+                continue;
+            }
+        }
         let found = match (&by_id, &name) {
             (Some(found), _) => found.clone(),
             (None, Some(n)) => broker.topic(n),
@@ -214,11 +229,7 @@ async fn metadata_of(ctx: &Request, req: MetadataRequest) -> MetadataResponse {
             if ctx.may_topic(Operation::Describe, &topic.spec.name) {
                 resp.topics.push(topic_metadata(&topic, &live, &leader));
             } else {
-                resp.topics.push(
-                    MetadataResponseTopic::default()
-                        .with_name(Some(TopicName(s(topic.spec.name.clone()))))
-                        .with_error_code(codes::TOPIC_AUTHORIZATION_FAILED),
-                );
+                resp.topics.push(hidden.with_topic_id(t.topic_id));
             }
             continue;
         }
@@ -438,6 +449,7 @@ pub(super) async fn delete_topics(ctx: Request, req: DeleteTopicsRequest) -> Del
     );
     let mut responses = Vec::with_capacity(wanted.len());
     for (name, id) in wanted {
+        let by_id = name.is_none();
         let name = name.or_else(|| {
             broker
                 .topics()
@@ -445,9 +457,25 @@ pub(super) async fn delete_topics(ctx: Request, req: DeleteTopicsRequest) -> Del
                 .find(|t| t.spec.id == id)
                 .map(|t| t.spec.name.clone())
         });
+        // named by id: the name of a topic the principal may not Describe stays hidden
+        let hidden = by_id
+            && name
+                .as_ref()
+                .is_some_and(|n| !ctx.may_topic(Operation::Describe, n));
         let result = DeletableTopicResult::default()
-            .with_name(name.clone().map(|n| TopicName(s(n))))
+            .with_name(name.clone().filter(|_| !hidden).map(|n| TopicName(s(n))))
             .with_topic_id(id);
+        if hidden {
+            responses.push(
+                result
+                    .with_error_code(codes::TOPIC_AUTHORIZATION_FAILED)
+                    .with_error_message(Some(s(format!(
+                        "{} may not delete topic {id}",
+                        ctx.principal
+                    )))),
+            );
+            continue;
+        }
         let Some(name) = name else {
             responses.push(
                 result

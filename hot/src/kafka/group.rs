@@ -557,15 +557,21 @@ type FetchedTopic = (String, Vec<(i32, i64, i32, Option<String>, i16)>);
 /// transaction (KIP-447); a read_committed consumer asks with `require_stable` and retries.
 const UNSTABLE_OFFSET_COMMIT: i16 = 88;
 
+/// Topics the principal may not Describe are left out of "every partition", and answered
+/// TOPIC_AUTHORIZATION_FAILED when named, as Kafka does: their offsets and names stay hidden.
 fn fetch_group(
     c: &Coordinator,
     group: &str,
     asked: Option<Vec<(String, Vec<i32>)>>,
     require_stable: bool,
+    visible: impl Fn(&str) -> bool,
 ) -> Vec<FetchedTopic> {
     let asked = asked.unwrap_or_else(|| {
         let mut by_topic: Vec<(String, Vec<i32>)> = Vec::new();
         for (topic, partition) in c.committed(group).into_keys() {
+            if !visible(&topic) {
+                continue;
+            }
             match by_topic.last_mut() {
                 Some((t, ps)) if *t == topic => ps.push(partition),
                 _ => by_topic.push((topic, vec![partition])),
@@ -576,6 +582,13 @@ fn fetch_group(
     asked
         .into_iter()
         .map(|(topic, partitions)| {
+            if !visible(&topic) {
+                let refused = partitions
+                    .iter()
+                    .map(|p| (*p, -1, -1, None, codes::TOPIC_AUTHORIZATION_FAILED))
+                    .collect();
+                return (topic, refused);
+            }
             let keys: Vec<(String, i32)> = partitions.iter().map(|p| (topic.clone(), *p)).collect();
             let found = c.fetch(group, &keys);
             let rows = partitions
@@ -610,7 +623,9 @@ pub(super) async fn offset_fetch(ctx: Request, req: OffsetFetchRequest) -> Offse
                     Ok(c) => OffsetFetchResponseGroup::default()
                         .with_group_id(g.group_id)
                         .with_topics(build_topics(
-                            fetch_group(&c, &id, asked, req.require_stable),
+                            fetch_group(&c, &id, asked, req.require_stable, |t| {
+                                ctx.may_topic(Operation::Describe, t)
+                            }),
                             |name, parts| {
                                 OffsetFetchResponseTopics::default()
                                     .with_name(name)
@@ -669,7 +684,13 @@ pub(super) async fn offset_fetch(ctx: Request, req: OffsetFetchRequest) -> Offse
             .collect()
     });
     OffsetFetchResponse::default().with_topics(build_topics(
-        fetch_group(&c, &id, asked, ctx.version >= 7 && req.require_stable),
+        fetch_group(
+            &c,
+            &id,
+            asked,
+            ctx.version >= 7 && req.require_stable,
+            |t| ctx.may_topic(Operation::Describe, t),
+        ),
         |name, parts| {
             OffsetFetchResponseTopic::default()
                 .with_name(name)
