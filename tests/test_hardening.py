@@ -75,7 +75,8 @@ def test_stalled_60_mib_frames_on_the_default_config_leave_new_clients_served(tm
     RSS from 26 to 506 MiB, and a producer that connected meanwhile got 0 of 100 acks in
     20 s: each frame had taken 64 MiB of the 512 MiB pool ahead of its bytes. Now a frame
     holds about what it sent, and a small request that finds the pool in use is read on its
-    connection's own 64 KiB; ten such connections (more than the pool) are tried."""
+    connection's own 64 KiB; ten such connections (more than the pool) are tried. A large
+    request that must wait for the pool closes the frames that have been stalled for 5 s."""
     b = Broker(strata_bin(), tmp_path)
     b.start()
     socks = []
@@ -109,6 +110,19 @@ def test_stalled_60_mib_frames_on_the_default_config_leave_new_clients_served(tm
         assert m["strata_kafka_request_memory_bytes"] <= (POOL_MIB + 64 * 40 / 1024) * MIB
         assert m["strata_kafka_request_floor_reads_total"] >= 1, "the pool was never full"
         assert rss1 - rss0 <= POOL_MIB + POOL_MIB / 16 + ALLOCATOR_SLACK_MIB, (rss0, rss1)
+
+        # a producer of large batches (over a connection's 64 KiB floor) waits for the pool:
+        # the stalled frames are closed once it has waited 5 s, not at the frame timeout (30 s)
+        t0 = time.monotonic()
+        big = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 0})
+        big.produce("payments", value=b"x" * (512 << 10))
+        assert big.flush(25) == 0, "a 512 KiB record waited for the stalled frames"
+        big_s = time.monotonic() - t0
+        m = scrape_metrics(b.metrics_port)
+        print(f"a 512 KiB record acknowledged after {big_s:.1f} s; "
+              f"{m['strata_kafka_stalled_frames_closed_total']:.0f} stalled frames closed")
+        assert big_s < 15, big_s
+        assert m["strata_kafka_stalled_frames_closed_total"] >= 1
         assert b.running()
     finally:
         for s in socks:

@@ -680,6 +680,11 @@ fn broker(out: &mut Out<'_>, broker: &Broker) -> fmt::Result {
         "Small request frames read on their connection's own 64 KiB because the shared request memory was in use.",
         load(&l.floor_reads),
     )?;
+    out.counter(
+        "strata_kafka_stalled_frames_closed_total",
+        "Request frames closed for receiving nothing for 5 s while another frame waited for request memory.",
+        load(&l.stalled_frames_closed),
+    )?;
     out.gauge(
         "strata_open_fds",
         "Open file descriptors of the process, counted every second.",

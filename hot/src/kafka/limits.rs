@@ -15,10 +15,12 @@
 //!   (a login, Metadata, a produce of a few records) are still read and answered; a
 //!   connection can hold back only itself.
 //!
-//! Large frames wait while their budget is in use (in arrival order), and a frame that
-//! stalls half-sent is closed after `kafka.frame_timeout`, which returns its share. The
-//! request memory a broker holds is therefore at most the pool, plus the pre-authentication
-//! budget, plus `FLOOR_BYTES` per open connection.
+//! Large frames wait while their budget is in use (in arrival order). While one waits, a
+//! frame of the same budget that has received nothing for [`STALLED`] is closed, which
+//! returns its share: a stalled frame keeps its memory only as long as nobody else needs it.
+//! Any frame that stalls half-sent is closed after `kafka.frame_timeout`. The request memory
+//! a broker holds is therefore at most the pool, plus the pre-authentication budget, plus
+//! `FLOOR_BYTES` per open connection.
 //!
 //! File descriptors: at start the process's limit (RLIMIT_NOFILE) is raised to its hard
 //! maximum. Every second the open descriptors are counted; client connections may take
@@ -53,6 +55,11 @@ pub const FLOOR_BYTES: usize = 64 << 10;
 /// The least the pre-authentication budget holds.
 const MIN_PRE_AUTH: usize = 1 << 20;
 
+/// A frame larger than [`FLOOR_BYTES`] that has received no byte for this long, while
+/// another frame waits for memory of its budget, is closed. Kafka clients send a frame's
+/// bytes back to back: one quiet this long is broken or hostile.
+pub const STALLED: Duration = Duration::from_secs(5);
+
 /// How often a refused-connection warning may be logged.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -73,6 +80,8 @@ pub struct ListenerStats {
     pub pre_auth_memory: AtomicU64,
     /// Frames read on their connection's own floor because their budget was in use.
     pub floor_reads: AtomicU64,
+    /// Frames closed for being stalled while another frame waited for memory.
+    pub stalled_frames_closed: AtomicU64,
     /// Open file descriptors of the process at the last count, and its limit.
     pub open_fds: AtomicU64,
     pub fd_limit: AtomicU64,
@@ -94,6 +103,8 @@ pub struct Limits {
     freed: Notify,
     memory: Arc<Semaphore>,
     pre_auth: Arc<Semaphore>,
+    /// Frames over `FLOOR_BYTES` being read, for closing the stalled ones.
+    partials: Mutex<Partials>,
     stats: Arc<ListenerStats>,
     /// Connections the file descriptors leave room for (see the module doc).
     fd_room: std::sync::atomic::AtomicUsize,
@@ -127,6 +138,49 @@ impl WarnEvery {
         }
         self.warned_at = Some(Instant::now());
         Some(std::mem::take(&mut self.since_warning))
+    }
+}
+
+/// The large frames being read, by a number of their own.
+#[derive(Default)]
+struct Partials {
+    next: u64,
+    frames: HashMap<u64, Partial>,
+    /// Warnings for closed stalled frames, at most every 10 s.
+    closed: WarnEvery,
+}
+
+struct Partial {
+    budget: Budget,
+    /// When the frame last received bytes or got memory.
+    progress: tokio::time::Instant,
+    /// Whether it is waiting for memory (not stalled, then, whatever `progress` says).
+    waiting: bool,
+    held: u64,
+    close: Arc<Notify>,
+}
+
+/// A large frame's place in [`Partials`], removed when dropped.
+struct Registered<'a> {
+    limits: &'a Limits,
+    id: u64,
+    close: Arc<Notify>,
+}
+
+impl Registered<'_> {
+    /// The frame received bytes or memory (`waiting` false), or starts waiting for memory.
+    fn progress(&self, held: u64, waiting: bool) {
+        if let Some(p) = self.limits.partials().frames.get_mut(&self.id) {
+            p.progress = tokio::time::Instant::now();
+            p.held = held;
+            p.waiting = waiting;
+        }
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.limits.partials().frames.remove(&self.id);
     }
 }
 
@@ -190,6 +244,7 @@ impl Limits {
             pre_auth: Arc::new(Semaphore::new(pre_auth_bytes(
                 config.queued_max_request_bytes,
             ))),
+            partials: Mutex::default(),
             fetch_sessions: super::fetch_session::Cache::new(
                 config.fetch_session_cache_slots,
                 config.fetch_session_cache_partitions,
@@ -300,6 +355,103 @@ impl Limits {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn partials(&self) -> std::sync::MutexGuard<'_, Partials> {
+        self.partials.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn register(&self, budget: Budget) -> Registered<'_> {
+        let mut partials = self.partials();
+        let id = partials.next;
+        partials.next += 1;
+        let close = Arc::new(Notify::new());
+        partials.frames.insert(
+            id,
+            Partial {
+                budget,
+                progress: tokio::time::Instant::now(),
+                waiting: false,
+                held: 0,
+                close: close.clone(),
+            },
+        );
+        Registered {
+            limits: self,
+            id,
+            close,
+        }
+    }
+
+    /// Closes every frame of `budget` but `waiter` that holds memory and has received
+    /// nothing for [`STALLED`].
+    fn close_stalled(&self, budget: Budget, waiter: u64) {
+        let mut partials = self.partials();
+        let stalled: Vec<u64> = partials
+            .frames
+            .iter()
+            .filter(|(id, p)| {
+                **id != waiter
+                    && p.budget == budget
+                    && !p.waiting
+                    && p.held > 0
+                    && p.progress.elapsed() >= STALLED
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        if stalled.is_empty() {
+            return;
+        }
+        let mut bytes = 0;
+        for id in &stalled {
+            if let Some(p) = partials.frames.remove(id) {
+                bytes += p.held;
+                p.close.notify_one();
+            }
+        }
+        self.stats
+            .stalled_frames_closed
+            .fetch_add(stalled.len() as u64, Relaxed);
+        if let Some(closed) = partials.closed.due() {
+            tracing::warn!(
+                frames = stalled.len(),
+                bytes,
+                closed,
+                ?budget,
+                "closing request frames that received nothing for 5 s while another frame waited for request memory"
+            );
+        }
+    }
+
+    /// Takes `bytes` of `memory` for the registered frame `me`, waiting while it is all in
+    /// use; meanwhile stalled frames of the same budget are closed.
+    async fn take(
+        &self,
+        share: &mut MemoryShare,
+        memory: &Arc<Semaphore>,
+        bytes: usize,
+        budget: Budget,
+        me: &Registered<'_>,
+    ) {
+        let n = bytes as u32; // a frame is at most kafka.max_request_bytes (i32)
+        if let Ok(p) = memory.clone().try_acquire_many_owned(n) {
+            return share.hold(p);
+        }
+        self.stats.request_memory_waits.fetch_add(1, Relaxed);
+        me.progress(share.bytes, true);
+        let acquire = memory.clone().acquire_many_owned(n);
+        tokio::pin!(acquire);
+        loop {
+            self.close_stalled(budget, me.id);
+            tokio::select! {
+                p = &mut acquire => {
+                    share.hold(p.expect("the request memory is never closed"));
+                    me.progress(share.bytes, false);
+                    return;
+                }
+                _ = tokio::time::sleep(STALLED / 5) => {}
+            }
+        }
+    }
+
     /// Reads a `size`-byte frame body from `rd` for a connection with its own `floor`,
     /// drawing on `budget`. The buffer grows as bytes arrive (doubling from 64 KiB, at most
     /// 1 MiB at a time), and each read first takes its bytes from the budget, waiting while
@@ -344,26 +496,51 @@ impl Limits {
         let mut frame = BytesMut::new();
         if size <= FLOOR_BYTES {
             share.take_small(memory, &floor.0, size).await;
-        }
-        while frame.len() < size {
-            let want = (size - frame.len()).min(frame.len().clamp(FIRST_CHUNK, MAX_STEP));
-            if share.bytes < (frame.len() + want) as u64 {
-                share.take(memory, want).await;
+            frame.reserve(size);
+            while frame.len() < size {
+                read_into(rd, &mut frame, size, size, hint).await?;
             }
-            frame.reserve(want);
-            let target = frame.len() + want;
-            while frame.len() < target {
-                if let Some(hint) = hint {
-                    hint.still_needs(size - frame.len());
-                }
-                let left = (target - frame.len()) as u64;
-                if (&mut *rd).take(left).read_buf(&mut frame).await? == 0 {
-                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+            return Ok((frame, share));
+        }
+        let me = self.register(budget);
+        let read = async {
+            while frame.len() < size {
+                let want = (size - frame.len()).min(frame.len().clamp(FIRST_CHUNK, MAX_STEP));
+                self.take(&mut share, memory, want, budget, &me).await;
+                frame.reserve(want);
+                let target = frame.len() + want;
+                while frame.len() < target {
+                    read_into(rd, &mut frame, target, size, hint).await?;
+                    me.progress(share.bytes, false);
                 }
             }
+            Ok(())
+        };
+        tokio::select! {
+            read = read => read.map(|()| (frame, share)),
+            _ = me.close.notified() => Err(std::io::Error::other(
+                "request frame stalled while others waited for request memory",
+            )),
         }
-        Ok((frame, share))
     }
+}
+
+/// One read of what has arrived of a `size`-byte frame into `frame`, up to `target` bytes.
+async fn read_into<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    frame: &mut BytesMut,
+    target: usize,
+    size: usize,
+    hint: Option<&FrameHint>,
+) -> std::io::Result<()> {
+    if let Some(hint) = hint {
+        hint.still_needs(size - frame.len());
+    }
+    let left = (target - frame.len()) as u64;
+    if (&mut *rd).take(left).read_buf(frame).await? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
 }
 
 /// Raises the soft file-descriptor limit to the hard one, as servers do at start; returns
@@ -402,23 +579,6 @@ fn pre_auth_bytes(queued: usize) -> usize {
 }
 
 impl MemoryShare {
-    /// Adds `bytes` to this share, waiting while the memory is all in use.
-    async fn take(&mut self, memory: &Arc<Semaphore>, bytes: usize) {
-        let n = bytes as u32; // a frame is at most kafka.max_request_bytes (i32)
-        let permit = match memory.clone().try_acquire_many_owned(n) {
-            Ok(p) => p,
-            Err(_) => {
-                self.stats.request_memory_waits.fetch_add(1, Relaxed);
-                memory
-                    .clone()
-                    .acquire_many_owned(n)
-                    .await
-                    .expect("the request memory is never closed")
-            }
-        };
-        self.hold(permit);
-    }
-
     /// Takes a whole small frame's `bytes` from `memory`, or from the connection's `floor`
     /// when `memory` is short; waits only while both are (the connection's own earlier
     /// requests hold its floor).
@@ -873,5 +1033,83 @@ mod tests {
             assert!(r.await.unwrap().is_err());
         }
         assert_eq!(l.stats.pre_auth_memory.load(Relaxed), 0);
+    }
+
+    /// Issue 47: stalled large frames kept the pool until the frame timeout (30 s), so an
+    /// authenticated client's large request waited that long. While a frame waits for
+    /// memory, frames of its budget quiet for 5 s are closed and their memory is its.
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_waiting_for_memory_closes_the_stalled_ones_after_five_seconds() {
+        let l = limits(10, 10, 2 << 20);
+        let (mut stalled_client, mut stalled_server) = tokio::io::duplex(4 << 20);
+        tokio::io::AsyncWriteExt::write_all(&mut stalled_client, &vec![1u8; 3 << 19])
+            .await
+            .unwrap();
+        let stalled = tokio::spawn({
+            let l = l.clone();
+            async move {
+                let floor = Floor::default();
+                l.read_frame(
+                    &mut stalled_server,
+                    100 << 20,
+                    Budget::Authenticated,
+                    &floor,
+                    None,
+                )
+                .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            l.memory.available_permits(),
+            0,
+            "the stalled frame holds the pool"
+        );
+        // a pre-authentication frame waiting for its own budget closes nothing here
+        let _pre = l.pre_auth.clone().try_acquire_many_owned(1 << 20).unwrap();
+        let (mut pre_client, mut pre_server) = tokio::io::duplex(1 << 20);
+        tokio::io::AsyncWriteExt::write_all(&mut pre_client, &vec![3u8; 100 << 10])
+            .await
+            .unwrap();
+        let pre = tokio::spawn({
+            let l = l.clone();
+            async move {
+                let floor = Floor::default();
+                let read = l.read_frame(
+                    &mut pre_server,
+                    100 << 10,
+                    Budget::PreAuthentication,
+                    &floor,
+                    None,
+                );
+                tokio::time::timeout(Duration::from_secs(20), read).await
+            }
+        });
+        // a whole 1 MiB request arrives and waits for the pool
+        let (mut client, mut server) = tokio::io::duplex(2 << 20);
+        tokio::io::AsyncWriteExt::write_all(&mut client, &vec![2u8; 1 << 20])
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let floor = Floor::default();
+        let read = l.read_frame(&mut server, 1 << 20, Budget::Authenticated, &floor, None);
+        let (frame, _share) = tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .expect("the stalled frame was never closed")
+            .expect("the waiting frame is read once the stalled one is closed");
+        let waited = started.elapsed();
+        assert_eq!(frame.len(), 1 << 20);
+        assert!(
+            (STALLED - Duration::from_millis(20)..=STALLED + STALLED / 4).contains(&waited),
+            "read after {waited:?}"
+        );
+        let closed = stalled.await.unwrap().unwrap_err();
+        assert!(closed.to_string().contains("stalled"), "{closed}");
+        assert_eq!(l.stats.stalled_frames_closed.load(Relaxed), 1);
+        assert!(
+            pre.await.unwrap().is_err(),
+            "the pre-authentication frame still waits: nothing of its budget was stalled"
+        );
+        drop((stalled_client, pre_client, client));
     }
 }
