@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 
 from conftest import Broker, scrape_metrics, strata_bin
 from test_limits import p99, rss_mb
-from test_security import PASSWORD, SecureNode, raw_request, sasl_conf, sasl_plain_login
+from test_security import SecureNode, node_with_alice, raw_request, sasl_conf, sasl_plain_login
 
 MIB = 1 << 20
 # The documented bound (docs/operations.md, "Request memory"): the pool, plus a sixteenth of
@@ -137,14 +137,9 @@ def test_a_thousand_stalled_logins_leave_the_pool_and_other_logins_alone(tmp_pat
     everyone's requests. They now have a budget of their own (a sixteenth of the pool), and
     a login's small frames are read on their connection's floor."""
     raise_fd_limit()
-    n = SecureNode(tmp_path, "[auth]\nallow_everyone_if_no_acl_found = true\n")
+    n = node_with_alice(tmp_path)
     socks = []
     try:
-        pw = tmp_path / "alice.pw"
-        pw.write_text(PASSWORD + "\n")
-        pw.chmod(0o600)
-        n.user("create", "alice", "--password-file", str(pw))
-        n.cli("topic", "create", "ledger", "--bootstrap", n.bootstrap("PLAIN"))
         conf = dict(sasl_conf(n, "SCRAM-SHA-512"), acks="all", **{"enable.idempotence": True})
         quiet_producer = Producer(conf)
         acks_ms(quiet_producer, "ledger", 20)
@@ -184,15 +179,6 @@ def test_a_thousand_stalled_logins_leave_the_pool_and_other_logins_alone(tmp_pat
 # --- 5. logins ---------------------------------------------------------------------------
 
 
-def secure_node_with_alice(tmp_path, sasl=""):
-    n = SecureNode(tmp_path, "[auth]\nallow_everyone_if_no_acl_found = true\n" + sasl)
-    pw = tmp_path / "alice.pw"
-    pw.write_text(PASSWORD + "\n")
-    pw.chmod(0o600)
-    n.user("create", "alice", "--password-file", str(pw))
-    return n
-
-
 def scram_server_first(port: int, user: str) -> tuple[str, int]:
     """SaslHandshake SCRAM-SHA-512 and the client-first message for `user` on a
     SASL_PLAINTEXT port: the (salt, iterations) the server answers with."""
@@ -214,7 +200,7 @@ def test_unknown_scram_users_look_like_real_ones(tmp_path):
     """An unknown user got a new random salt at each login and 4,096 iterations, a real one
     the same salt every time and 8,192: which users exist could be read off. An unknown
     user's salt is now the same at every login, and its iterations are the real users'."""
-    n = secure_node_with_alice(tmp_path)
+    n = node_with_alice(tmp_path)
     try:
         port = n.ports["SASL"]
         alice = [scram_server_first(port, "alice") for _ in range(3)]
@@ -251,7 +237,8 @@ def test_plain_logins_of_unknown_users_take_as_long_as_wrong_passwords(tmp_path)
     """PLAIN failed in 0.07 ms for an unknown user and in 7 ms for a wrong password (the
     password's PBKDF2): user names could be timed. (The failed-login delay is off here so
     that only the work is compared.)"""
-    n = secure_node_with_alice(tmp_path, '[kafka.sasl]\nfailed_authentication_delay = "0s"\n')
+    n = node_with_alice(tmp_path, "[auth]\nallow_everyone_if_no_acl_found = true\n"
+                                  '[kafka.sasl]\nfailed_authentication_delay = "0s"\n')
     try:
         port = n.ports["SASL"]
         timed_plain_failures(port, "alice", "warm-up", 3)
@@ -273,7 +260,7 @@ def test_failed_logins_are_answered_after_kafkas_delay(tmp_path):
     not delayed, and DescribeConfigs shows the setting under Kafka's name."""
     from confluent_kafka.admin import AdminClient, ConfigResource
 
-    n = secure_node_with_alice(tmp_path)
+    n = node_with_alice(tmp_path)
     try:
         port = n.ports["SASL"]
         t0 = time.monotonic()

@@ -93,6 +93,17 @@ class SecureNode:
         self.log.close()
 
 
+def node_with_alice(tmp_path, config="[auth]\nallow_everyone_if_no_acl_found = true\n"):
+    """A SecureNode with `config`, the SCRAM user alice and the topic `ledger`."""
+    n = SecureNode(tmp_path, config)
+    pw = tmp_path / "alice.pw"
+    pw.write_text(PASSWORD + "\n")
+    pw.chmod(0o600)
+    n.user("create", "alice", "--password-file", str(pw))
+    n.cli("topic", "create", "ledger", "--bootstrap", n.bootstrap("PLAIN"))
+    return n
+
+
 @pytest.fixture
 def node(tmp_path):
     # authentication only: resources no ACL names stay open to every authenticated principal
@@ -326,14 +337,9 @@ def test_sessions_end_unless_reauthenticated_kip_368(tmp_path):
     """`connections_max_reauth = "2s"`: SaslAuthenticate v1 tells the client its session
     lifetime; a connection that does not re-authenticate is closed at its first request after
     it; one that re-authenticates goes on; librdkafka re-authenticates by itself."""
-    n = SecureNode(tmp_path, '[auth]\nallow_everyone_if_no_acl_found = true\n'
-                             '[kafka.sasl]\nconnections_max_reauth = "2s"\n')
+    n = node_with_alice(tmp_path, '[auth]\nallow_everyone_if_no_acl_found = true\n'
+                                  '[kafka.sasl]\nconnections_max_reauth = "2s"\n')
     try:
-        pw = tmp_path / "alice.pw"
-        pw.write_text(PASSWORD + "\n")
-        pw.chmod(0o600)
-        n.user("create", "alice", "--password-file", str(pw))
-        n.cli("topic", "create", "ledger", "--bootstrap", n.bootstrap("PLAIN"))
         metadata = struct.pack(">i", -1)
         with socket.create_connection(("127.0.0.1", n.ports["SASL"]), timeout=5) as s:
             assert sasl_plain_login(s) == (0, 2000)

@@ -465,17 +465,6 @@ pub(super) async fn delete_topics(ctx: Request, req: DeleteTopicsRequest) -> Del
         let result = DeletableTopicResult::default()
             .with_name(name.clone().filter(|_| !hidden).map(|n| TopicName(s(n))))
             .with_topic_id(id);
-        if hidden {
-            responses.push(
-                result
-                    .with_error_code(codes::TOPIC_AUTHORIZATION_FAILED)
-                    .with_error_message(Some(s(format!(
-                        "{} may not delete topic {id}",
-                        ctx.principal
-                    )))),
-            );
-            continue;
-        }
         let Some(name) = name else {
             responses.push(
                 result
@@ -484,12 +473,13 @@ pub(super) async fn delete_topics(ctx: Request, req: DeleteTopicsRequest) -> Del
             );
             continue;
         };
-        if !ctx.may_topic(Operation::Delete, &name) {
+        if hidden || !ctx.may_topic(Operation::Delete, &name) {
+            let named = if hidden { id.to_string() } else { name };
             responses.push(
                 result
                     .with_error_code(codes::TOPIC_AUTHORIZATION_FAILED)
                     .with_error_message(Some(s(format!(
-                        "{} may not delete topic {name}",
+                        "{} may not delete topic {named}",
                         ctx.principal
                     )))),
             );
