@@ -12,6 +12,13 @@
 //! Both go to HDR histograms (p50, p99, p99.9, max). With `--broker-pid`, the CPU seconds
 //! each broker process used during the measured window (from /proc) are reported per
 //! million records, and the generator's own CPU, to show it was not the bottleneck.
+//!
+//! librdkafka's own statistics (`statistics.interval.ms`, `--stats-ms`) show where a
+//! record's time went on the client's side, per broker: `int_latency` (a record waiting in
+//! its partition's queue for a request: linger, and requests that cannot be sent yet),
+//! `outbuf_latency` (a built request waiting to be sent: the in-flight limit) and `rtt` (a
+//! request's round trip to the broker), with the Produce requests sent and the records each
+//! carried.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -29,6 +36,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::statistics::{Statistics, Window};
 use rdkafka::{Offset, TopicPartitionList};
 
 #[derive(Parser, Debug)]
@@ -77,6 +85,9 @@ struct Args {
     /// Also write the figures here as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// librdkafka's statistics interval (ms) for the per-broker client-side figures; 0 off.
+    #[arg(long, default_value_t = 1000)]
+    stats_ms: u64,
 }
 
 /// What rides with each record to its delivery report: when it was due (ns since `base`).
@@ -85,13 +96,72 @@ struct Due(u64);
 struct Reports {
     base: Instant,
     measure_from_ns: u64,
+    /// Set when the measured window ends: later statistics are not counted.
+    measured: AtomicBool,
     acked: Mutex<Histogram<u64>>,
     delivered: AtomicU64,
     failed: AtomicU64,
     first_error: Mutex<Option<String>>,
+    /// librdkafka's statistics over the measured window, by broker id.
+    client_view: Mutex<HashMap<i32, BrokerView>>,
 }
 
-impl ClientContext for Reports {}
+/// One broker's statistics windows (µs) and Produce request counts, as librdkafka saw them.
+#[derive(Default)]
+struct BrokerView {
+    rtt: Vec<(i64, i64)>,
+    int_latency: Vec<(i64, i64)>,
+    outbuf_latency: Vec<(i64, i64)>,
+    /// Produce requests sent, at the first and the last statistics of the window.
+    produce_requests: Option<(i64, i64)>,
+    /// Records sent to the partitions it leads, at the same two points.
+    records_sent: Option<(u64, u64)>,
+    /// Records in flight or waiting to be sent, the most seen.
+    queued_max: i64,
+}
+
+impl ClientContext for Reports {
+    fn stats(&self, stats: Statistics) {
+        let now = self.base.elapsed().as_nanos() as u64;
+        if now < self.measure_from_ns || self.measured.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut sent_to = HashMap::<i32, u64>::new();
+        for p in stats.topics.values().flat_map(|t| t.partitions.values()) {
+            *sent_to.entry(p.leader).or_default() += p.txmsgs;
+        }
+        let mut view = self.client_view.lock().unwrap_or_else(|e| e.into_inner());
+        for b in stats.brokers.values().filter(|b| b.nodeid >= 0) {
+            let v = view.entry(b.nodeid).or_default();
+            let push = |into: &mut Vec<(i64, i64)>, w: &Option<Window>| {
+                if let Some(w) = w.as_ref().filter(|w| w.cnt > 0) {
+                    into.push((w.p50, w.p99));
+                }
+            };
+            push(&mut v.rtt, &b.rtt);
+            push(&mut v.int_latency, &b.int_latency);
+            push(&mut v.outbuf_latency, &b.outbuf_latency);
+            let produced = b.req.get("Produce").copied().unwrap_or(0);
+            let first = v.produce_requests.map_or(produced, |(first, _)| first);
+            v.produce_requests = Some((first, produced));
+            let records = sent_to.get(&b.nodeid).copied().unwrap_or(0);
+            let first = v.records_sent.map_or(records, |(first, _)| first);
+            v.records_sent = Some((first, records));
+            v.queued_max = v.queued_max.max(b.outbuf_msg_cnt + b.waitresp_msg_cnt);
+        }
+    }
+}
+
+/// The median of the windows' p50s and the largest p99, in ms.
+fn windows_ms(windows: &[(i64, i64)]) -> (f64, f64) {
+    if windows.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let mut p50: Vec<i64> = windows.iter().map(|w| w.0).collect();
+    p50.sort_unstable();
+    let p99 = windows.iter().map(|w| w.1).max().unwrap_or(0);
+    (p50[p50.len() / 2] as f64 / 1000.0, p99 as f64 / 1000.0)
+}
 
 impl ProducerContext for Reports {
     type DeliveryOpaque = Box<Due>;
@@ -269,15 +339,18 @@ fn main() -> anyhow::Result<()> {
     let reports = Reports {
         base,
         measure_from_ns,
+        measured: AtomicBool::new(false),
         acked: Mutex::new(histogram()),
         delivered: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         first_error: Mutex::new(None),
+        client_view: Mutex::default(),
     };
     let producer: BaseProducer<Reports> = config(&args)?
         .set("acks", &args.acks)
         .set("enable.idempotence", "true")
         .set("linger.ms", args.linger_ms.to_string())
+        .set("statistics.interval.ms", args.stats_ms.to_string())
         .create_with_context(reports)
         .context("creating the producer")?;
 
@@ -356,6 +429,7 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
+    producer.context().measured.store(true, Ordering::Relaxed);
     let mut cpu = Vec::new();
     for &pid in &args.broker_pids {
         cpu.push((pid, cpu_seconds(&pid.to_string())? - cpu0[&pid]));
@@ -420,6 +494,43 @@ fn main() -> anyhow::Result<()> {
         "this generator: {self_cpu:.2} CPU s ({:.1} per million records)",
         self_cpu / measured_records * 1e6
     );
+    let view = r.client_view.lock().unwrap_or_else(|e| e.into_inner());
+    let mut brokers: Vec<_> = view.iter().collect();
+    brokers.sort_by_key(|(id, _)| **id);
+    let mut client_json = Vec::new();
+    if !brokers.is_empty() {
+        println!(
+            "librdkafka's view (ms; median of the {} ms windows' p50 / their worst p99):",
+            args.stats_ms
+        );
+        println!(
+            "{:<8} {:>17} {:>17} {:>17} {:>13} {:>12} {:>11}",
+            "broker",
+            "queued (int)",
+            "to send (outbuf)",
+            "round trip (rtt)",
+            "Produce/s",
+            "records/req",
+            "queued max"
+        );
+    }
+    for (id, v) in brokers {
+        let (int50, int99) = windows_ms(&v.int_latency);
+        let (out50, out99) = windows_ms(&v.outbuf_latency);
+        let (rtt50, rtt99) = windows_ms(&v.rtt);
+        let requests = v.produce_requests.map_or(0, |(a, b)| b - a);
+        let per_s = requests as f64 / args.seconds;
+        let records = v.records_sent.map_or(0, |(a, b)| b - a);
+        let records_per_request = records as f64 / requests.max(1) as f64;
+        println!(
+            "{id:<8} {int50:>8.2} /{int99:>7.2} {out50:>8.2} /{out99:>7.2} {rtt50:>8.2} /{rtt99:>7.2} {per_s:>13.0} {records_per_request:>12.2} {:>11}",
+            v.queued_max
+        );
+        client_json.push(format!(
+            "{{\"broker\":{id},\"int_latency_ms\":[{int50:.3},{int99:.3}],\"outbuf_latency_ms\":[{out50:.3},{out99:.3}],\"rtt_ms\":[{rtt50:.3},{rtt99:.3}],\"produce_per_s\":{per_s:.1},\"records_per_request\":{records_per_request:.3}}}"
+        ));
+    }
+    drop(view);
     if let Some(path) = &args.json {
         let brokers: Vec<String> = cpu
             .iter()
@@ -429,11 +540,12 @@ fn main() -> anyhow::Result<()> {
             "{{\"rate\":{},\"size\":{},\"partitions\":{},\"acks\":\"{}\",\"seconds\":{},\"acked_per_s\":{achieved:.1},\"failed\":{failed},\
              \"ack_ms\":{{\"p50\":{:.3},\"p99\":{:.3},\"p999\":{:.3},\"max\":{:.3},\"count\":{}}},\
              \"e2e_ms\":{{\"p50\":{:.3},\"p99\":{:.3},\"p999\":{:.3},\"max\":{:.3},\"count\":{}}},\
-             \"brokers\":[{}],\"generator_cpu_s\":{self_cpu:.3}}}\n",
+             \"brokers\":[{}],\"generator_cpu_s\":{self_cpu:.3},\"client_view\":[{}]}}\n",
             args.rate, args.size, args.partitions, args.acks, args.seconds,
             acked.p50, acked.p99, acked.p999, acked.max, acked.count,
             e2e.p50, e2e.p99, e2e.p999, e2e.max, e2e.count,
-            brokers.join(",")
+            brokers.join(","),
+            client_json.join(",")
         );
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
     }
