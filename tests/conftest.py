@@ -60,6 +60,16 @@ def port_accepts_at(host: str, port: int) -> bool:
         return False
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def scrape_metrics(port: int, timeout: float = 10) -> dict:
     """{metric line without its value: value} from a /metrics endpoint on 127.0.0.1."""
     import urllib.request

@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from conftest import Broker, free_port, port_accepts, rdkafka_conf, scrape_metrics, strata_bin
+from conftest import Broker, free_port, port_accepts, rdkafka_conf, scrape_metrics, stop_process, strata_bin
 
 SEGMENT = 64 << 10
 
@@ -232,10 +232,5 @@ def test_strata_dev_secure_serves_metrics_over_https_with_basic_auth_only(tmp_pa
         assert {"admin.password", "metrics.password", "ca.pem", "ca.key", "node-broker-1.pem",
                 "client-admin.pem", "raft-log"} <= names_under(data), seen
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         out.close()

@@ -162,12 +162,17 @@ def test_controllers_refuse_raft_and_broker_calls_from_the_wrong_certificate(sec
     assert TOPIC not in secure.metadata()["topics"]
 
 
-def test_a_spoofed_or_stale_replica_fetch_cannot_complete_an_acks_all_write(secure, pb):
+def replicated_topic(secure):
+    """TOPIC with one partition on all three brokers, once its ISR is full: (metadata, the
+    topic, its partition)."""
     secure.cli("topic", "create", TOPIC, "-p", "1", "--replication-factor", "3")
     m = secure.wait_for(lambda m: TOPIC in m["topics"]
                         and len(m["topics"][TOPIC]["partitions"][0]["isr"]) == 3, "a full ISR")
-    t = m["topics"][TOPIC]
-    part = t["partitions"][0]
+    return m, m["topics"][TOPIC], m["topics"][TOPIC]["partitions"][0]
+
+
+def test_a_spoofed_or_stale_replica_fetch_cannot_complete_an_acks_all_write(secure, pb):
+    m, t, part = replicated_topic(secure)
     leader = part["leader"]
     follower, bystander = [b for b in part["replicas"] if b != leader]
     bootstrap = f"127.0.0.1:{secure.broker_ports[leader]}"
@@ -252,11 +257,7 @@ def test_a_fetch_at_a_far_future_broker_epoch_does_not_lock_the_follower_out(sec
     follower's fetches (an older epoch) for good: every acks=all write waited for it until
     it left the ISR, and it stayed out across its own restart. A fetch must carry the epoch
     the controllers registered."""
-    secure.cli("topic", "create", TOPIC, "-p", "1", "--replication-factor", "3")
-    m = secure.wait_for(lambda m: TOPIC in m["topics"]
-                        and len(m["topics"][TOPIC]["partitions"][0]["isr"]) == 3, "a full ISR")
-    t = m["topics"][TOPIC]
-    part = t["partitions"][0]
+    m, t, part = replicated_topic(secure)
     leader = part["leader"]
     follower = next(b for b in part["replicas"] if b != leader)
     epoch = m["brokers"][str(follower)]["epoch"]

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import free_port, kcat_bin, port_accepts, rdkafka_conf, strata_bin
+from conftest import free_port, kcat_bin, port_accepts, rdkafka_conf, stop_process, strata_bin
 from test_internal_security import pb  # noqa: F401  (the gRPC stubs fixture)
 
 PASSWORD = "s3cret-Pw,=x"  # a comma and an equals sign: SCRAM escapes them
@@ -545,12 +545,7 @@ def test_strata_dev_secure_starts_locked_down_and_says_how_to_connect(tmp_path):
         assert len(errors) == 1 and errors[0] is not None and errors[0].name() == "TOPIC_AUTHORIZATION_FAILED", errors
         assert proc.poll() is None
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         out.close()
 
 
