@@ -15,9 +15,10 @@
 //!   (a login, Metadata, a produce of a few records) are still read and answered; a
 //!   connection can hold back only itself.
 //!
-//! Large frames wait while their budget is in use (in arrival order). While one waits, a
-//! frame of the same budget that has received nothing for [`STALLED`] is closed, which
-//! returns its share: a stalled frame keeps its memory only as long as nobody else needs it.
+//! Large frames wait while their budget is in use (in arrival order). While an
+//! authenticated one waits, a frame of the pool that has received nothing for [`STALLED`]
+//! is closed, which returns its share: a stalled frame keeps its memory only as long as no
+//! client needs it.
 //! Any frame that stalls half-sent is closed after `kafka.frame_timeout`. The request memory
 //! a broker holds is therefore at most the pool, plus the pre-authentication budget, plus
 //! `FLOOR_BYTES` per open connection.
@@ -146,6 +147,10 @@ impl WarnEvery {
 struct Partials {
     next: u64,
     frames: HashMap<u64, Partial>,
+    /// When a waiting frame last looked for stalled ones: one look per `STALLED / 5`
+    /// serves every waiter (a thousand waiting frames must not each walk a thousand others
+    /// every second under this lock).
+    looked: Option<tokio::time::Instant>,
     /// Warnings for closed stalled frames, at most every 10 s.
     closed: WarnEvery,
 }
@@ -385,6 +390,11 @@ impl Limits {
     /// nothing for [`STALLED`].
     fn close_stalled(&self, budget: Budget, waiter: u64) {
         let mut partials = self.partials();
+        let now = tokio::time::Instant::now();
+        if partials.looked.is_some_and(|at| now < at + STALLED / 5) {
+            return;
+        }
+        partials.looked = Some(now);
         let stalled: Vec<u64> = partials
             .frames
             .iter()
@@ -440,7 +450,13 @@ impl Limits {
         let acquire = memory.clone().acquire_many_owned(n);
         tokio::pin!(acquire);
         loop {
-            self.close_stalled(budget, me.id);
+            // Only for a logged-in client's request: frames before authentication are small
+            // when they are a client's (logins are read on the floor), so a waiting large
+            // one is as likely as the stalled ones to be hostile, and freeing memory for it
+            // would only make the stalled connections churn.
+            if budget == Budget::Authenticated {
+                self.close_stalled(budget, me.id);
+            }
             tokio::select! {
                 p = &mut acquire => {
                     share.hold(p.expect("the request memory is never closed"));
@@ -1065,7 +1081,7 @@ mod tests {
             0,
             "the stalled frame holds the pool"
         );
-        // a pre-authentication frame waiting for its own budget closes nothing here
+        // a pre-authentication frame waiting for its own budget closes nothing
         let _pre = l.pre_auth.clone().try_acquire_many_owned(1 << 20).unwrap();
         let (mut pre_client, mut pre_server) = tokio::io::duplex(1 << 20);
         tokio::io::AsyncWriteExt::write_all(&mut pre_client, &vec![3u8; 100 << 10])
